@@ -1,0 +1,194 @@
+"""A token-level radix prefix cache, as SGLang's RadixCache behaves.
+
+Edges hold runs of token ids; a node is "locked" while running requests use it (lock_ref
+counts down the path to the root), and only unlocked leaves are evicted, least recently used
+first. Sizes are kept incrementally so the scheduler can ask for `evictable_size` in O(1).
+
+Eviction candidates sit in a lazy heap: an entry is checked when popped (still a leaf, still
+unlocked, same access stamp) rather than re-heaped on every access.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import count
+
+
+class Node:
+    __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
+
+    def __init__(self, key: list[int], parent: Node | None) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    length: int
+    node: Node
+
+
+def _common_prefix(key: Sequence[int], pos: int, edge: list[int]) -> int:
+    """Length of the common prefix of key[pos:] and edge, by binary search on C-speed slices."""
+    lo, hi = 0, min(len(edge), len(key) - pos)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key[pos : pos + mid] == edge[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class RadixCache:
+    """Prefix cache over token ids. Tokens it holds occupy KV pool slots."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        self.page_size = page_size
+        self._tick = count(1)
+        self._seq = count()
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = Node([], None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self.total_size = 0
+        self.evictable_size = 0
+        self._heap: list[tuple[int, int, Node]] = []
+
+    @property
+    def protected_size(self) -> int:
+        return self.total_size - self.evictable_size
+
+    def _aligned(self, key: Sequence[int]) -> Sequence[int]:
+        if self.page_size == 1:
+            return key
+        return key[: len(key) - len(key) % self.page_size]
+
+    def _push(self, node: Node) -> None:
+        heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
+
+    def _split(self, child: Node, at: int) -> Node:
+        """Cut child's edge at `at`; return the new upper node (which ends at the cut)."""
+        parent = child.parent
+        assert parent is not None
+        upper = Node(child.key[:at], parent)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        child.key = child.key[at:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    def match_prefix(self, key: Sequence[int]) -> Match:
+        """Longest cached prefix of key; touches the path (LRU) and splits at the boundary."""
+        key = self._aligned(key)
+        tick = next(self._tick)
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            edge = child.key
+            if key[pos : pos + len(edge)] == edge:
+                pos += len(edge)
+                node = child
+                node.last_access = tick
+                continue
+            m = _common_prefix(key, pos, edge)
+            m -= m % self.page_size
+            if m > 0:
+                node = self._split(child, m)
+                node.last_access = tick
+                pos += m
+            break
+        return Match(pos, node)
+
+    def insert(self, key: Sequence[int]) -> int:
+        """Add key to the tree; return how many of its leading tokens were already cached."""
+        key = self._aligned(key)
+        tick = next(self._tick)
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            edge = child.key
+            if key[pos : pos + len(edge)] == edge:
+                pos += len(edge)
+                node = child
+                node.last_access = tick
+                continue
+            m = _common_prefix(key, pos, edge)
+            m -= m % self.page_size
+            if m == 0:
+                break
+            node = self._split(child, m)
+            node.last_access = tick
+            pos += m
+            break
+        matched = pos
+        if pos < n:
+            leaf = Node(list(key[pos:]), node)
+            leaf.last_access = tick
+            node.children[key[pos]] = leaf
+            self.total_size += n - pos
+            self.evictable_size += n - pos
+            self._push(leaf)
+        return matched
+
+    def inc_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+            node.lock_ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def dec_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_size += len(node.key)
+                if not node.children:
+                    self._push(node)
+            assert node.parent is not None
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves, least recently used first, until num_tokens are freed."""
+        freed = 0
+        heap = self._heap
+        while freed < num_tokens and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if node.parent is None or node.children or node.lock_ref > 0:
+                continue  # evicted already, no longer a leaf, or in use
+            if stamp != node.last_access:
+                self._push(node)  # touched since it was queued: requeue at its new age
+                continue
+            parent = node.parent
+            del parent.children[node.key[0]]
+            node.parent = None
+            size = len(node.key)
+            freed += size
+            self.total_size -= size
+            self.evictable_size -= size
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                self._push(parent)
+        return freed
+
+
+class DisabledCache(RadixCache):
+    """`--disable-radix-cache`: nothing is ever shared; finished requests free their KV."""
+
+    def match_prefix(self, key: Sequence[int]) -> Match:
+        return Match(0, self.root)
+
+    def insert(self, key: Sequence[int]) -> int:
+        return len(key)  # "already cached" → the caller frees every token of the request
