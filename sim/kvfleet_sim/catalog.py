@@ -8,6 +8,7 @@ same field names, so a new GPU or model needs no code change.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,53 +80,101 @@ class ModelSpec:
 # Datasheet figures. Memory is what the driver exposes (80 GB parts show ~79.6 GiB).
 GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
-        name="h100", memory_bytes=int(79.6 * GIB), hbm_bandwidth=3.35e12,
-        bf16_flops=989e12, fp8_flops=1979e12,
-        interconnect_bandwidth=450e9, allreduce_latency_s=8e-6,
+        name="h100",
+        memory_bytes=int(79.6 * GIB),
+        hbm_bandwidth=3.35e12,
+        bf16_flops=989e12,
+        fp8_flops=1979e12,
+        interconnect_bandwidth=450e9,
+        allreduce_latency_s=8e-6,
     ),
     "h200": GpuSpec(
-        name="h200", memory_bytes=int(139.8 * GIB), hbm_bandwidth=4.8e12,
-        bf16_flops=989e12, fp8_flops=1979e12,
-        interconnect_bandwidth=450e9, allreduce_latency_s=8e-6,
+        name="h200",
+        memory_bytes=int(139.8 * GIB),
+        hbm_bandwidth=4.8e12,
+        bf16_flops=989e12,
+        fp8_flops=1979e12,
+        interconnect_bandwidth=450e9,
+        allreduce_latency_s=8e-6,
     ),
     "a100-80g": GpuSpec(
         # No FP8 tensor cores: FP8 weights run through weight-only kernels at the BF16 rate.
-        name="a100-80g", memory_bytes=int(79.2 * GIB), hbm_bandwidth=2.039e12,
-        bf16_flops=312e12, fp8_flops=312e12,
-        interconnect_bandwidth=300e9, allreduce_latency_s=10e-6,
+        name="a100-80g",
+        memory_bytes=int(79.2 * GIB),
+        hbm_bandwidth=2.039e12,
+        bf16_flops=312e12,
+        fp8_flops=312e12,
+        interconnect_bandwidth=300e9,
+        allreduce_latency_s=10e-6,
     ),
     "l40s": GpuSpec(
         # PCIe Gen4 x16 between cards, no NVLink.
-        name="l40s", memory_bytes=int(44.4 * GIB), hbm_bandwidth=0.864e12,
-        bf16_flops=362e12, fp8_flops=733e12,
-        interconnect_bandwidth=25e9, allreduce_latency_s=25e-6,
+        name="l40s",
+        memory_bytes=int(44.4 * GIB),
+        hbm_bandwidth=0.864e12,
+        bf16_flops=362e12,
+        fp8_flops=733e12,
+        interconnect_bandwidth=25e9,
+        allreduce_latency_s=25e-6,
     ),
 }
 
 MODELS: dict[str, ModelSpec] = {
     "llama-3.1-8b": ModelSpec(
-        name="llama-3.1-8b", hf_id="meta-llama/Llama-3.1-8B-Instruct",
-        architecture="LlamaForCausalLM", num_layers=32, hidden_size=4096, num_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-        num_params=8.03e9, context_length=131072,
+        name="llama-3.1-8b",
+        hf_id="meta-llama/Llama-3.1-8B-Instruct",
+        architecture="LlamaForCausalLM",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        num_params=8.03e9,
+        context_length=131072,
     ),
     "llama-3.1-70b": ModelSpec(
-        name="llama-3.1-70b", hf_id="meta-llama/Llama-3.1-70B-Instruct",
-        architecture="LlamaForCausalLM", num_layers=80, hidden_size=8192, num_heads=64,
-        num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
-        num_params=70.6e9, context_length=131072,
+        name="llama-3.1-70b",
+        hf_id="meta-llama/Llama-3.1-70B-Instruct",
+        architecture="LlamaForCausalLM",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        num_params=70.6e9,
+        context_length=131072,
     ),
     "mistral-7b": ModelSpec(
-        name="mistral-7b", hf_id="mistralai/Mistral-7B-Instruct-v0.3",
-        architecture="MistralForCausalLM", num_layers=32, hidden_size=4096, num_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768,
-        num_params=7.25e9, context_length=32768,
+        name="mistral-7b",
+        hf_id="mistralai/Mistral-7B-Instruct-v0.3",
+        architecture="MistralForCausalLM",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32768,
+        num_params=7.25e9,
+        context_length=32768,
     ),
     "qwen2.5-72b": ModelSpec(
-        name="qwen2.5-72b", hf_id="Qwen/Qwen2.5-72B-Instruct",
-        architecture="Qwen2ForCausalLM", num_layers=80, hidden_size=8192, num_heads=64,
-        num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
-        num_params=72.7e9, context_length=32768,
+        name="qwen2.5-72b",
+        hf_id="Qwen/Qwen2.5-72B-Instruct",
+        architecture="Qwen2ForCausalLM",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=29568,
+        vocab_size=152064,
+        num_params=72.7e9,
+        context_length=32768,
     ),
 }
 
@@ -168,13 +217,35 @@ class Catalog:
 BUILTIN = Catalog(gpus=GPUS, models=MODELS)
 
 
-def _build(cls: type[Any], name: str, fields: Mapping[str, Any]) -> Any:
+def _coerce(cls: type[Any], name: str, key: str, value: Any, kind: Any) -> Any:
+    """YAML 1.1 reads `8.0e12` as a string: convert numbers explicitly, and say what is wrong."""
+    try:
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if kind is int:
+            return int(float(value)) if isinstance(value, str) else int(value)
+        if kind is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise CatalogError(
+            f"{cls.__name__} {name!r}: field {key!r} must be {kind.__name__}, got {value!r}"
+        ) from None
+
+
+def _build(cls: type[Any], name: str, fields: Any) -> Any:
+    if not isinstance(fields, Mapping):
+        raise CatalogError(f"{cls.__name__} {name!r}: expected a mapping of fields")
+    hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(fields) - known
     if unknown:
         raise CatalogError(f"{cls.__name__} {name!r}: unknown fields {sorted(unknown)}")
+    values = {k: _coerce(cls, name, k, v, hints[k]) for k, v in fields.items() if k != "name"}
     try:
-        return cls(name=name, **{k: v for k, v in fields.items() if k != "name"})
+        return cls(name=name, **values)
     except TypeError as exc:
         raise CatalogError(f"{cls.__name__} {name!r}: {exc}") from exc
 

@@ -35,16 +35,15 @@ def random_lengths(
     lo_in = max(1, int(input_len * range_ratio))
     lo_out = max(1, int(output_len * range_ratio))
     return [
-        LengthPair(rng.randint(lo_in, input_len), rng.randint(lo_out, output_len))
-        for _ in range(n)
+        LengthPair(rng.randint(lo_in, input_len), rng.randint(lo_out, output_len)) for _ in range(n)
     ]
 
 
 def sharegpt_lengths(rng: random.Random, n: int) -> list[LengthPair]:
     out: list[LengthPair] = []
     while len(out) < n:
-        i = int(round(math.exp(rng.gauss(SHAREGPT_LOG_MEDIAN_IN, SHAREGPT_LOG_SIGMA))))
-        o = int(round(math.exp(rng.gauss(SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA))))
+        i = round(math.exp(rng.gauss(SHAREGPT_LOG_MEDIAN_IN, SHAREGPT_LOG_SIGMA)))
+        o = round(math.exp(rng.gauss(SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA)))
         if i < 4 or o < 4 or i > SHAREGPT_MAX_PROMPT or i + o > SHAREGPT_MAX_TOTAL:
             continue
         out.append(LengthPair(i, o))

@@ -6,9 +6,9 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from kvfleet_sim.datasets import random_lengths, random_token_ids, sharegpt_lengths
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
+from kvfleet_sim.datasets import random_lengths, random_token_ids, sharegpt_lengths
 from kvfleet_sim.engine import Engine, VirtualClock
 from kvfleet_sim.request import Request
 
@@ -45,7 +45,9 @@ class OfflineResult:
         return asdict(self)
 
 
-def run_offline(config: EngineConfig, spec: OfflineSpec, profile: str = DEFAULT_PROFILE) -> OfflineResult:
+def run_offline(
+    config: EngineConfig, spec: OfflineSpec, profile: str = DEFAULT_PROFILE
+) -> OfflineResult:
     if spec.num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
     rng = random.Random(spec.seed)

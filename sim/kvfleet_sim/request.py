@@ -51,7 +51,7 @@ class Request:
 
     @property
     def fill_len(self) -> int:
-        """Tokens a (re-)prefill computes KV for: the prompt plus any output kept by a retraction."""
+        """Tokens a (re-)prefill computes KV for: prompt plus output kept by a retraction."""
         return self.prompt_len + self.output_len
 
     @property

@@ -199,8 +199,10 @@ class Scheduler:
 
     def _order_waiting(self) -> None:
         if self.policy == "lpm" and self.cache_enabled and 1 < len(self.waiting) <= LPM_QUEUE_LIMIT:
-            hits = {id(r): self.cache.match_prefix(self._fill_ids(r, r.fill_len)).length
-                    for r in self.waiting}
+            hits = {
+                id(r): self.cache.match_prefix(self._fill_ids(r, r.fill_len)).length
+                for r in self.waiting
+            }
             self.waiting = deque(sorted(self.waiting, key=lambda r: -hits[id(r)]))
 
     def _plan_prefill(self, now: float) -> Batch | None:
@@ -333,6 +335,10 @@ class Scheduler:
                 continue
             if batch.is_prefill and req is self.chunked:
                 continue  # more chunks to go: no token yet
+            if req.max_new_tokens == 0:  # prefill only (SGLang answers with no tokens)
+                req.finish_reason, req.finish_time = FINISH_LENGTH, now
+                out.finished.append(req)
+                continue
             req.output_len += 1
             req.last_token_time = now
             out.emitted.append(req)

@@ -24,13 +24,13 @@ _PIECE = re.compile(r"\s*\S{1,4}|\s+")
 # Words of at most four letters: each " word" is exactly one piece.
 _WORDS = (
     "the of and to in is it you that he was for on are as with his they at be this have "
-    "from or one had by word but not what all were we when your can said there use an each "
-    "she do how their if will up out many then them so some her would make like him into "
-    "time has look two more go see no way could my than been call who its now find long "
-    "down day did get come made may part over new take only home us know year live give "
-    "most very good name just form much such turn mean move same tell does set want air "
-    "well also play small end put read hand large add even land here must big high "
-    "act why ask men went need try kind off line farm page grow four mile fast self cold"
+    "from or one had by word but not what all were we when your can said there use an "
+    "each she do how their if will up out many then them so some her would make like him "
+    "into time has look two more go see no way could my than been call who its now find "
+    "long down day did get come made may part over new take only home us know year live "
+    "give most very good name just form much such turn mean move same tell does set want "
+    "air well also play small end put read hand large add even land here must big high "
+    "act why ask men went need try kind off line farm page grow four mile fast self cold "
 ).split()
 
 

@@ -1,0 +1,1 @@
+"""kvfleet_cli: the `kvfleet` command. Glue only: parse flags, build typed configs, call in."""

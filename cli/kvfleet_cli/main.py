@@ -1,0 +1,16 @@
+"""The `kvfleet` command."""
+
+from __future__ import annotations
+
+import click
+
+from kvfleet_cli.sim_cmds import sim
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvfleet")
+def cli() -> None:
+    """kvfleet: LLM inference on Kubernetes — operator, gateway and a GPU-free SGLang simulator."""
+
+
+cli.add_command(sim)

@@ -1,0 +1,93 @@
+"""Start and stop local servers for tests, benchmarks and the demo: free ports, no leaks.
+
+Every process is started in its own session (process group) and stopped with SIGTERM, then
+SIGKILL after a grace period, so nothing outlives the `with` block, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http_ok(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll until `url` answers 2xx; fail early if the process died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if 200 <= resp.status < 300:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s (last error: {last})")
+
+
+def wait_tcp(host: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}:{port} not accepting connections") from None
+            time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def running_process(
+    argv: Sequence[str], ready_url: str | None = None, log_path: Path | None = None,
+    timeout: float = 20.0, env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        if ready_url:
+            wait_http_ok(ready_url, timeout, proc)
+        yield proc
+    finally:
+        stop_process(proc)
+        if log_path:
+            log.close()  # type: ignore[union-attr]
+
+
+def sim_serve_argv(port: int, model: str = "llama-3.1-8b", gpu: str = "h100",
+                   host: str = "127.0.0.1", extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "kvfleet_cli", "sim", "serve", "--model", model, "--gpu", gpu,
+            "--host", host, "--port", str(port), "--log-level", "warning", *extra]

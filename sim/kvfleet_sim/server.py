@@ -1,0 +1,447 @@
+"""`kvfleet sim serve`: a server indistinguishable from `sglang.launch_server --enable-metrics`.
+
+Endpoints, JSON shapes, SSE framing, metric names and error bodies follow SGLang 0.5.x; what
+the server does between receiving a prompt and streaming tokens is the simulated engine
+(`engine.py`) running in real time. The app owns its engine loop through a cleanup context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvfleet_sim import api
+from kvfleet_sim.config import EngineConfig
+from kvfleet_sim.costmodel import DEFAULT_PROFILE
+from kvfleet_sim.datasets import SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA
+from kvfleet_sim.engine import Engine, RealClock
+from kvfleet_sim.faults import FaultPlan, FaultState
+from kvfleet_sim.metrics import EngineMetrics
+from kvfleet_sim.realtime import RealtimeRunner
+from kvfleet_sim.request import Request
+from kvfleet_sim.responses import final_body, stream_response, wait_finished
+from kvfleet_sim.scheduler import QueueFullError
+
+log = logging.getLogger("kvfleet.sim.server")
+
+SGLANG_VERSION = "0.5.23"  # the release whose protocol this server reproduces
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    engine: EngineConfig
+    served_model_name: str
+    """`--served-model-name`; defaults to the model path."""
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    time_scale: float = 1.0
+    """Wall seconds per simulated GPU second (0.1 runs ten times faster than the GPU would)."""
+    startup_delay_s: float = 0.0
+    """Simulated model load: /health answers 503 for this long after start."""
+    stream_interval: int = 1
+    """`--stream-interval`: tokens per streamed chunk after the first."""
+    api_key: str | None = None
+    profile: str = DEFAULT_PROFILE
+    simulate_eos: bool = True
+    """Requests without ignore_eos end naturally at a seeded, ShareGPT-like length."""
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+
+@dataclass
+class SimState:
+    config: ServerConfig
+    engine: Engine
+    runner: RealtimeRunner
+    metrics: EngineMetrics
+    faults: FaultState
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def loaded(self) -> bool:
+        return time.monotonic() - self.started >= self.config.startup_delay_s
+
+
+STATE = web.AppKey("kvfleet_sim_state", SimState)
+
+
+def _state(request: web.Request) -> SimState:
+    return request.app[STATE]
+
+
+# ---- info endpoints ----------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if _state(request).loaded else 503)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """Like SGLang: a one-token generation must succeed."""
+    st = _state(request)
+    if not st.loaded:
+        return web.Response(status=503)
+    req = Request(
+        rid=f"health-{time.monotonic_ns()}",
+        prompt_ids=[1],
+        max_new_tokens=1,
+        arrival_time=st.engine.clock.now(),
+    )
+    try:
+        channel = st.runner.submit(req)
+        await asyncio.wait_for(wait_finished(req, channel), timeout=20)
+    except (QueueFullError, TimeoutError):
+        st.runner.abort(req)
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+def _server_args(st: SimState) -> dict[str, Any]:
+    c, lay = st.config, st.engine.layout
+    e = c.engine
+    return {
+        "model_path": c.model_path,
+        "tokenizer_path": c.model_path,
+        "served_model_name": c.served_model_name,
+        "host": c.host,
+        "port": c.port,
+        "tp_size": e.tp_size,
+        "dp_size": 1,
+        "pp_size": 1,
+        "context_length": lay.context_length,
+        "mem_fraction_static": lay.mem_fraction_static,
+        "max_running_requests": lay.max_running_requests,
+        "max_total_tokens": e.max_total_tokens,
+        "max_queued_requests": e.max_queued_requests,
+        "chunked_prefill_size": lay.chunked_prefill_size,
+        "max_prefill_tokens": e.max_prefill_tokens,
+        "schedule_policy": e.schedule_policy,
+        "schedule_conservativeness": e.schedule_conservativeness,
+        "disable_radix_cache": e.disable_radix_cache,
+        "page_size": e.page_size,
+        "quantization": None if e.quantization == "none" else e.quantization,
+        "kv_cache_dtype": e.kv_cache_dtype,
+        "dtype": "auto",
+        "enable_metrics": True,
+        "stream_interval": c.stream_interval,
+        "api_key": None,
+        "disaggregation_mode": "null",
+        "speculative_algorithm": None,
+    }
+
+
+async def server_info(request: web.Request) -> web.Response:
+    st = _state(request)
+    load = st.engine.load()
+    body = {
+        **_server_args(st),
+        "max_total_num_tokens": st.engine.layout.max_total_num_tokens,
+        "max_req_input_len": st.engine.layout.max_req_input_len,
+        "status": "ready" if st.loaded else "starting",
+        "version": SGLANG_VERSION,
+        "internal_states": [
+            {
+                "last_gen_throughput": load.gen_throughput,
+                "memory_usage": {
+                    "kvcache": round(
+                        st.engine.layout.max_total_num_tokens
+                        * st.engine.layout.kv_bytes_per_token_per_gpu
+                        / 2**30,
+                        2,
+                    )
+                },
+            }
+        ],
+        # Not in SGLang: says honestly what answers. Clients ignore unknown fields.
+        "kvfleet_simulator": {
+            "gpu": st.config.engine.gpu.name,
+            "model": st.config.engine.model.name,
+            "profile": st.config.profile,
+            "time_scale": st.config.time_scale,
+        },
+    }
+    return web.json_response(body)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    c = _state(request).config
+    m = c.engine.model
+    return web.json_response(
+        {
+            "model_path": c.model_path,
+            "tokenizer_path": c.model_path,
+            "served_model_name": c.served_model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": m.architecture.removesuffix("ForCausalLM").lower(),
+            "architectures": [m.architecture],
+        }
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    st = _state(request)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": st.config.served_model_name,
+                    "object": "model",
+                    "created": api.now_s(),
+                    "owned_by": "sglang",
+                    "root": st.config.served_model_name,
+                    "max_model_len": st.engine.layout.context_length,
+                }
+            ],
+        }
+    )
+
+
+async def loads(request: web.Request) -> web.Response:
+    load = _state(request).engine.load()
+    return web.json_response(
+        {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "version": SGLANG_VERSION,
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": load.num_running_reqs,
+                    "num_waiting_reqs": load.num_waiting_reqs,
+                    "num_used_tokens": load.num_used_tokens,
+                    "num_total_tokens": load.max_total_num_tokens,
+                    "max_total_num_tokens": load.max_total_num_tokens,
+                    "max_running_requests": load.max_running_requests,
+                    "token_usage": load.token_usage,
+                    "gen_throughput": load.gen_throughput,
+                    "cache_hit_rate": load.cache_hit_rate,
+                    "utilization": load.utilization,
+                    "num_retracted_reqs": load.num_retracted_reqs,
+                }
+            ],
+        }
+    )
+
+
+async def get_load(request: web.Request) -> web.Response:
+    load = _state(request).engine.load()
+    return web.json_response(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_tokens": load.num_used_tokens,
+            }
+        ]
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(_state(request).metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    if _state(request).engine.scheduler.flush_cache():
+        return web.Response(text="Cache flushed.\n")
+    return web.Response(
+        status=400, text="Cache not flushed: there are running or waiting requests.\n"
+    )
+
+
+# ---- generation --------------------------------------------------------------------------
+
+
+def _error(kind: api.Kind, err: api.ApiError) -> web.Response:
+    if kind == "generate":
+        return web.json_response({"error": {"message": err.message}}, status=err.status)
+    return web.json_response(
+        api.openai_error(err.message, err.status, err.param), status=err.status
+    )
+
+
+def _natural_length(seed: int) -> int:
+    """Where this request's EOS falls: ShareGPT-like, fixed by the seed."""
+    rng = random.Random(seed ^ 0x5EED)
+    return max(1, int(math.exp(rng.gauss(SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA))))
+
+
+def build_request(st: SimState, gen: api.GenRequest) -> Request:
+    """Tokenise, check limits like SGLang, and decide where generation stops."""
+    tok = st.engine.tokenizer
+    ids = gen.input_ids if gen.input_ids is not None else tok.encode(gen.text or "")
+    if not ids:
+        raise api.ApiError("The input is empty: send at least one token.")
+    ctx = st.engine.layout.context_length
+    if len(ids) >= ctx:
+        raise api.ApiError(
+            f"The input ({len(ids)} tokens) is longer than the model's context length "
+            f"({ctx} tokens)."
+        )
+    max_new = gen.max_new_tokens if gen.max_new_tokens is not None else ctx - len(ids)
+    if len(ids) + max_new > ctx:
+        raise api.ApiError(
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+            f"You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens from the "
+            f"input messages and {max_new} tokens for the completion. Please reduce the number "
+            "of tokens in the input messages or the completion to fit within the limit.",
+            param="max_tokens",
+        )
+    seed = gen.seed if gen.seed is not None else zlib.crc32(json.dumps(ids[-64:]).encode())
+    req = Request(
+        rid=gen.rid,
+        prompt_ids=ids,
+        max_new_tokens=max_new,
+        arrival_time=st.engine.clock.now(),
+        seed=seed,
+    )
+    if gen.stop and max_new:
+        text = tok.decode(tok.generate_ids(seed, max_new))
+        hits = [(text.find(s) + len(s), s) for s in gen.stop if s in text]
+        if hits:
+            end, matched = min(hits)
+            # The first token whose text reaches the end of the match.
+            n, acc = 0, 0
+            for piece in tok.generate_ids(seed, max_new):
+                n += 1
+                acc += len(tok.decode([piece]))
+                if acc >= end:
+                    break
+            req.stop_at, req.stop_matched = n, matched
+    if st.config.simulate_eos and not gen.ignore_eos:
+        eos = _natural_length(seed)
+        if eos < max_new and (req.stop_at is None or eos < req.stop_at):
+            req.stop_at, req.stop_matched = eos, None
+    return req
+
+
+async def _generate(request: web.Request, kind: api.Kind) -> web.StreamResponse:
+    st = _state(request)
+    if not st.loaded:
+        return _error(kind, api.ApiError("The server is starting (loading the model).", 503))
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(kind, api.ApiError("Invalid JSON in the request body."))
+    parser = {
+        "generate": api.parse_generate,
+        "completion": api.parse_completion,
+        "chat": api.parse_chat,
+    }[kind]
+    try:
+        gen = parser(body)
+        req = build_request(st, gen)
+    except api.ApiError as err:
+        return _error(kind, err)
+    nth = st.faults.next_request()
+    plan = st.faults.plan
+    if plan.fail_nth == nth:
+        return _error(kind, api.ApiError("injected fault: request failed", 500))
+    if plan.stall_nth == nth:
+        await asyncio.sleep(plan.stall_seconds)
+    try:
+        channel = st.runner.submit(req)
+    except QueueFullError:
+        return _error(kind, api.ApiError("The request queue is full.", 503))
+    try:
+        if gen.stream:
+            drop = plan.drop_after_chunks if plan.drop_nth == nth else None
+            return await stream_response(request, st, gen, req, channel, drop_after=drop)
+        await wait_finished(req, channel)
+        return web.json_response(final_body(st, gen, req))
+    finally:
+        if not req.finished:
+            st.runner.abort(req)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "generate")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+# ---- app ---------------------------------------------------------------------------------
+
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
+
+
+def _auth_middleware(api_key: str) -> Any:
+    import hmac
+
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)  # type: ignore[no-any-return]
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return check
+
+
+def make_app(config: ServerConfig) -> web.Application:
+    clock = RealClock(config.time_scale)
+    engine = Engine(config.engine, clock, profile=config.profile)
+    state = SimState(
+        config=config,
+        engine=engine,
+        runner=RealtimeRunner(engine, clock),
+        metrics=EngineMetrics(engine, config.served_model_name, config.engine.tp_size),
+        faults=FaultState(config.faults),
+    )
+    middlewares = [_auth_middleware(config.api_key)] if config.api_key else []
+    app = web.Application(middlewares=middlewares, client_max_size=64 * 2**20)
+    app[STATE] = state
+
+    async def engine_loop(app: web.Application) -> Any:
+        async with app[STATE].runner.running():
+            yield
+
+    app.cleanup_ctx.append(engine_loop)
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/ready", health)
+    r.add_get("/health_generate", health_generate)
+    for path in ("/model_info", "/get_model_info"):
+        r.add_get(path, model_info)
+    for path in ("/server_info", "/get_server_info"):
+        r.add_get(path, server_info)
+    r.add_get("/v1/loads", loads)
+    r.add_get("/get_load", get_load)
+    r.add_get("/v1/models", models)
+    r.add_get("/metrics", metrics)
+    r.add_route("*", "/flush_cache", flush_cache)
+    r.add_post("/generate", generate)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+def exit_now() -> None:
+    """The crash fault: no cleanup, no goodbye, like a killed engine."""
+    os._exit(1)

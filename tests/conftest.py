@@ -1,0 +1,136 @@
+"""Shared fixtures: simulator servers (in-process and as processes), real Redis and Prometheus.
+
+Services that need a system binary skip with a visible reason when it is missing, except
+under CI (`CI=true`), where a missing service fails the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from kvfleet_sim.catalog import BUILTIN
+from kvfleet_sim.config import EngineConfig
+from kvfleet_sim.procs import free_port, running_process, sim_serve_argv, wait_tcp
+from kvfleet_sim.server import ServerConfig, make_app
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if IN_CI:
+            pytest.fail(f"{name} is required in CI but is not installed (.ci/run installs it)")
+        pytest.skip(f"{name} is not installed on this machine (apt-get install {name})")
+    return path
+
+
+def engine_config(model: str = "llama-3.1-8b", gpu: str = "h100", **kw: Any) -> EngineConfig:
+    return EngineConfig(model=BUILTIN.model(model), gpu=BUILTIN.gpu(gpu), **kw)
+
+
+SimFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def sim_server() -> AsyncIterator[SimFactory]:
+    """Start in-process simulator servers on free ports: `url = await sim_server(**overrides)`."""
+    runners: list[web.AppRunner] = []
+
+    async def start(engine: EngineConfig | None = None, **kw: Any) -> str:
+        port = free_port()
+        cfg = ServerConfig(
+            engine=engine or engine_config(),
+            served_model_name=kw.pop("served_model_name", "llama-3.1-8b"),
+            model_path=kw.pop("model_path", "meta-llama/Llama-3.1-8B-Instruct"),
+            port=port, **kw,
+        )
+        runner = web.AppRunner(make_app(cfg), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def sim_processes(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start `kvfleet sim serve` processes; all are stopped at teardown, even on failure."""
+    with ExitStack() as stack:
+
+        def start(*extra: str, model: str = "llama-3.1-8b", gpu: str = "h100") -> str:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(running_process(
+                sim_serve_argv(port, model, gpu, extra=extra), ready_url=f"{url}/health",
+                log_path=tmp_path / f"sim-{port}.log",
+            ))
+            return url
+
+        yield start
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
+    """A real Prometheus scraping the given targets every second: `url = prometheus([...])`."""
+    binary = require_binary("prometheus")
+    with ExitStack() as stack:
+
+        def start(targets: list[str]) -> str:
+            port = free_port()
+            cfg = tmp_path / f"prometheus-{port}.yml"
+            cfg.write_text(
+                "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                "scrape_configs:\n"
+                "  - job_name: sglang\n"
+                f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n"
+            )
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(running_process(
+                [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / f'tsdb-{port}'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                ready_url=f"{url}/-/ready", log_path=tmp_path / f"prometheus-{port}.log",
+            ))
+            return url
+
+        yield start
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real, throwaway redis-server on a free port (no persistence)."""
+    binary = require_binary("redis-server")
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]
+    with running_process(argv, log_path=tmp_path / "redis.log"):
+        wait_tcp("127.0.0.1", port)
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fail any async test that leaves asyncio tasks running (as kopf's suite does)."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() - before if not t.done()
+              and t is not asyncio.current_task()]
+    if leaked:
+        for t in leaked:
+            t.cancel()
+        pytest.fail(f"leaked asyncio tasks: {[t.get_name() for t in leaked]}")
+
+
