@@ -52,7 +52,8 @@ async def sim_server() -> AsyncIterator[SimFactory]:
             engine=engine or engine_config(),
             served_model_name=kw.pop("served_model_name", "llama-3.1-8b"),
             model_path=kw.pop("model_path", "meta-llama/Llama-3.1-8B-Instruct"),
-            port=port, **kw,
+            port=port,
+            **kw,
         )
         runner = web.AppRunner(make_app(cfg), access_log=None)
         await runner.setup()
@@ -73,10 +74,13 @@ def sim_processes(tmp_path: Path) -> Iterator[Callable[..., str]]:
         def start(*extra: str, model: str = "llama-3.1-8b", gpu: str = "h100") -> str:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            stack.enter_context(running_process(
-                sim_serve_argv(port, model, gpu, extra=extra), ready_url=f"{url}/health",
-                log_path=tmp_path / f"sim-{port}.log",
-            ))
+            stack.enter_context(
+                running_process(
+                    sim_serve_argv(port, model, gpu, extra=extra),
+                    ready_url=f"{url}/health",
+                    log_path=tmp_path / f"sim-{port}.log",
+                )
+            )
             return url
 
         yield start
@@ -98,11 +102,18 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
                 f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n"
             )
             url = f"http://127.0.0.1:{port}"
-            stack.enter_context(running_process(
-                [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / f'tsdb-{port}'}",
-                 f"--web.listen-address=127.0.0.1:{port}"],
-                ready_url=f"{url}/-/ready", log_path=tmp_path / f"prometheus-{port}.log",
-            ))
+            stack.enter_context(
+                running_process(
+                    [
+                        binary,
+                        f"--config.file={cfg}",
+                        f"--storage.tsdb.path={tmp_path / f'tsdb-{port}'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                    ],
+                    ready_url=f"{url}/-/ready",
+                    log_path=tmp_path / f"prometheus-{port}.log",
+                )
+            )
             return url
 
         yield start
@@ -113,8 +124,19 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     """A real, throwaway redis-server on a free port (no persistence)."""
     binary = require_binary("redis-server")
     port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(tmp_path)]
+    argv = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp_path),
+    ]
     with running_process(argv, log_path=tmp_path / "redis.log"):
         wait_tcp("127.0.0.1", port)
         yield f"redis://127.0.0.1:{port}/0"
@@ -126,11 +148,10 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
     before = asyncio.all_tasks()
     yield
     await asyncio.sleep(0)
-    leaked = [t for t in asyncio.all_tasks() - before if not t.done()
-              and t is not asyncio.current_task()]
+    leaked = [
+        t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()
+    ]
     if leaked:
         for t in leaked:
             t.cancel()
         pytest.fail(f"leaked asyncio tasks: {[t.get_name() for t in leaked]}")
-
-

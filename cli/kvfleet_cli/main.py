@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from kvfleet_cli.bench_cmds import bench
+from kvfleet_cli.demo import demo
 from kvfleet_cli.sim_cmds import sim
 
 
@@ -14,3 +16,5 @@ def cli() -> None:
 
 
 cli.add_command(sim)
+cli.add_command(bench)
+cli.add_command(demo)

@@ -34,35 +34,81 @@ def default_of(cls: type, name: str) -> Any:
 
 def engine_options(func: F) -> F:
     """SGLang's server flags (same names) plus the simulator's --gpu/--catalog/--profile."""
-    d = lambda name: default_of(EngineConfig, name)  # noqa: E731
+
+    def d(name: str) -> Any:
+        return default_of(EngineConfig, name)
+
     opts = [
-        click.option("--model", "--model-path", "model", required=True,
-                     help="Catalogue model name or Hugging Face id (e.g. llama-3.1-8b)."),
+        click.option(
+            "--model",
+            "--model-path",
+            "model",
+            required=True,
+            help="Catalogue model name or Hugging Face id (e.g. llama-3.1-8b).",
+        ),
         click.option("--gpu", required=True, help="Catalogue GPU (h100, h200, a100-80g, l40s)."),
-        click.option("--tp", "--tp-size", "tp_size", type=int, default=d("tp_size"),
-                     show_default=True, help="Tensor-parallel GPUs per replica."),
-        click.option("--quantization", type=click.Choice(QUANTIZATIONS),
-                     default=d("quantization"), show_default=True),
-        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES),
-                     default=d("kv_cache_dtype"), show_default=True),
-        click.option("--mem-fraction-static", type=float, default=None,
-                     help="Default: SGLang's table by GPU size and TP."),
+        click.option(
+            "--tp",
+            "--tp-size",
+            "tp_size",
+            type=int,
+            default=d("tp_size"),
+            show_default=True,
+            help="Tensor-parallel GPUs per replica.",
+        ),
+        click.option(
+            "--quantization",
+            type=click.Choice(QUANTIZATIONS),
+            default=d("quantization"),
+            show_default=True,
+        ),
+        click.option(
+            "--kv-cache-dtype",
+            type=click.Choice(KV_CACHE_DTYPES),
+            default=d("kv_cache_dtype"),
+            show_default=True,
+        ),
+        click.option(
+            "--mem-fraction-static",
+            type=float,
+            default=None,
+            help="Default: SGLang's table by GPU size and TP.",
+        ),
         click.option("--context-length", type=int, default=None),
         click.option("--max-running-requests", type=int, default=None),
         click.option("--max-total-tokens", type=int, default=None),
         click.option("--max-queued-requests", type=int, default=None),
-        click.option("--chunked-prefill-size", type=int, default=None,
-                     help="Default: by GPU memory (8192 on 80-160 GB); -1 disables chunking."),
-        click.option("--max-prefill-tokens", type=int, default=d("max_prefill_tokens"),
-                     show_default=True),
-        click.option("--schedule-policy", type=click.Choice(SCHEDULE_POLICIES),
-                     default=d("schedule_policy"), show_default=True),
+        click.option(
+            "--chunked-prefill-size",
+            type=int,
+            default=None,
+            help="Default: by GPU memory (8192 on 80-160 GB); -1 disables chunking.",
+        ),
+        click.option(
+            "--max-prefill-tokens", type=int, default=d("max_prefill_tokens"), show_default=True
+        ),
+        click.option(
+            "--schedule-policy",
+            type=click.Choice(SCHEDULE_POLICIES),
+            default=d("schedule_policy"),
+            show_default=True,
+        ),
         click.option("--disable-radix-cache", is_flag=True, default=d("disable_radix_cache")),
         click.option("--page-size", type=int, default=d("page_size"), show_default=True),
-        click.option("--catalog", "catalog_file", type=click.Path(exists=True, path_type=Path),
-                     default=None, help="YAML file adding GPUs/models to the catalogue."),
-        click.option("--profile", type=click.Choice(sorted(PROFILES)), default=DEFAULT_PROFILE,
-                     show_default=True, help="Engine generation whose efficiency to model."),
+        click.option(
+            "--catalog",
+            "catalog_file",
+            type=click.Path(exists=True, path_type=Path),
+            default=None,
+            help="YAML file adding GPUs/models to the catalogue.",
+        ),
+        click.option(
+            "--profile",
+            type=click.Choice(sorted(PROFILES)),
+            default=DEFAULT_PROFILE,
+            show_default=True,
+            help="Engine generation whose efficiency to model.",
+        ),
     ]
     for opt in reversed(opts):
         func = opt(func)
@@ -70,10 +116,22 @@ def engine_options(func: F) -> F:
 
 
 ENGINE_KEYS = (
-    "model", "gpu", "tp_size", "quantization", "kv_cache_dtype", "mem_fraction_static",
-    "context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
-    "chunked_prefill_size", "max_prefill_tokens", "schedule_policy", "disable_radix_cache",
-    "page_size", "catalog_file",
+    "model",
+    "gpu",
+    "tp_size",
+    "quantization",
+    "kv_cache_dtype",
+    "mem_fraction_static",
+    "context_length",
+    "max_running_requests",
+    "max_total_tokens",
+    "max_queued_requests",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "schedule_policy",
+    "disable_radix_cache",
+    "page_size",
+    "catalog_file",
 )
 
 

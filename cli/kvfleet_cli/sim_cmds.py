@@ -28,26 +28,51 @@ def sim() -> None:
 @click.option("--host", default=default_of(ServerConfig, "host"), show_default=True)
 @click.option("--port", type=int, default=default_of(ServerConfig, "port"), show_default=True)
 @click.option("--served-model-name", default=None, help="Default: the model path as given.")
-@click.option("--time-scale", type=float, default=default_of(ServerConfig, "time_scale"),
-              show_default=True, help="Wall seconds per simulated GPU second.")
-@click.option("--startup-delay", type=float, default=default_of(ServerConfig, "startup_delay_s"),
-              show_default=True, help="Seconds /health answers 503 (simulated model load).")
-@click.option("--stream-interval", type=int, default=default_of(ServerConfig, "stream_interval"),
-              show_default=True, help="Tokens per streamed chunk.")
+@click.option(
+    "--time-scale",
+    type=float,
+    default=default_of(ServerConfig, "time_scale"),
+    show_default=True,
+    help="Wall seconds per simulated GPU second.",
+)
+@click.option(
+    "--startup-delay",
+    type=float,
+    default=default_of(ServerConfig, "startup_delay_s"),
+    show_default=True,
+    help="Seconds /health answers 503 (simulated model load).",
+)
+@click.option(
+    "--stream-interval",
+    type=int,
+    default=default_of(ServerConfig, "stream_interval"),
+    show_default=True,
+    help="Tokens per streamed chunk.",
+)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' like SGLang.")
 @click.option("--no-eos", is_flag=True, help="Never end early: every request runs to its limit.")
 @click.option("--enable-metrics", is_flag=True, help="Accepted for SGLang parity; always on.")
 @click.option("--fail-nth", type=int, default=None, help="Fault: the Nth request gets HTTP 500.")
 @click.option("--stall-nth", type=int, default=None, help="Fault: the Nth request stalls.")
 @click.option("--stall-seconds", type=float, default=default_of(FaultPlan, "stall_seconds"))
-@click.option("--drop-nth", type=int, default=None,
-              help="Fault: the Nth streaming request's connection is cut mid-stream.")
-@click.option("--exit-after-chunks", type=int, default=None,
-              help="Fault: the process dies after sending this many stream chunks.")
+@click.option(
+    "--drop-nth",
+    type=int,
+    default=None,
+    help="Fault: the Nth streaming request's connection is cut mid-stream.",
+)
+@click.option(
+    "--exit-after-chunks",
+    type=int,
+    default=None,
+    help="Fault: the process dies after sending this many stream chunks.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve SGLang's HTTP API from a simulated engine."""
-    logging.basicConfig(level=kw.pop("log_level").upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=kw.pop("log_level").upper(), format="%(asctime)s %(name)s %(message)s"
+    )
     model_arg = kw["model"]
     profile = kw.pop("profile")
     engine = build_engine_config(kw)
@@ -56,37 +81,64 @@ def serve(**kw: Any) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     kw.pop("enable_metrics")
-    faults = FaultPlan(fail_nth=kw.pop("fail_nth"), stall_nth=kw.pop("stall_nth"),
-                       stall_seconds=kw.pop("stall_seconds"), drop_nth=kw.pop("drop_nth"),
-                       exit_after_chunks=kw.pop("exit_after_chunks"))
+    faults = FaultPlan(
+        fail_nth=kw.pop("fail_nth"),
+        stall_nth=kw.pop("stall_nth"),
+        stall_seconds=kw.pop("stall_seconds"),
+        drop_nth=kw.pop("drop_nth"),
+        exit_after_chunks=kw.pop("exit_after_chunks"),
+    )
     if kw["stream_interval"] < 1:
         raise click.UsageError("--stream-interval must be >= 1")
     if kw["time_scale"] <= 0:
         raise click.UsageError("--time-scale must be > 0")
     config = ServerConfig(
-        engine=engine, model_path=model_arg,
+        engine=engine,
+        model_path=model_arg,
         served_model_name=kw.pop("served_model_name") or model_arg,
-        host=kw.pop("host"), port=kw.pop("port"), time_scale=kw.pop("time_scale"),
-        startup_delay_s=kw.pop("startup_delay"), stream_interval=kw.pop("stream_interval"),
-        api_key=kw.pop("api_key"), profile=profile, simulate_eos=not kw.pop("no_eos"),
+        host=kw.pop("host"),
+        port=kw.pop("port"),
+        time_scale=kw.pop("time_scale"),
+        startup_delay_s=kw.pop("startup_delay"),
+        stream_interval=kw.pop("stream_interval"),
+        api_key=kw.pop("api_key"),
+        profile=profile,
+        simulate_eos=not kw.pop("no_eos"),
         faults=faults,
     )
-    web.run_app(make_app(config), host=config.host, port=config.port, print=None,
-                access_log=None, handle_signals=True)
+    web.run_app(
+        make_app(config),
+        host=config.host,
+        port=config.port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
 
 
 @sim.command("offline")
 @engine_options
-@click.option("--dataset", type=click.Choice(["random", "sharegpt"]),
-              default=default_of(OfflineSpec, "dataset"), show_default=True)
-@click.option("--num-prompts", type=int, default=default_of(OfflineSpec, "num_prompts"),
-              show_default=True)
-@click.option("--input-len", type=int, default=default_of(OfflineSpec, "input_len"),
-              show_default=True)
-@click.option("--output-len", type=int, default=default_of(OfflineSpec, "output_len"),
-              show_default=True)
-@click.option("--random-range-ratio", type=float, default=default_of(OfflineSpec, "range_ratio"),
-              show_default=True)
+@click.option(
+    "--dataset",
+    type=click.Choice(["random", "sharegpt"]),
+    default=default_of(OfflineSpec, "dataset"),
+    show_default=True,
+)
+@click.option(
+    "--num-prompts", type=int, default=default_of(OfflineSpec, "num_prompts"), show_default=True
+)
+@click.option(
+    "--input-len", type=int, default=default_of(OfflineSpec, "input_len"), show_default=True
+)
+@click.option(
+    "--output-len", type=int, default=default_of(OfflineSpec, "output_len"), show_default=True
+)
+@click.option(
+    "--random-range-ratio",
+    type=float,
+    default=default_of(OfflineSpec, "range_ratio"),
+    show_default=True,
+)
 @click.option("--seed", type=int, default=default_of(OfflineSpec, "seed"), show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
 def offline(**kw: Any) -> None:
@@ -94,9 +146,14 @@ def offline(**kw: Any) -> None:
     as_json = kw.pop("as_json")
     profile = kw.pop("profile")
     engine = build_engine_config(kw)
-    spec = OfflineSpec(dataset=kw["dataset"], num_prompts=kw["num_prompts"],
-                       input_len=kw["input_len"], output_len=kw["output_len"],
-                       range_ratio=kw["random_range_ratio"], seed=kw["seed"])
+    spec = OfflineSpec(
+        dataset=kw["dataset"],
+        num_prompts=kw["num_prompts"],
+        input_len=kw["input_len"],
+        output_len=kw["output_len"],
+        range_ratio=kw["random_range_ratio"],
+        seed=kw["seed"],
+    )
     try:
         result = run_offline(engine, spec, profile)
     except (ValueError, ConfigError) as exc:

@@ -25,7 +25,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http_ok(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http_ok(
+    url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Poll until `url` answers 2xx; fail early if the process died."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -69,12 +71,18 @@ def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 
 @contextlib.contextmanager
 def running_process(
-    argv: Sequence[str], ready_url: str | None = None, log_path: Path | None = None,
-    timeout: float = 20.0, env: dict[str, str] | None = None,
+    argv: Sequence[str],
+    ready_url: str | None = None,
+    log_path: Path | None = None,
+    timeout: float = 20.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
-        list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        list(argv),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         env={**os.environ, **(env or {})},
     )
     try:
@@ -87,7 +95,28 @@ def running_process(
             log.close()  # type: ignore[union-attr]
 
 
-def sim_serve_argv(port: int, model: str = "llama-3.1-8b", gpu: str = "h100",
-                   host: str = "127.0.0.1", extra: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "kvfleet_cli", "sim", "serve", "--model", model, "--gpu", gpu,
-            "--host", host, "--port", str(port), "--log-level", "warning", *extra]
+def sim_serve_argv(
+    port: int,
+    model: str = "llama-3.1-8b",
+    gpu: str = "h100",
+    host: str = "127.0.0.1",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "kvfleet_cli",
+        "sim",
+        "serve",
+        "--model",
+        model,
+        "--gpu",
+        gpu,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]

@@ -48,8 +48,9 @@ def test_model_that_does_not_fit_is_refused_with_advice() -> None:
         layout("llama-3.1-70b", "h100")
 
 
-@pytest.mark.parametrize("bad", [{"tp_size": 3}, {"quantization": "awq"},
-                                 {"mem_fraction_static": 1.5}, {"page_size": 0}])
+@pytest.mark.parametrize(
+    "bad", [{"tp_size": 3}, {"quantization": "awq"}, {"mem_fraction_static": 1.5}, {"page_size": 0}]
+)
 def test_invalid_configs_are_rejected(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         layout("llama-3.1-8b", "h100", **bad)

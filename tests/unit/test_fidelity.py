@@ -11,14 +11,24 @@ def cfg(model: str, gpu: str, **kw: object) -> EngineConfig:
     return EngineConfig(model=BUILTIN.model(model), gpu=BUILTIN.gpu(gpu), **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("inp", "out", "batch", "published"), [
-    (128, 128, 896, 20_404),
-    (2048, 2048, 56, 3_731),
-])
-def test_trtllm_mistral_fp8_static_batches(inp: int, out: int, batch: int, published: float) -> None:
+@pytest.mark.parametrize(
+    ("inp", "out", "batch", "published"),
+    [
+        (128, 128, 896, 20_404),
+        (2048, 2048, 56, 3_731),
+    ],
+)
+def test_trtllm_mistral_fp8_static_batches(
+    inp: int, out: int, batch: int, published: float
+) -> None:
     """TensorRT-LLM 0.9 table, one H100, FP8 (weights and KV), static batches."""
-    config = cfg("mistral-7b", "h100", quantization="fp8", kv_cache_dtype="fp8_e4m3",
-                 max_running_requests=batch)
+    config = cfg(
+        "mistral-7b",
+        "h100",
+        quantization="fp8",
+        kv_cache_dtype="fp8_e4m3",
+        max_running_requests=batch,
+    )
     result = run_offline(config, OfflineSpec("random", batch, inp, out), profile="trtllm-0.9")
     assert result.output_throughput == pytest.approx(published, rel=0.25)
 

@@ -19,15 +19,19 @@ def decode(batch: int, ctx: int) -> StepShape:
 
 
 def prefill(tokens: int, cached: int = 0) -> StepShape:
-    return StepShape(prefill_tokens=tokens, prefill_seqs=1,
-                     prefill_attn_pairs=StepShape.prefill_pairs(tokens, cached),
-                     prefill_ctx_tokens=cached)
+    return StepShape(
+        prefill_tokens=tokens,
+        prefill_seqs=1,
+        prefill_attn_pairs=StepShape.prefill_pairs(tokens, cached),
+        prefill_ctx_tokens=cached,
+    )
 
 
 def test_decode_is_bandwidth_bound_and_grows_with_kv_bytes() -> None:
     cm = model_for()
     small, large = cm.step_cost(decode(32, 1000)), cm.step_cost(decode(32, 8000))
-    assert small.linear_bound == "memory" and small.attention_bound == "memory"
+    assert small.linear_bound == "memory"
+    assert small.attention_bound == "memory"
     # 7,000 more tokens of KV per request: 32 × 7000 × 128 KiB read at 70% of 3.35 TB/s.
     extra = 32 * 7000 * 128 * 1024 / (3.35e12 * 0.70)
     assert large.total_s - small.total_s == pytest.approx(extra, rel=0.02)
@@ -38,7 +42,8 @@ def test_decode_is_bandwidth_bound_and_grows_with_kv_bytes() -> None:
 
 def test_prefill_is_compute_bound() -> None:
     cost = model_for().step_cost(prefill(8192))
-    assert cost.linear_bound == "compute" and cost.dominant().startswith("linear (compute)")
+    assert cost.linear_bound == "compute"
+    assert cost.dominant().startswith("linear (compute)")
     # 2 × 6.98e9 body params × 8192 tokens at 45% of 989 TFLOP/s ≈ 0.26 s
     assert cost.linear_s == pytest.approx(2 * 6.98e9 * 8192 / (989e12 * 0.45), rel=0.03)
 
@@ -46,7 +51,9 @@ def test_prefill_is_compute_bound() -> None:
 def test_tensor_parallel_lowers_step_time_but_adds_all_reduce() -> None:
     shape = prefill(4096)
     tp1, tp2, tp4 = (model_for(tp).step_cost(shape) for tp in (1, 2, 4))
-    assert tp1.allreduce_s == 0 and tp2.allreduce_s > 0 and tp4.allreduce_s > tp2.allreduce_s
+    assert tp1.allreduce_s == 0
+    assert tp2.allreduce_s > 0
+    assert tp4.allreduce_s > tp2.allreduce_s
     assert tp4.total_s < tp2.total_s < tp1.total_s
     # Not a perfect split: communication keeps the speed-up below the GPU count.
     assert tp1.total_s / tp4.total_s < 4
@@ -63,8 +70,9 @@ def test_fp8_runs_matmuls_at_the_fp8_rate() -> None:
 def ttft_of_second(cached_share: float) -> tuple[float, float, int]:
     """TTFT of a 4,096-token prompt after a first request that shares `cached_share` of it."""
     clock = VirtualClock()
-    engine = Engine(EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100")),
-                    clock)
+    engine = Engine(
+        EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100")), clock
+    )
     shared = int(4096 * cached_share)
     first = list(range(1, 4097))
     second = first[:shared] + list(range(100_000, 100_000 + 4096 - shared))
@@ -79,7 +87,11 @@ def ttft_of_second(cached_share: float) -> tuple[float, float, int]:
     engine.submit(cold)
     engine.run_until_idle(clock)
     assert cold.first_token_time is not None
-    return req.first_token_time - start, cold.first_token_time - cold.arrival_time, req.cached_tokens
+    return (
+        req.first_token_time - start,
+        cold.first_token_time - cold.arrival_time,
+        req.cached_tokens,
+    )
 
 
 @pytest.mark.parametrize("share", [0.5, 0.9])

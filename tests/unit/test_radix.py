@@ -22,12 +22,14 @@ def test_locked_nodes_are_not_evictable() -> None:
     c.insert([5, 6])
     m = c.match_prefix([1, 2, 3])
     c.inc_lock_ref(m.node)
-    assert c.evictable_size == 2 and c.protected_size == 3
+    assert c.evictable_size == 2
+    assert c.protected_size == 3
     assert c.evict(100) == 2
     assert c.total_size == 3
     c.dec_lock_ref(m.node)
     assert c.evictable_size == 3
-    assert c.evict(100) == 3 and c.total_size == 0
+    assert c.evict(100) == 3
+    assert c.total_size == 0
 
 
 def test_eviction_is_least_recently_used_first() -> None:
@@ -38,7 +40,8 @@ def test_eviction_is_least_recently_used_first() -> None:
     c.match_prefix([1, 1])  # touch: now the most recent
     assert c.evict(2) == 2
     assert c.match_prefix([2, 2]).length == 0
-    assert c.match_prefix([1, 1]).length == 2 and c.match_prefix([3, 3]).length == 2
+    assert c.match_prefix([1, 1]).length == 2
+    assert c.match_prefix([3, 3]).length == 2
 
 
 def test_evicting_a_leaf_exposes_its_parent() -> None:
@@ -53,13 +56,14 @@ def test_page_size_aligns_matches() -> None:
     c = RadixCache(page_size=4)
     c.insert(list(range(10)))  # only 8 tokens (two pages) are kept
     assert c.total_size == 8
-    assert c.match_prefix(list(range(7)) + [99]).length == 4
+    assert c.match_prefix([*list(range(7)), 99]).length == 4
 
 
 def test_disabled_cache_keeps_nothing() -> None:
     c = DisabledCache()
     assert c.insert([1, 2, 3]) == 3
-    assert c.match_prefix([1, 2, 3]).length == 0 and c.total_size == 0
+    assert c.match_prefix([1, 2, 3]).length == 0
+    assert c.total_size == 0
 
 
 def _size(node) -> int:  # type: ignore[no-untyped-def]
@@ -67,13 +71,16 @@ def _size(node) -> int:  # type: ignore[no-untyped-def]
 
 
 def _unlocked(node) -> int:  # type: ignore[no-untyped-def]
-    return sum((len(ch.key) if ch.lock_ref == 0 else 0) + _unlocked(ch)
-               for ch in node.children.values())
+    return sum(
+        (len(ch.key) if ch.lock_ref == 0 else 0) + _unlocked(ch) for ch in node.children.values()
+    )
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "lock", "unlock", "evict"]),
-              st.lists(st.integers(0, 3), min_size=1, max_size=12)),
+    st.tuples(
+        st.sampled_from(["insert", "lock", "unlock", "evict"]),
+        st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    ),
     max_size=60,
 )
 

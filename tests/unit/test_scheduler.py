@@ -18,7 +18,9 @@ def engine(**kw: object) -> tuple[Engine, VirtualClock]:
 
 
 def req(i: int, n_in: int, n_out: int, t: float = 0.0, base: int = 0) -> Request:
-    return Request(f"r{i}", [base + i * 100_000 + k for k in range(n_in)], n_out, arrival_time=t, seed=i)
+    return Request(
+        f"r{i}", [base + i * 100_000 + k for k in range(n_in)], n_out, arrival_time=t, seed=i
+    )
 
 
 def run(e: Engine, clock: VirtualClock) -> list[str]:
@@ -40,17 +42,21 @@ def test_continuous_batching_admits_new_requests_between_decode_steps() -> None:
     e.end_step(step)
     for _ in range(5):  # decode a few tokens of the first request
         s = e.begin_step()
-        assert s is not None and not s.batch.is_prefill
+        assert s is not None
+        assert not s.batch.is_prefill
         clock.t += s.duration
         e.end_step(s)
     late = req(1, 100, 10, t=clock.t)
     e.submit(late)
     s = e.begin_step()
-    assert s is not None and s.batch.is_prefill and s.batch.reqs == [late]
+    assert s is not None
+    assert s.batch.is_prefill
+    assert s.batch.reqs == [late]
     clock.t += s.duration
     e.end_step(s)
     s = e.begin_step()
-    assert s is not None and len(s.batch.reqs) == 2  # both decode together now
+    assert s is not None
+    assert len(s.batch.reqs) == 2
 
 
 def test_long_prompt_is_chunked_and_gets_one_first_token() -> None:
@@ -59,7 +65,8 @@ def test_long_prompt_is_chunked_and_gets_one_first_token() -> None:
     e.submit(r)
     kinds = run(e, clock)
     assert kinds[:3] == ["P", "P", "P"]  # 1000 + 1000 + 500
-    assert r.output_len == 3 and r.finish_reason == "length"
+    assert r.output_len == 3
+    assert r.finish_reason == "length"
 
 
 def test_admission_respects_max_running_requests() -> None:
@@ -67,15 +74,17 @@ def test_admission_respects_max_running_requests() -> None:
     for i in range(10):
         e.submit(req(i, 50, 20))
     step = e.begin_step()
-    assert step is not None and len(step.batch.reqs) == 4
+    assert step is not None
+    assert len(step.batch.reqs) == 4
     clock.t += step.duration
     e.end_step(step)
-    assert e.load().num_running_reqs == 4 and e.load().num_waiting_reqs == 6
+    assert e.load().num_running_reqs == 4
+    assert e.load().num_waiting_reqs == 6
 
 
 def test_admission_budget_reserves_future_output() -> None:
     # A 20k-token pool: each request needs 1000 input + 5000 reserved output.
-    e, clock = engine(max_total_tokens=20_000)
+    e, _clock = engine(max_total_tokens=20_000)
     for i in range(6):
         e.submit(req(i, 1000, 5000))
     step = e.begin_step()
@@ -91,7 +100,8 @@ def test_retraction_when_decode_does_not_fit_then_everything_finishes() -> None:
     run(e, clock)
     assert e.scheduler.retracted_total > 0
     assert all(r.finish_reason == "length" and r.output_len == 4000 for r in reqs)
-    assert e.scheduler.req_tokens == 0 and e.scheduler.cache.protected_size == 0
+    assert e.scheduler.req_tokens == 0
+    assert e.scheduler.cache.protected_size == 0
 
 
 def test_shared_prefix_is_reused_while_the_first_request_still_decodes() -> None:
@@ -119,7 +129,8 @@ def test_lpm_schedules_the_longest_cached_prefix_first() -> None:
     e.submit(cold)
     e.submit(hot)
     step = e.begin_step()
-    assert step is not None and step.batch.reqs == [hot]
+    assert step is not None
+    assert step.batch.reqs == [hot]
 
 
 def test_abort_frees_memory_at_the_next_step() -> None:
@@ -132,7 +143,8 @@ def test_abort_frees_memory_at_the_next_step() -> None:
     e.end_step(step)
     e.abort(r)
     assert e.begin_step() is None
-    assert r.finish_reason == "abort" and e.scheduler.req_tokens == 0
+    assert r.finish_reason == "abort"
+    assert e.scheduler.req_tokens == 0
     assert e.counters.aborted == 1
 
 
@@ -141,8 +153,12 @@ def test_abort_frees_memory_at_the_next_step() -> None:
 def test_kv_accounting_never_drifts(seed: int, policy: str, radix_off: bool) -> None:
     """Random workloads on a tiny pool: every request ends, and the pool balances to zero."""
     rng = random.Random(seed)
-    e, clock = engine(max_total_tokens=6000, chunked_prefill_size=512, schedule_policy=policy,
-                      disable_radix_cache=radix_off)
+    e, clock = engine(
+        max_total_tokens=6000,
+        chunked_prefill_size=512,
+        schedule_policy=policy,
+        disable_radix_cache=radix_off,
+    )
     shared = [rng.randrange(1000) for _ in range(300)]
     reqs = []
     for i in range(30):
@@ -156,10 +172,13 @@ def test_kv_accounting_never_drifts(seed: int, policy: str, radix_off: bool) -> 
         clock.t = step.start + step.duration
         e.end_step(step)
         s = e.scheduler
-        assert 0 <= s.used_tokens <= s.capacity and s.free_tokens >= 0
+        assert 0 <= s.used_tokens <= s.capacity
+        assert s.free_tokens >= 0
         steps += 1
         if steps % 7 == 0 and rng.random() < 0.3:
             e.abort(rng.choice(reqs))
     s = e.scheduler
     assert all(r.finished for r in reqs)
-    assert s.req_tokens == 0 and s.cache.protected_size == 0 and s.used_tokens == 0
+    assert s.req_tokens == 0
+    assert s.cache.protected_size == 0
+    assert s.used_tokens == 0

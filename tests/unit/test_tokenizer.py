@@ -13,8 +13,10 @@ def test_shared_text_prefix_gives_shared_token_prefix(prefix: str, rest: str) ->
 
 
 def test_about_four_characters_per_token() -> None:
-    text = ("Large language model serving systems batch requests continuously and reuse the "
-            "key-value cache of shared prompt prefixes across requests. ") * 20
+    text = (
+        "Large language model serving systems batch requests continuously and reuse the "
+        "key-value cache of shared prompt prefixes across requests. "
+    ) * 20
     assert 3.2 < len(text) / TOK.count(text) < 4.8
 
 

@@ -1,0 +1,6 @@
+"""The fleet simulator: N engines in virtual time behind a router, with an optional scaler.
+
+`workloads` makes request streams, `des` runs them, `collector` measures them. A Router
+picks a replica from snapshots (what a gateway would see); a Scaler adds replicas (after a
+cold start) or drains them. Same seed, same result.
+"""

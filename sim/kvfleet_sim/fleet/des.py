@@ -1,0 +1,288 @@
+"""The fleet's discrete-event loop: pop the next event, move the clock, let it make new ones.
+
+Events at the same instant are ordered by kind (a finishing step frees a replica before an
+arrival is routed), then by insertion sequence, so a run is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kvfleet_sim.config import EngineConfig
+from kvfleet_sim.costmodel import DEFAULT_PROFILE
+from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
+from kvfleet_sim.fleet.collector import Collector, FleetSummary, RequestRecord
+from kvfleet_sim.fleet.routing import ReplicaView, Router, RouteRequest
+from kvfleet_sim.fleet.workloads import Arrival, Workload
+from kvfleet_sim.request import Request
+
+STEP_END, READY, SCRAPE, SCALE, ARRIVAL, PROGRESS = range(6)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    engine: EngineConfig
+    replicas: int = 8
+    """Replicas ready at t=0."""
+    profile: str = DEFAULT_PROFILE
+    scrape_interval_s: float = 1.0
+    """How often the router's view of engine metrics refreshes (a gateway scrapes /metrics)."""
+    cold_start_s: float = 120.0
+    """Time from a scale-up decision to a ready replica (pod start + model load)."""
+    scale_interval_s: float = 15.0
+    """How often the Scaler is asked for a replica count."""
+
+
+class Scaler(Protocol):
+    def desired_replicas(
+        self, now: float, replicas: Sequence[ReplicaView], starting: int, unrouted: int
+    ) -> int:
+        """Replica count wanted now, given the ready ones, those starting, and unrouted requests."""
+        ...
+
+
+@dataclass(eq=False)
+class Replica:
+    index: int
+    engine: Engine
+    created: float
+    ready_at: float
+    removed_at: float | None = None
+    draining: bool = False
+    stepping: bool = False
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    busy_s: float = 0.0
+    load: EngineLoad | None = None
+    scraped_at: float = 0.0
+
+    def view(self) -> ReplicaView:
+        load = self.load or self.engine.load()
+        return ReplicaView(
+            self.index,
+            f"replica-{self.index}",
+            load,
+            self.scraped_at,
+            self.inflight_requests,
+            self.inflight_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    now: float
+    finished: int
+    records: list[RequestRecord]
+    replicas: list[Replica]
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    summary: FleetSummary
+    records: list[RequestRecord]
+    replica_busy_s: list[float]
+    replica_count_trace: list[tuple[float, int]] = field(default_factory=list)
+
+
+class FleetSimulator:
+    def __init__(self, config: FleetConfig, router: Router, scaler: Scaler | None = None) -> None:
+        if config.replicas < 1 and scaler is None:
+            raise ValueError("a fleet without a scaler needs at least one replica")
+        self.config, self.router, self.scaler = config, router, scaler
+        self.clock = VirtualClock()
+        self.replicas: list[Replica] = []
+        self.collector = Collector()
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._rid = itertools.count()
+        self._unrouted: list[Arrival] = []
+        self._placed: dict[str, tuple[Arrival, RouteRequest]] = {}
+        self._outstanding = 0
+        self._trace: list[tuple[float, int]] = []
+        for _ in range(config.replicas):
+            self._add_replica(0.0, ready_at=0.0)
+
+    # ---- plumbing -------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: Any = None) -> None:
+        heapq.heappush(self._events, (t, kind, next(self._seq), payload))
+
+    def _add_replica(self, now: float, ready_at: float) -> Replica:
+        engine = Engine(self.config.engine, self.clock, profile=self.config.profile)
+        rep = Replica(len(self.replicas), engine, created=now, ready_at=ready_at)
+        self.replicas.append(rep)
+        if ready_at > now:
+            self._push(ready_at, READY, rep)
+        return rep
+
+    def _routable(self) -> list[Replica]:
+        now = self.clock.t
+        return [
+            r
+            for r in self.replicas
+            if r.ready_at <= now and not r.draining and r.removed_at is None
+        ]
+
+    def _kick(self, rep: Replica) -> None:
+        if rep.stepping:
+            return
+        step = rep.engine.begin_step()
+        if step is None:
+            if rep.draining and rep.inflight_requests == 0 and rep.removed_at is None:
+                rep.removed_at = self.clock.t
+                self._trace.append((self.clock.t, len(self._live())))
+            return
+        rep.stepping = True
+        self._push(step.start + step.duration, STEP_END, (rep, step))
+
+    def _live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.removed_at is None]
+
+    # ---- events ---------------------------------------------------------------------------
+    def _route(self, arrival: Arrival) -> None:
+        candidates = self._routable()
+        if not candidates:
+            self._unrouted.append(arrival)
+            return
+        rreq = RouteRequest(arrival.prompt_ids, arrival.max_new_tokens, arrival.tenant)
+        idx = self.router.route(rreq, [r.view() for r in candidates], self.clock.t)
+        rep = self.replicas[idx]
+        n = next(self._rid)
+        req = Request(
+            rid=f"fleet-{n}",
+            prompt_ids=arrival.prompt_ids,
+            max_new_tokens=arrival.max_new_tokens,
+            arrival_time=arrival.time,
+            seed=n,
+        )
+        self._placed[req.rid] = (arrival, rreq)
+        rep.engine.submit(req)
+        rep.inflight_requests += 1
+        rep.inflight_tokens += req.prompt_len + req.max_new_tokens
+        self._kick(rep)
+
+    def _step_end(self, rep: Replica, step: Step, workload: Workload) -> None:
+        rep.stepping = False
+        rep.busy_s += step.duration
+        outcome = rep.engine.end_step(step)
+        for req in outcome.finished:
+            arrival, rreq = self._placed.pop(req.rid)
+            assert req.first_token_time is not None
+            assert req.finish_time is not None
+            rep.inflight_requests -= 1
+            rep.inflight_tokens -= req.prompt_len + req.max_new_tokens
+            self._outstanding -= 1
+            self.collector.add(
+                RequestRecord(
+                    arrival=req.arrival_time,
+                    first_token=req.first_token_time,
+                    finish=req.finish_time,
+                    prompt_tokens=req.prompt_len,
+                    output_tokens=req.output_len,
+                    cached_tokens=req.cached_tokens,
+                    replica=rep.index,
+                    tenant=arrival.tenant,
+                )
+            )
+            self.router.on_finish(rep.index, rreq, self.clock.t)
+            if arrival.conversation is not None:
+                out_ids = rep.engine.tokenizer.generate_ids(req.seed, req.output_len)
+                nxt = workload.follow_up(arrival, out_ids, self.clock.t)
+                if nxt is not None:
+                    self._outstanding += 1
+                    self._push(nxt.time, ARRIVAL, (nxt, False))
+        self._kick(rep)
+
+    def _scale(self) -> None:
+        assert self.scaler is not None
+        now = self.clock.t
+        ready = self._routable()
+        starting = [r for r in self._live() if r.ready_at > now]
+        want = self.scaler.desired_replicas(
+            now, [r.view() for r in ready], len(starting), len(self._unrouted)
+        )
+        have = len(ready) + len(starting)
+        for _ in range(max(0, want - have)):
+            self._add_replica(now, ready_at=now + self.config.cold_start_s)
+        # Drain the least busy ready replicas first; never below one routable replica.
+        excess = min(have - want, len(ready) - 1)
+        for rep in sorted(ready, key=lambda r: (r.inflight_requests, -r.index))[: max(0, excess)]:
+            rep.draining = True
+            self._kick(rep)
+        if want != have:
+            self._trace.append((now, len(self._live())))
+
+    # ---- run ------------------------------------------------------------------------------
+    def run(
+        self,
+        workload: Workload,
+        on_progress: Callable[[Progress], None] | None = None,
+        progress_interval_s: float = 1.0,
+        time_limit_s: float = math.inf,
+    ) -> FleetResult:
+        arrivals: Iterator[Arrival] = iter(workload)
+        first = next(arrivals, None)
+        if first is None:
+            raise ValueError("the workload produced no requests")
+        self._outstanding = 1
+        self._push(first.time, ARRIVAL, (first, True))
+        self._push(0.0, SCRAPE)
+        if self.scaler is not None:
+            self._push(self.config.scale_interval_s, SCALE)
+        if on_progress is not None:
+            self._push(progress_interval_s, PROGRESS)
+        self._trace.append((0.0, len(self._live())))
+        last_work = 0.0
+        while self._events:
+            t, kind, _, payload = heapq.heappop(self._events)
+            if t > time_limit_s:
+                break
+            self.clock.t = t
+            periodic_alive = self._outstanding > 0
+            if kind in (STEP_END, ARRIVAL, READY):
+                last_work = t
+            if kind == STEP_END:
+                self._step_end(payload[0], payload[1], workload)
+            elif kind == ARRIVAL:
+                arrival, from_source = payload
+                if from_source:  # keep exactly one pending arrival from the (lazy) source
+                    nxt = next(arrivals, None)
+                    if nxt is not None:
+                        self._outstanding += 1
+                        self._push(nxt.time, ARRIVAL, (nxt, True))
+                self._route(arrival)
+            elif kind == READY:
+                self._trace.append((t, len(self._live())))
+                pending, self._unrouted = self._unrouted, []
+                for arrival in pending:
+                    self._route(arrival)
+            elif kind == SCRAPE and periodic_alive:
+                for rep in self._live():
+                    rep.load, rep.scraped_at = rep.engine.load(), t
+                self._push(t + self.config.scrape_interval_s, SCRAPE)
+            elif kind == SCALE and periodic_alive:
+                self._scale()
+                self._push(t + self.config.scale_interval_s, SCALE)
+            elif kind == PROGRESS and periodic_alive and on_progress is not None:
+                on_progress(
+                    Progress(t, len(self.collector.records), self.collector.records, self.replicas)
+                )
+                self._push(t + progress_interval_s, PROGRESS)
+        end = last_work  # bill until the work ends, not until the last periodic tick
+        gpus = self.config.engine.tp_size
+        gpu_seconds = sum(
+            ((r.removed_at if r.removed_at is not None else end) - r.created) * gpus
+            for r in self.replicas
+        )
+        busy = [r.busy_s for r in self.replicas]
+        retractions = sum(r.engine.scheduler.retracted_total for r in self.replicas)
+        return FleetResult(
+            summary=self.collector.summary(busy, gpu_seconds, retractions),
+            records=self.collector.records,
+            replica_busy_s=busy,
+            replica_count_trace=self._trace,
+        )

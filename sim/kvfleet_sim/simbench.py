@@ -1,0 +1,382 @@
+"""`kvfleet bench sim`: fidelity against published GPU numbers, and the simulator's own speed.
+
+Writes `bench/results/sim-fidelity.md` and `sim-fidelity.png`. Every speed number comes with
+a baseline measured in the same run: the fleet DES against real time, the streaming server
+against a bare aiohttp SSE loop sending the same chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvfleet_sim.catalog import BUILTIN
+from kvfleet_sim.config import EngineConfig, derive_layout
+from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape
+from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+from kvfleet_sim.fleet.routing import RoundRobin
+from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+from kvfleet_sim.offline import OfflineSpec, run_offline
+from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
+
+
+@dataclass(frozen=True)
+class FidelityRow:
+    name: str
+    source: str
+    model: str
+    gpu: str
+    tp: int
+    profile: str
+    spec: OfflineSpec
+    published: float | None
+    extra: dict[str, Any]
+
+
+ROWS = [
+    FidelityRow(
+        "Mistral-7B FP8, 128/128, batch 896",
+        "TensorRT-LLM 0.9 table",
+        "mistral-7b",
+        "h100",
+        1,
+        "trtllm-0.9",
+        OfflineSpec("random", 896, 128, 128),
+        20_404,
+        {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_running_requests": 896},
+    ),
+    FidelityRow(
+        "Mistral-7B FP8, 2048/2048, batch 56",
+        "TensorRT-LLM 0.9 table",
+        "mistral-7b",
+        "h100",
+        1,
+        "trtllm-0.9",
+        OfflineSpec("random", 56, 2048, 2048),
+        3_731,
+        {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_running_requests": 56},
+    ),
+    FidelityRow(
+        "Llama-3-8B TP2, 2,000 ShareGPT",
+        "sglang#1639 (v0.3)",
+        "llama-3.1-8b",
+        "h100",
+        2,
+        "sglang",
+        OfflineSpec("sharegpt", 2000),
+        10_897,
+        {},
+    ),
+    # Shapes without a published figure: what the model predicts, for inspection.
+    FidelityRow(
+        "Llama-3.1-8B, ShareGPT 1,000",
+        "prediction",
+        "llama-3.1-8b",
+        "a100-80g",
+        1,
+        "sglang",
+        OfflineSpec("sharegpt", 1000),
+        None,
+        {},
+    ),
+    FidelityRow(
+        "Llama-3.1-8B, ShareGPT 1,000",
+        "prediction",
+        "llama-3.1-8b",
+        "l40s",
+        1,
+        "sglang",
+        OfflineSpec("sharegpt", 1000),
+        None,
+        {},
+    ),
+    FidelityRow(
+        "Llama-3.1-70B TP4, ShareGPT 1,000",
+        "prediction",
+        "llama-3.1-70b",
+        "h200",
+        4,
+        "sglang",
+        OfflineSpec("sharegpt", 1000),
+        None,
+        {},
+    ),
+    FidelityRow(
+        "Qwen2.5-72B FP8 TP4, ShareGPT 1,000",
+        "prediction",
+        "qwen2.5-72b",
+        "h100",
+        4,
+        "sglang",
+        OfflineSpec("sharegpt", 1000),
+        None,
+        {"quantization": "fp8"},
+    ),
+    FidelityRow(
+        "Llama-3.1-8B, 1024/1024 ×256",
+        "prediction",
+        "llama-3.1-8b",
+        "h100",
+        1,
+        "sglang",
+        OfflineSpec("random", 256, 1024, 1024),
+        None,
+        {},
+    ),
+]
+
+
+def _config(row: FidelityRow) -> EngineConfig:
+    return EngineConfig(
+        model=BUILTIN.model(row.model), gpu=BUILTIN.gpu(row.gpu), tp_size=row.tp, **row.extra
+    )
+
+
+def dominant_terms(config: EngineConfig, profile: str) -> tuple[str, str]:
+    """Which cost term dominates a typical prefill chunk and a typical decode step."""
+    cm = RooflineCostModel(derive_layout(config), PROFILES[profile])
+    pre = cm.step_cost(
+        StepShape(
+            prefill_tokens=8192,
+            prefill_seqs=8,
+            prefill_attn_pairs=8 * StepShape.prefill_pairs(1024, 0),
+        )
+    )
+    dec = cm.step_cost(StepShape(decode_seqs=256, decode_ctx_tokens=256 * 1024))
+    return pre.dominant(), dec.dominant()
+
+
+def fidelity(log: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows = []
+    for row in ROWS:
+        config = _config(row)
+        result = run_offline(config, row.spec, row.profile)
+        pre, dec = dominant_terms(config, row.profile)
+        err = None if row.published is None else result.output_throughput / row.published - 1
+        rows.append(
+            {
+                "name": row.name,
+                "source": row.source,
+                "gpu": f"{row.tp}× {row.gpu}",
+                "profile": row.profile,
+                "simulated": result.output_throughput,
+                "published": row.published,
+                "error": err,
+                "prefill_dominant": pre,
+                "decode_dominant": dec,
+                "duration_s": result.duration_s,
+            }
+        )
+        log(
+            f"  {row.name} on {row.tp}× {row.gpu}: {result.output_throughput:,.0f} tok/s"
+            + ("" if err is None else f" (published {row.published:,.0f}, {err:+.1%})")
+        )
+    return rows
+
+
+def des_speed(num_requests: int) -> dict[str, float]:
+    """Shared-prefix workload on 8 H100 replicas of Llama-3.1-8B, near saturation."""
+    cfg = FleetConfig(
+        EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100")), replicas=8
+    )
+    workload = Workload(
+        WorkloadSpec("generated-shared-prefix", num_requests),
+        RateTrace("poisson", rate=150.0),
+        128_256,
+    )
+    t0 = time.process_time()
+    result = FleetSimulator(cfg, RoundRobin()).run(workload)
+    cpu = time.process_time() - t0
+    return {
+        "requests": num_requests,
+        "cpu_s": cpu,
+        "simulated_s": result.summary.duration_s,
+        "speedup_vs_real_time": result.summary.duration_s / cpu,
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drive_streams(url: str, streams: int, max_tokens: int) -> tuple[float, int]:
+    import aiohttp
+
+    body = {
+        "text": "benchmark",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True},
+    }
+    chunks = 0
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal chunks
+        async with session.post(f"{url}/generate", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunks += 1
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(s) for _ in range(streams)))
+    return time.monotonic() - t0, chunks
+
+
+BARE_SSE_SERVER = """
+import asyncio, json, sys
+from aiohttp import web
+chunks, delay = int(sys.argv[2]), float(sys.argv[3])
+async def gen(request):
+    await request.read()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    text = ""
+    for i in range(chunks):
+        await asyncio.sleep(delay)
+        text += " word"
+        await resp.write(b"data: " + json.dumps({"text": text, "meta_info": {"id": "x",
+            "completion_tokens": i + 1}}).encode() + b"\\n\\n")
+    await resp.write(b"data: [DONE]\\n\\n")
+    return resp
+async def health(request):
+    return web.Response()
+app = web.Application()
+app.router.add_post("/generate", gen)
+app.router.add_get("/health", health)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+def stream_cpu(streams: int, max_tokens: int, interval: int, workdir: Path) -> dict[str, float]:
+    """Server CPU (% of one core) to carry `streams` concurrent streams, vs a bare SSE loop."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = sim_serve_argv(port, extra=["--stream-interval", str(interval), "--no-eos"])
+    with running_process(argv, ready_url=f"{url}/health", log_path=workdir / "sim-bench.log") as p:
+        c0 = _cpu_seconds(p.pid)
+        wall, chunks = asyncio.run(_drive_streams(url, streams, max_tokens))
+        sim_cpu = _cpu_seconds(p.pid) - c0
+    per_stream = chunks // streams
+    bare_port = free_port()
+    delay = wall / max(1, per_stream)
+    script = workdir / "bare_sse.py"
+    script.write_text(BARE_SSE_SERVER)
+    bare_argv = [sys.executable, str(script), str(bare_port), str(per_stream), f"{delay:.5f}"]
+    with running_process(bare_argv, ready_url=f"http://127.0.0.1:{bare_port}/health") as p:
+        c0 = _cpu_seconds(p.pid)
+        bare_wall, _bare_chunks = asyncio.run(
+            _drive_streams(f"http://127.0.0.1:{bare_port}", streams, max_tokens)
+        )
+        bare_cpu = _cpu_seconds(p.pid) - c0
+    return {
+        "streams": streams,
+        "stream_interval": interval,
+        "chunks": chunks,
+        "wall_s": wall,
+        "server_core_share": sim_cpu / wall,
+        "bare_sse_core_share": bare_cpu / bare_wall,
+        "ratio_vs_bare_sse": (sim_cpu / wall) / max(1e-9, bare_cpu / bare_wall),
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    labels = [f"{r['name']}\n{r['gpu']}" for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["simulated"] for r in rows], 0.4, label="kvfleet simulator")
+    ax.bar([x + 0.2 for x in xs], [r["published"] or 0 for r in rows], 0.4, label="published")
+    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Simulated vs published throughput (no bar: no published figure)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(
+    rows: list[dict[str, Any]], des: dict[str, float], streams: list[dict[str, float]], command: str
+) -> str:
+    lines = [
+        "# Simulator fidelity and speed",
+        "",
+        f"Produced by `{command}`.",
+        "",
+        "## Throughput against published GPU results",
+        "",
+        "| workload | GPUs | profile | simulated tok/s | published | error "
+        "| prefill bound by | decode bound by |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        pub = "—" if r["published"] is None else f"{r['published']:,.0f}"
+        err = "—" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(
+            f"| {r['name']} | {r['gpu']} | {r['profile']} | {r['simulated']:,.0f} | "
+            f"{pub} | {err} | {r['prefill_dominant']} | {r['decode_dominant']} |"
+        )
+    lines += [
+        "",
+        "![throughput](sim-fidelity.png)",
+        "",
+        "Dominant terms: a prefill batch of 8 × 1,024 new tokens, and a decode step of 256 "
+        "requests at 1,024 tokens of context.",
+        "",
+        "## Speed of the simulator itself",
+        "",
+        f"- Fleet DES: {des['requests']:,} shared-prefix requests on 8 replicas in "
+        f"{des['cpu_s']:.1f} s of one core, simulating {des['simulated_s']:.0f} s: "
+        f"**{des['speedup_vs_real_time']:.1f}× faster than real time**.",
+    ]
+    for s in streams:
+        lines.append(
+            f"- Real-time server, {s['streams']} concurrent streams, stream interval "
+            f"{s['stream_interval']}: **{s['server_core_share']:.0%} of one core** "
+            f"({s['chunks']:,} chunks in {s['wall_s']:.1f} s); a bare aiohttp SSE loop sending "
+            f"the same chunks used {s['bare_sse_core_share']:.0%} "
+            f"(ratio {s['ratio_vs_bare_sse']:.2f}×)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_sim_bench(out_dir: Path, des_requests: int, log: Callable[[str], None]) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log("fidelity (offline runs in virtual time):")
+    rows = fidelity(log)
+    log(f"fleet DES speed ({des_requests:,} requests)...")
+    des = des_speed(des_requests)
+    log(f"  {des['cpu_s']:.1f} s CPU, {des['speedup_vs_real_time']:.1f}× real time")
+    streams = []
+    for interval in (8, 1):
+        log(f"256 concurrent streams, stream interval {interval}...")
+        s = stream_cpu(256, 256, interval, out_dir)
+        log(
+            f"  server {s['server_core_share']:.0%} of a core, "
+            f"bare SSE {s['bare_sse_core_share']:.0%}"
+        )
+        streams.append(s)
+    plot(rows, out_dir / "sim-fidelity.png")
+    text = report(rows, des, streams, f"kvfleet bench sim --des-requests {des_requests}")
+    (out_dir / "sim-fidelity.md").write_text(text)
+    for name in ("sim-bench.log", "bare_sse.py"):
+        (out_dir / name).unlink(missing_ok=True)
+    return {"fidelity": rows, "des": des, "streams": streams}
+
+
+def main_json(result: dict[str, Any]) -> str:
+    return json.dumps(result, default=str)
