@@ -11,6 +11,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -77,112 +78,10 @@ class ModelSpec:
         return 2.0 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
-# Datasheet figures. Memory is what the driver exposes (80 GB parts show ~79.6 GiB).
-GPUS: dict[str, GpuSpec] = {
-    "h100": GpuSpec(
-        name="h100",
-        memory_bytes=int(79.6 * GIB),
-        hbm_bandwidth=3.35e12,
-        bf16_flops=989e12,
-        fp8_flops=1979e12,
-        interconnect_bandwidth=450e9,
-        allreduce_latency_s=8e-6,
-    ),
-    "h200": GpuSpec(
-        name="h200",
-        memory_bytes=int(139.8 * GIB),
-        hbm_bandwidth=4.8e12,
-        bf16_flops=989e12,
-        fp8_flops=1979e12,
-        interconnect_bandwidth=450e9,
-        allreduce_latency_s=8e-6,
-    ),
-    "a100-80g": GpuSpec(
-        # No FP8 tensor cores: FP8 weights run through weight-only kernels at the BF16 rate.
-        name="a100-80g",
-        memory_bytes=int(79.2 * GIB),
-        hbm_bandwidth=2.039e12,
-        bf16_flops=312e12,
-        fp8_flops=312e12,
-        interconnect_bandwidth=300e9,
-        allreduce_latency_s=10e-6,
-    ),
-    "l40s": GpuSpec(
-        # PCIe Gen4 x16 between cards, no NVLink.
-        name="l40s",
-        memory_bytes=int(44.4 * GIB),
-        hbm_bandwidth=0.864e12,
-        bf16_flops=362e12,
-        fp8_flops=733e12,
-        interconnect_bandwidth=25e9,
-        allreduce_latency_s=25e-6,
-    ),
-}
-
-MODELS: dict[str, ModelSpec] = {
-    "llama-3.1-8b": ModelSpec(
-        name="llama-3.1-8b",
-        hf_id="meta-llama/Llama-3.1-8B-Instruct",
-        architecture="LlamaForCausalLM",
-        num_layers=32,
-        hidden_size=4096,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        num_params=8.03e9,
-        context_length=131072,
-    ),
-    "llama-3.1-70b": ModelSpec(
-        name="llama-3.1-70b",
-        hf_id="meta-llama/Llama-3.1-70B-Instruct",
-        architecture="LlamaForCausalLM",
-        num_layers=80,
-        hidden_size=8192,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=28672,
-        vocab_size=128256,
-        num_params=70.6e9,
-        context_length=131072,
-    ),
-    "mistral-7b": ModelSpec(
-        name="mistral-7b",
-        hf_id="mistralai/Mistral-7B-Instruct-v0.3",
-        architecture="MistralForCausalLM",
-        num_layers=32,
-        hidden_size=4096,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=32768,
-        num_params=7.25e9,
-        context_length=32768,
-    ),
-    "qwen2.5-72b": ModelSpec(
-        name="qwen2.5-72b",
-        hf_id="Qwen/Qwen2.5-72B-Instruct",
-        architecture="Qwen2ForCausalLM",
-        num_layers=80,
-        hidden_size=8192,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=29568,
-        vocab_size=152064,
-        num_params=72.7e9,
-        context_length=32768,
-    ),
-}
-
 # Aliases people type; the served name of a Hugging Face id maps to the catalogue entry.
 ALIASES: dict[str, str] = {
     "a100": "a100-80g",
     "llama-3-8b": "llama-3.1-8b",
-    **{m.hf_id.lower(): key for key, m in MODELS.items()},
     "meta-llama/meta-llama-3.1-8b-instruct": "llama-3.1-8b",
     "meta-llama/meta-llama-3-8b-instruct": "llama-3.1-8b",
     "meta-llama/meta-llama-3.1-70b-instruct": "llama-3.1-70b",
@@ -198,23 +97,25 @@ class Catalog:
     gpus: Mapping[str, GpuSpec]
     models: Mapping[str, ModelSpec]
 
+    def _key(self, name: str) -> str:
+        low = name.lower()
+        by_hf = {m.hf_id.lower(): k for k, m in self.models.items()}
+        return ALIASES.get(low) or by_hf.get(low) or low
+
     def gpu(self, name: str) -> GpuSpec:
-        key = ALIASES.get(name.lower(), name.lower())
+        key = self._key(name)
         if key not in self.gpus:
             raise CatalogError(f"unknown GPU {name!r}; known: {', '.join(sorted(self.gpus))}")
         return self.gpus[key]
 
     def model(self, name: str) -> ModelSpec:
-        key = ALIASES.get(name.lower(), name.lower())
+        key = self._key(name)
         if key not in self.models:
             raise CatalogError(f"unknown model {name!r}; known: {', '.join(sorted(self.models))}")
         return self.models[key]
 
     def extended(self, gpus: Mapping[str, GpuSpec], models: Mapping[str, ModelSpec]) -> Catalog:
         return Catalog(gpus={**self.gpus, **gpus}, models={**self.models, **models})
-
-
-BUILTIN = Catalog(gpus=GPUS, models=MODELS)
 
 
 def _coerce(cls: type[Any], name: str, key: str, value: Any, kind: Any) -> Any:
@@ -250,14 +151,31 @@ def _build(cls: type[Any], name: str, fields: Any) -> Any:
         raise CatalogError(f"{cls.__name__} {name!r}: {exc}") from exc
 
 
-def load_catalog_file(path: Path, base: Catalog = BUILTIN) -> Catalog:
-    """Extend `base` with `gpus:` and `models:` mappings from a YAML file (fields as above)."""
+def parse_catalog(text: str, base: Catalog, origin: str) -> Catalog:
+    """Extend `base` with the `gpus:` and `models:` mappings of a YAML document."""
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise CatalogError(f"cannot read catalogue {path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CatalogError(f"{path}: expected a mapping with 'gpus' and/or 'models'")
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"cannot parse catalogue {origin}: {exc}") from exc
+    if not isinstance(doc, dict) or set(doc) - {"gpus", "models"}:
+        raise CatalogError(f"{origin}: expected a mapping with only 'gpus' and/or 'models'")
     gpus = {k: _build(GpuSpec, k, v) for k, v in (doc.get("gpus") or {}).items()}
     models = {k: _build(ModelSpec, k, v) for k, v in (doc.get("models") or {}).items()}
     return base.extended(gpus, models)
+
+
+def load_catalog_file(path: Path, base: Catalog | None = None) -> Catalog:
+    """The built-in catalogue (or `base`) extended by a user's YAML file of the same shape."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CatalogError(f"cannot read catalogue {path}: {exc}") from exc
+    return parse_catalog(text, BUILTIN if base is None else base, str(path))
+
+
+# The built-ins live in data/catalog.yaml, read through the same parser as user files.
+BUILTIN = parse_catalog(
+    resources.files("kvfleet_sim").joinpath("data/catalog.yaml").read_text(),
+    Catalog(gpus={}, models={}),
+    "kvfleet_sim/data/catalog.yaml",
+)

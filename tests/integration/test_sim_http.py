@@ -45,6 +45,7 @@ async def sse(url: str, payload: Any) -> list[Any]:
 async def test_info_endpoints_and_aliases(sim_server: Any) -> None:
     url = await sim_server()
     assert (await get(f"{url}/health"))[0] == 200
+    assert (await get(f"{url}/ready"))[0] == 200
     for path in ("/server_info", "/get_server_info"):
         status, info = await get(url + path)
         assert status == 200
