@@ -1,0 +1,421 @@
+"""Admission control: rate windows, concurrency leases and token budgets, per tenant.
+
+The algorithm, shared by both stores (this in-memory one and `redis_store`'s Lua):
+
+* **Rates** (requests and tokens per minute): a sliding window of 60 one-second buckets.
+  Admission counts the buckets of the last 60 s, so a burst at a window edge cannot pass
+  twice the limit (at most one bucket, 1/60 of the window, of slack).
+* **Concurrency**: a lease per request, with a TTL renewed by heartbeats while the request
+  runs; a crashed gateway's leases expire instead of leaking.
+* **Budget**: tokens per fixed period (aligned to the epoch). Admission reserves estimated
+  prompt + max_tokens atomically against `used + reserved`; settlement replaces the
+  reservation by the real usage. Reserved tokens therefore never exceed the budget, under
+  any parallelism, with any number of gateways sharing one store.
+* **Settlement** happens once per lease: the store remembers settled lease ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from kvfleet_gateway.config import Limits
+
+WINDOW_S = 60
+Reason = Literal["requests", "tokens", "concurrency", "budget", "store_unavailable"]
+
+
+@dataclass(frozen=True)
+class Ticket:
+    tenant: str
+    limits: Limits
+    reserve_tokens: int
+    """Estimated prompt tokens + max_tokens."""
+    lease_id: str
+    now: float
+    """Unix time, seconds."""
+    lease_ttl_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What the `x-ratelimit-*` headers report after a decision."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float = 0.0
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float = 0.0
+    budget_remaining: int | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    tenant: str
+    reserved_tokens: int
+    bucket: int
+    """The second the tokens-per-minute reservation was recorded in (refunds go there)."""
+    budget_period: int | None
+    degraded: bool = False
+    """Admitted by the local fallback while the shared store was down."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    quota: Quota
+    lease: Lease | None = None
+    reason: Reason | None = None
+    retry_after_s: float | None = None
+    """None with a rejection: waiting will never help (the request is larger than the limit)."""
+    message: str = ""
+
+
+class LimitStore(Protocol):
+    async def admit(self, ticket: Ticket) -> Decision: ...
+
+    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+        """Record real usage and free the lease; True only for the first call per lease."""
+        ...
+
+    async def heartbeat(self, lease: Lease, now: float, ttl_s: float) -> None: ...
+
+    async def active_leases(self, tenant: str, now: float) -> int: ...
+
+    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None: ...
+
+
+def reset_after(buckets: dict[int, int], now: float) -> float:
+    """Seconds until the oldest counted bucket leaves the window."""
+    return max(0.0, min(buckets) + WINDOW_S - now) if buckets else 0.0
+
+
+def wait_for_room(buckets: dict[int, int], total: int, need: int, limit: int, now: float) -> float:
+    """Seconds until enough old buckets expire for `need` more to fit under `limit`."""
+    for sec in sorted(buckets):
+        total -= buckets[sec]
+        if total + need <= limit:
+            return max(0.0, sec + WINDOW_S - now)
+    return float(WINDOW_S)
+
+
+@dataclass
+class _TenantState:
+    leases: dict[str, tuple[float, int]] = field(default_factory=dict)
+    reserved: int = 0
+    requests: dict[int, int] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    budget: dict[int, int] = field(default_factory=dict)
+    settled: dict[str, float] = field(default_factory=dict)
+
+    def prune(self, now: float) -> None:
+        for lid, (expiry, reserved) in list(self.leases.items()):
+            if expiry <= now:
+                del self.leases[lid]
+                self.reserved -= reserved
+        floor = math.floor(now) - WINDOW_S + 1
+        for buckets in (self.requests, self.tokens):
+            for sec in [s for s in buckets if s < floor]:
+                del buckets[sec]
+        for lid in [lid for lid, t in self.settled.items() if t < now - 86400]:
+            del self.settled[lid]
+
+
+class MemoryStore:
+    """One gateway replica's truth. Atomic because nothing in admit/settle awaits."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, _TenantState] = {}
+
+    def _state(self, tenant: str) -> _TenantState:
+        return self._tenants.setdefault(tenant, _TenantState())
+
+    async def admit(self, ticket: Ticket) -> Decision:
+        return self.admit_now(ticket)
+
+    def admit_now(self, ticket: Ticket, degraded: bool = False) -> Decision:
+        st, lim, now = self._state(ticket.tenant), ticket.limits, ticket.now
+        need = ticket.reserve_tokens
+        st.prune(now)
+        sec = math.floor(now)
+        n_req, n_tok = sum(st.requests.values()), sum(st.tokens.values())
+        budget = lim.token_budget
+        period = math.floor(now / budget.period_s) if budget else None
+        used = st.budget.get(period, 0) if period is not None else 0
+
+        def reject(reason: Reason, retry: float | None, message: str) -> Decision:
+            return Decision(
+                False,
+                self._quota(st, lim, now, used),
+                reason=reason,
+                retry_after_s=retry,
+                message=message,
+            )
+
+        if lim.max_concurrent is not None and len(st.leases) >= lim.max_concurrent:
+            return reject(
+                "concurrency", 1.0, f"{lim.max_concurrent} concurrent requests already running"
+            )
+        rpm = lim.requests_per_minute
+        if rpm is not None and n_req + 1 > rpm:
+            return reject(
+                "requests",
+                wait_for_room(st.requests, n_req, 1, rpm, now),
+                f"limit of {rpm} requests per minute reached",
+            )
+        tpm = lim.tokens_per_minute
+        if tpm is not None and need > tpm:
+            return reject(
+                "tokens",
+                None,
+                f"request needs {need} tokens, more than the limit "
+                f"of {tpm} tokens per minute: lower max_tokens",
+            )
+        if tpm is not None and n_tok + need > tpm:
+            return reject(
+                "tokens",
+                wait_for_room(st.tokens, n_tok, need, tpm, now),
+                f"limit of {tpm} tokens per minute reached",
+            )
+        if budget is not None and period is not None:
+            if need > budget.tokens:
+                return reject(
+                    "budget",
+                    None,
+                    f"request needs {need} tokens, more than the whole budget of {budget.tokens}",
+                )
+            if used + st.reserved + need > budget.tokens:
+                return reject(
+                    "budget",
+                    (period + 1) * budget.period_s - now,
+                    f"token budget of {budget.tokens} per period is used up",
+                )
+        st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, need)
+        st.reserved += need
+        st.requests[sec] = st.requests.get(sec, 0) + 1
+        st.tokens[sec] = st.tokens.get(sec, 0) + need
+        lease = Lease(ticket.lease_id, ticket.tenant, need, sec, period, degraded)
+        return Decision(True, self._quota(st, lim, now, used), lease=lease)
+
+    @staticmethod
+    def _quota(st: _TenantState, lim: Limits, now: float, budget_used: int) -> Quota:
+        def left(limit: int | None, used: int) -> int | None:
+            return None if limit is None else max(0, limit - used)
+
+        return Quota(
+            limit_requests=lim.requests_per_minute,
+            remaining_requests=left(lim.requests_per_minute, sum(st.requests.values())),
+            reset_requests_s=reset_after(st.requests, now),
+            limit_tokens=lim.tokens_per_minute,
+            remaining_tokens=left(lim.tokens_per_minute, sum(st.tokens.values())),
+            reset_tokens_s=reset_after(st.tokens, now),
+            budget_remaining=None
+            if lim.token_budget is None
+            else left(lim.token_budget.tokens, budget_used + st.reserved),
+        )
+
+    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+        """Record real usage and free the lease; True only for the first call per lease."""
+        ...
+
+    async def heartbeat(self, lease: Lease, now: float, ttl_s: float) -> None: ...
+
+    async def active_leases(self, tenant: str, now: float) -> int: ...
+
+    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None: ...
+
+
+def reset_after(buckets: dict[int, int], now: float) -> float:
+    """Seconds until the oldest counted bucket leaves the window."""
+    return max(0.0, min(buckets) + WINDOW_S - now) if buckets else 0.0
+
+
+def wait_for_room(buckets: dict[int, int], total: int, need: int, limit: int, now: float) -> float:
+    """Seconds until enough old buckets expire for `need` more to fit under `limit`."""
+    for sec in sorted(buckets):
+        total -= buckets[sec]
+        if total + need <= limit:
+            return max(0.0, sec + WINDOW_S - now)
+    return float(WINDOW_S)
+
+
+@dataclass
+class _TenantState:
+    leases: dict[str, tuple[float, int]] = field(default_factory=dict)
+    reserved: int = 0
+    requests: dict[int, int] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+    budget: dict[int, int] = field(default_factory=dict)
+    settled: dict[str, float] = field(default_factory=dict)
+
+    def prune(self, now: float) -> None:
+        for lid, (expiry, reserved) in list(self.leases.items()):
+            if expiry <= now:
+                del self.leases[lid]
+                self.reserved -= reserved
+        floor = math.floor(now) - WINDOW_S + 1
+        for buckets in (self.requests, self.tokens):
+            for sec in [s for s in buckets if s < floor]:
+                del buckets[sec]
+        for lid in [lid for lid, t in self.settled.items() if t < now - 86400]:
+            del self.settled[lid]
+
+
+class MemoryStore:
+    """One gateway replica's truth. Atomic because nothing in admit/settle awaits."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, _TenantState] = {}
+
+    def _state(self, tenant: str) -> _TenantState:
+        return self._tenants.setdefault(tenant, _TenantState())
+
+    async def admit(self, ticket: Ticket) -> Decision:
+        return self.admit_now(ticket)
+
+    def admit_now(self, ticket: Ticket, degraded: bool = False) -> Decision:
+        st, lim, now, need = (
+            self._state(ticket.tenant),
+            ticket.limits,
+            ticket.now,
+            ticket.reserve_tokens,
+        )
+        st.prune(now)
+        sec = math.floor(now)
+        n_req, n_tok = sum(st.requests.values()), sum(st.tokens.values())
+        budget = lim.token_budget
+        period = math.floor(now / budget.period_s) if budget else None
+        used = st.budget.get(period, 0) if period is not None else 0
+
+        def quota(extra_req: int = 0, extra_tok: int = 0) -> Quota:
+            return Quota(
+                limit_requests=lim.requests_per_minute,
+                remaining_requests=None
+                if lim.requests_per_minute is None
+                else max(0, lim.requests_per_minute - n_req - extra_req),
+                reset_requests_s=reset_after(st.requests, now)
+                if extra_req == 0 or st.requests
+                else float(WINDOW_S),
+                limit_tokens=lim.tokens_per_minute,
+                remaining_tokens=None
+                if lim.tokens_per_minute is None
+                else max(0, lim.tokens_per_minute - n_tok - extra_tok),
+                reset_tokens_s=reset_after(st.tokens, now)
+                if st.tokens
+                else (float(WINDOW_S) if extra_tok else 0.0),
+                budget_remaining=None
+                if budget is None
+                else max(0, budget.tokens - used - st.reserved - extra_tok),
+            )
+
+        if lim.max_concurrent is not None and len(st.leases) >= lim.max_concurrent:
+            return Decision(
+                False,
+                quota(),
+                reason="concurrency",
+                retry_after_s=1.0,
+                message=f"{lim.max_concurrent} concurrent requests already running",
+            )
+        rpm = lim.requests_per_minute
+        if rpm is not None and n_req + 1 > rpm:
+            return Decision(
+                False,
+                quota(),
+                reason="requests",
+                retry_after_s=wait_for_room(st.requests, n_req, 1, rpm, now),
+                message=f"limit of {rpm} requests per minute reached",
+            )
+        tpm = lim.tokens_per_minute
+        if tpm is not None and need > tpm:
+            return Decision(
+                False,
+                quota(),
+                reason="tokens",
+                retry_after_s=None,
+                message=f"request needs {need} tokens, more than the limit of "
+                f"{tpm} tokens per minute: lower max_tokens",
+            )
+        if tpm is not None and n_tok + need > tpm:
+            return Decision(
+                False,
+                quota(),
+                reason="tokens",
+                retry_after_s=wait_for_room(st.tokens, n_tok, need, tpm, now),
+                message=f"limit of {tpm} tokens per minute reached",
+            )
+        if budget is not None and period is not None:
+            if need > budget.tokens:
+                return Decision(
+                    False,
+                    quota(),
+                    reason="budget",
+                    retry_after_s=None,
+                    message=f"request needs {need} tokens, more than the whole "
+                    f"budget of {budget.tokens}",
+                )
+            if used + st.reserved + need > budget.tokens:
+                return Decision(
+                    False,
+                    quota(),
+                    reason="budget",
+                    retry_after_s=(period + 1) * budget.period_s - now,
+                    message=f"token budget of {budget.tokens} per period is used up",
+                )
+        st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, need)
+        st.reserved += need
+        st.requests[sec] = st.requests.get(sec, 0) + 1
+        st.tokens[sec] = st.tokens.get(sec, 0) + need
+        lease = Lease(ticket.lease_id, ticket.tenant, need, sec, period, degraded)
+        n_req, n_tok = n_req + 1, n_tok + need
+        st.reserved -= need  # quota() subtracts the new reservation itself
+        q = quota()
+        st.reserved += need
+        q = Quota(
+            q.limit_requests,
+            q.remaining_requests,
+            reset_after(st.requests, now),
+            q.limit_tokens,
+            q.remaining_tokens,
+            reset_after(st.tokens, now),
+            None if budget is None else max(0, budget.tokens - used - st.reserved),
+        )
+        return Decision(True, q, lease=lease)
+
+    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+        return self.settle_now(lease, used_tokens, now)
+
+    def settle_now(self, lease: Lease, used_tokens: int, now: float) -> bool:
+        st = self._state(lease.tenant)
+        if lease.lease_id in st.settled:
+            return False
+        st.settled[lease.lease_id] = now
+        held = st.leases.pop(lease.lease_id, None)
+        if held is not None:
+            st.reserved -= held[1]
+        if lease.budget_period is not None:
+            st.budget[lease.budget_period] = st.budget.get(lease.budget_period, 0) + used_tokens
+        if lease.bucket in st.tokens:
+            st.tokens[lease.bucket] = max(
+                0, st.tokens[lease.bucket] + used_tokens - lease.reserved_tokens
+            )
+        return True
+
+    async def heartbeat(self, lease: Lease, now: float, ttl_s: float) -> None:
+        st = self._state(lease.tenant)
+        if lease.lease_id in st.leases:
+            st.leases[lease.lease_id] = (now + ttl_s, st.leases[lease.lease_id][1])
+
+    async def active_leases(self, tenant: str, now: float) -> int:
+        st = self._state(tenant)
+        st.prune(now)
+        return len(st.leases)
+
+    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None:
+        if limits.token_budget is None:
+            return None
+        st = self._state(tenant)
+        st.prune(now)
+        return st.budget.get(math.floor(now / limits.token_budget.period_s), 0) + st.reserved

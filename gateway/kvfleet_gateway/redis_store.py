@@ -1,0 +1,352 @@
+"""The shared store: the limiter's algorithm as Redis Lua scripts (one truth for N gateways).
+
+Each script runs atomically and reads Redis's own clock (`TIME`), so gateways with skewed
+clocks agree. Keys carry a `{tenant}` hash tag, so one tenant's keys share a cluster slot.
+
+Outage policy (documented in the README): while Redis is unreachable
+* tenants with a token budget are refused with 503 (budgets fail closed: no overspend);
+* rate and concurrency limits degrade to a local share, 1/`gateway_replicas` of each limit
+  per gateway (never unlimited), through an in-memory store;
+* settlements that could not be written are retried in the background until Redis answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from kvfleet_gateway.config import Limits
+from kvfleet_gateway.limiter import WINDOW_S, Decision, Lease, MemoryStore, Quota, Ticket
+
+log = logging.getLogger("kvfleet.gateway.redis")
+
+_COMMON = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local sec = tonumber(t[1])
+"""
+
+ADMIT = (
+    _COMMON
+    + """
+local leases, resv, rtot, rq, tq, budget = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, need, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local btok, bper = tonumber(ARGV[7]), tonumber(ARGV[8])
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
+  local r = redis.call('HGET', resv, old)
+  if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, old) end
+  redis.call('ZREM', leases, old)
+end
+local function window(key)
+  local all, total, buckets = redis.call('HGETALL', key), 0, {}
+  for i = 1, #all, 2 do
+    local s, v = tonumber(all[i]), tonumber(all[i + 1])
+    if s <= sec - 60 then redis.call('HDEL', key, all[i])
+    else total = total + v; table.insert(buckets, {s, v}) end
+  end
+  table.sort(buckets, function(a, b) return a[1] < b[1] end)
+  return total, buckets
+end
+local function wait(buckets, total, n, limit)
+  for _, b in ipairs(buckets) do
+    total = total - b[2]
+    if total + n <= limit then return math.max(0, b[1] + 60 - now) end
+  end
+  return 60
+end
+local function reset(buckets)
+  if #buckets == 0 then return 0 end
+  return math.max(0, buckets[1][1] + 60 - now)
+end
+local nreq, rb = window(rq)
+local ntok, tb = window(tq)
+local reserved = tonumber(redis.call('GET', rtot) or '0')
+local period, used = -1, 0
+if btok >= 0 then
+  period = math.floor(now / bper)
+  used = tonumber(redis.call('HGET', budget, tostring(period)) or '0')
+end
+local function out(ok, reason, retry)
+  return {ok, reason, tostring(retry), nreq, ntok, reserved, used, tostring(reset(rb)),
+          tostring(reset(tb)), period, sec}
+end
+if maxc >= 0 and redis.call('ZCARD', leases) >= maxc then return out(0, 'concurrency', 1) end
+if rpm >= 0 and nreq + 1 > rpm then return out(0, 'requests', wait(rb, nreq, 1, rpm)) end
+if tpm >= 0 and need > tpm then return out(0, 'tokens', '') end
+if tpm >= 0 and ntok + need > tpm then return out(0, 'tokens', wait(tb, ntok, need, tpm)) end
+if btok >= 0 then
+  if need > btok then return out(0, 'budget', '') end
+  if used + reserved + need > btok then return out(0, 'budget', (period + 1) * bper - now) end
+end
+redis.call('ZADD', leases, now + ttl, id)
+redis.call('HSET', resv, id, need)
+redis.call('INCRBY', rtot, need)
+redis.call('HINCRBY', rq, sec, 1)
+redis.call('HINCRBY', tq, sec, need)
+redis.call('EXPIRE', rq, 120)
+redis.call('EXPIRE', tq, 120)
+nreq, ntok, reserved = nreq + 1, ntok + need, reserved + need
+table.insert(rb, {sec, 1})
+table.insert(tb, {sec, need})
+table.sort(rb, function(a, b) return a[1] < b[1] end)
+table.sort(tb, function(a, b) return a[1] < b[1] end)
+return out(1, '', '')
+"""
+)
+
+SETTLE = """
+local leases, resv, rtot, tq, budget, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, used, reserved = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local bucket, period, keep = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+if not redis.call('SET', done, '1', 'NX', 'EX', keep) then return 0 end
+local r = redis.call('HGET', resv, id)
+if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, id) end
+redis.call('ZREM', leases, id)
+if period >= 0 then
+  redis.call('HINCRBY', budget, tostring(period), used)
+  redis.call('EXPIRE', budget, keep)
+end
+if redis.call('HEXISTS', tq, bucket) == 1 then
+  if redis.call('HINCRBY', tq, bucket, used - reserved) < 0 then redis.call('HSET', tq, bucket, 0) end
+end
+return 1
+"""
+
+HEARTBEAT = (
+    _COMMON
+    + """
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+)
+
+
+def _keys(tenant: str) -> dict[str, str]:
+    p = f"kvf:{{{tenant}}}"
+    return {k: f"{p}:{k}" for k in ("leases", "resv", "rtot", "rq", "tq", "budget")}
+
+
+def _num(value: Any) -> float | None:
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return float(text) if text else None
+
+
+def local_share(limits: Limits, replicas: int) -> Limits:
+    """Each of N gateways enforces 1/N of every rate limit on its own (at least 1)."""
+
+    def share(v: int | None) -> int | None:
+        return None if v is None else max(1, math.floor(v / replicas))
+
+    return replace(
+        limits,
+        requests_per_minute=share(limits.requests_per_minute),
+        tokens_per_minute=share(limits.tokens_per_minute),
+        max_concurrent=share(limits.max_concurrent),
+    )
+
+
+class RedisStore:
+    def __init__(self, url: str, gateway_replicas: int = 1, retry_after_s: float = 1.0) -> None:
+        self.url = url
+        self.replicas = gateway_replicas
+        self.retry_after_s = retry_after_s
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=64, timeout=2.0, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
+        self.client = aioredis.Redis(connection_pool=pool)
+        self._admit = self.client.register_script(ADMIT)
+        self._settle = self.client.register_script(SETTLE)
+        self._heartbeat = self.client.register_script(HEARTBEAT)
+        self.fallback = MemoryStore()
+        self._down_until = 0.0
+        self.pending: list[tuple[Lease, int]] = []
+        """Settlements admitted by Redis but not yet written back to it."""
+
+    @property
+    def degraded(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _mark_down(self, exc: Exception) -> None:
+        if not self.degraded:
+            log.error(
+                "redis unavailable (%s): budgets fail closed, rates use a local 1/%d share",
+                exc.__class__.__name__,
+                self.replicas,
+            )
+        self._down_until = time.monotonic() + self.retry_after_s
+
+    async def admit(self, ticket: Ticket) -> Decision:
+        lim = ticket.limits
+        if not self.degraded:
+            budget = lim.token_budget
+            k = _keys(ticket.tenant)
+            argv = [
+                ticket.lease_id,
+                ticket.reserve_tokens,
+                ticket.lease_ttl_s,
+                -1 if lim.requests_per_minute is None else lim.requests_per_minute,
+                -1 if lim.tokens_per_minute is None else lim.tokens_per_minute,
+                -1 if lim.max_concurrent is None else lim.max_concurrent,
+                -1 if budget is None else budget.tokens,
+                1 if budget is None else budget.period_s,
+            ]
+            try:
+                res = await self._admit(keys=list(k.values()), args=argv)
+            except RedisError as exc:
+                self._mark_down(exc)
+            else:
+                return self._decision(ticket, res)
+        if lim.token_budget is not None:
+            return Decision(
+                False,
+                Quota(),
+                reason="store_unavailable",
+                retry_after_s=1.0,
+                message="the budget store is unavailable; budgets fail closed",
+            )
+        local = replace(ticket, limits=local_share(lim, self.replicas))
+        return self.fallback.admit_now(local, degraded=True)
+
+    def _decision(self, ticket: Ticket, res: list[Any]) -> Decision:
+        ok, reason, retry, nreq, ntok, reserved, used, rreq, rtok, period, sec = res
+        lim = ticket.limits
+
+        def left(limit: int | None, n: int) -> int | None:
+            return None if limit is None else max(0, limit - n)
+
+        budget = lim.token_budget
+        quota = Quota(
+            lim.requests_per_minute,
+            left(lim.requests_per_minute, nreq),
+            _num(rreq) or 0.0,
+            lim.tokens_per_minute,
+            left(lim.tokens_per_minute, ntok),
+            _num(rtok) or 0.0,
+            None if budget is None else max(0, budget.tokens - used - reserved),
+        )
+        if ok:
+            lease = Lease(
+                ticket.lease_id,
+                ticket.tenant,
+                ticket.reserve_tokens,
+                int(sec),
+                None if period < 0 else int(period),
+            )
+            return Decision(True, quota, lease=lease)
+        why = reason.decode() if isinstance(reason, bytes) else str(reason)
+        messages = {
+            "concurrency": f"{lim.max_concurrent} concurrent requests already running",
+            "requests": f"limit of {lim.requests_per_minute} requests per minute reached",
+            "tokens": f"limit of {lim.tokens_per_minute} tokens per minute reached",
+            "budget": "token budget for this period is used up",
+        }
+        wait = _num(retry)
+        if wait is None:
+            messages["tokens"] = (
+                f"request needs {ticket.reserve_tokens} tokens, more than the "
+                f"limit of {lim.tokens_per_minute} per minute: lower max_tokens"
+            )
+            messages["budget"] = (
+                f"request needs {ticket.reserve_tokens} tokens, more than the budget"
+            )
+        return Decision(
+            False,
+            quota,
+            reason=why,
+            retry_after_s=wait,  # type: ignore[arg-type]
+            message=messages.get(why, why),
+        )
+
+    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+        if lease.degraded:
+            return self.fallback.settle_now(lease, used_tokens, now)
+        try:
+            return await self._write_settlement(lease, used_tokens)
+        except RedisError as exc:
+            self._mark_down(exc)
+            self.pending.append((lease, used_tokens))
+            return True  # settled locally; written to Redis by the retry loop
+
+    async def _write_settlement(self, lease: Lease, used: int) -> bool:
+        k = _keys(lease.tenant)
+        keys = [
+            k["leases"],
+            k["resv"],
+            k["rtot"],
+            k["tq"],
+            k["budget"],
+            f"kvf:{{{lease.tenant}}}:settled:{lease.lease_id}",
+        ]
+        period = -1 if lease.budget_period is None else lease.budget_period
+        keep = 86400 * 40  # longer than any sensible budget period
+        res = await self._settle(
+            keys=keys,
+            args=[lease.lease_id, used, lease.reserved_tokens, lease.bucket, period, keep],
+        )
+        return bool(res)
+
+    async def flush_pending(self) -> int:
+        written = 0
+        while self.pending:
+            lease, used = self.pending[0]
+            await self._write_settlement(lease, used)
+            self.pending.pop(0)
+            written += 1
+        return written
+
+    async def heartbeat(self, lease: Lease, now: float, ttl_s: float) -> None:
+        if lease.degraded:
+            await self.fallback.heartbeat(lease, now, ttl_s)
+            return
+        with contextlib.suppress(RedisError):
+            await self._heartbeat(
+                keys=[_keys(lease.tenant)["leases"]], args=[lease.lease_id, ttl_s]
+            )
+
+    async def active_leases(self, tenant: str, now: float) -> int:
+        t = await self.client.time()
+        server_now = t[0] + t[1] / 1e6
+        return int(await self.client.zcount(_keys(tenant)["leases"], f"({server_now}", "+inf"))
+
+    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None:
+        if limits.token_budget is None:
+            return None
+        k = _keys(tenant)
+        period = math.floor(now / limits.token_budget.period_s)
+        used = await self.client.hget(k["budget"], str(period))
+        reserved = await self.client.get(k["rtot"])
+        return int(used or 0) + int(reserved or 0)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[RedisStore]:
+        async def retry_loop() -> None:
+            while True:
+                await asyncio.sleep(self.retry_after_s)
+                if self.pending:
+                    with contextlib.suppress(RedisError):
+                        n = await self.flush_pending()
+                        log.info("wrote %d delayed settlements to redis", n)
+
+        task = asyncio.create_task(retry_loop(), name="redis-settlement-retry")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(RedisError):
+                await self.flush_pending()
+            await self.client.aclose()
+
+
+assert WINDOW_S == 60  # the Lua scripts hard-code the 60-second window
