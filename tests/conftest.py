@@ -66,6 +66,40 @@ async def sim_server() -> AsyncIterator[SimFactory]:
         await runner.cleanup()
 
 
+class GatewayServers:
+    """In-process gateways on free ports: `url = await gateways(config)`; `.state(url)`."""
+
+    def __init__(self) -> None:
+        self.runners: dict[str, web.AppRunner] = {}
+
+    async def __call__(self, config: Any) -> str:
+        from kvfleet_gateway.app import make_app as make_gateway
+
+        port = free_port()
+        runner = web.AppRunner(make_gateway(config), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        self.runners[url] = runner
+        return url
+
+    def state(self, url: str) -> Any:
+        from kvfleet_gateway.app import GATEWAY
+
+        return self.runners[url].app[GATEWAY]
+
+    async def stop(self, url: str) -> None:
+        await self.runners.pop(url).cleanup()
+
+
+@pytest.fixture
+async def gateway_server() -> AsyncIterator[GatewayServers]:
+    servers = GatewayServers()
+    yield servers
+    for url in list(servers.runners):
+        await servers.stop(url)
+
+
 @pytest.fixture
 def sim_processes(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start `kvfleet sim serve` processes; all are stopped at teardown, even on failure."""

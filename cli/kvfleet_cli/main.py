@@ -6,6 +6,7 @@ import click
 
 from kvfleet_cli.bench_cmds import bench
 from kvfleet_cli.demo import demo
+from kvfleet_cli.gateway_cmds import gateway, keys
 from kvfleet_cli.sim_cmds import sim
 
 
@@ -18,3 +19,5 @@ def cli() -> None:
 cli.add_command(sim)
 cli.add_command(bench)
 cli.add_command(demo)
+cli.add_command(gateway)
+cli.add_command(keys)

@@ -75,7 +75,7 @@ class _Reader:
         self._seen.add(key)
         return self.data.get(key)
 
-    def int(self, key: str, default: int | None, minimum: int = 0) -> int | None:
+    def get_int(self, key: str, default: int | None, minimum: int = 0) -> int | None:
         v = self.get(key)
         if v is None:
             return default
@@ -83,7 +83,7 @@ class _Reader:
             raise ConfigError(f"{self._p(key)}: expected an integer >= {minimum}, got {v!r}")
         return v
 
-    def float(self, key: str, default: float, minimum: float = 0.0) -> float:
+    def get_float(self, key: str, default: float, minimum: float = 0.0) -> float:
         v = self.get(key)
         if v is None:
             return default
@@ -91,7 +91,7 @@ class _Reader:
             raise ConfigError(f"{self._p(key)}: expected a number >= {minimum}, got {v!r}")
         return float(v)
 
-    def str(self, key: str, default: str | None) -> str | None:
+    def get_str(self, key: str, default: str | None) -> str | None:
         v = self.get(key)
         if v is None:
             return default
@@ -99,7 +99,7 @@ class _Reader:
             raise ConfigError(f"{self._p(key)}: expected a non-empty string, got {v!r}")
         return v
 
-    def bool(self, key: str, default: bool) -> bool:
+    def get_bool(self, key: str, default: bool) -> bool:
         v = self.get(key)
         if v is None:
             return default
@@ -107,7 +107,7 @@ class _Reader:
             raise ConfigError(f"{self._p(key)}: expected true or false, got {v!r}")
         return v
 
-    def list(self, key: str) -> list[Any]:
+    def get_list(self, key: str) -> list[Any]:
         v = self.get(key)
         if v is None:
             return []
@@ -162,17 +162,17 @@ def parse_limits(r: _Reader) -> Limits:
     budget = None
     if r.get("tokenBudget") is not None:
         b = r.child("tokenBudget")
-        tokens = b.int("tokens", None, minimum=1)
+        tokens = b.get_int("tokens", None, minimum=1)
         if tokens is None:
             raise ConfigError(f"{b.path}.tokens: required")
         budget = TokenBudget(tokens, parse_duration(b.get("period") or "30d", f"{b.path}.period"))
         b.done()
     limits = Limits(
-        requests_per_minute=r.int("requestsPerMinute", None, 1),
-        tokens_per_minute=r.int("tokensPerMinute", None, 1),
-        max_concurrent=r.int("maxConcurrent", None, 1),
-        max_tokens=r.int("maxTokens", None, 1),
-        default_max_tokens=r.int("defaultMaxTokens", None, 1),
+        requests_per_minute=r.get_int("requestsPerMinute", None, 1),
+        tokens_per_minute=r.get_int("tokensPerMinute", None, 1),
+        max_concurrent=r.get_int("maxConcurrent", None, 1),
+        max_tokens=r.get_int("maxTokens", None, 1),
+        default_max_tokens=r.get_int("defaultMaxTokens", None, 1),
         token_budget=budget,
     )
     r.done()
@@ -215,7 +215,7 @@ class ModelConfig:
 class KubernetesBackends:
     namespace: str
     selector: str
-    """Label selector of the engine pods, e.g. `kvfleet.dev/inferenceservice=x,kvfleet.dev/role=active`."""
+    """Label selector of the engine pods, e.g. `kvfleet.dev/role=active`."""
     port: int = 30000
 
 
@@ -277,68 +277,68 @@ class GatewayConfig:
     def from_dict(doc: Any) -> GatewayConfig:
         root = _Reader(doc, "")
         listen = root.child("listen")
-        host = listen.str("host", "0.0.0.0") or "0.0.0.0"
-        port = listen.int("port", 8080, 1) or 8080
+        host = listen.get_str("host", "0.0.0.0") or "0.0.0.0"
+        port = listen.get_int("port", 8080, 1) or 8080
         listen.done()
         models = []
-        for i, m in enumerate(root.list("models")):
+        for i, m in enumerate(root.get_list("models")):
             if isinstance(m, str):
                 models.append(ModelConfig(m))
                 continue
             mr = _Reader(m, f"models[{i}]")
-            name = mr.str("name", None)
+            name = mr.get_str("name", None)
             if name is None:
                 raise ConfigError(f"models[{i}].name: required")
-            models.append(ModelConfig(name, mr.int("contextLength", None, 1)))
+            models.append(ModelConfig(name, mr.get_int("contextLength", None, 1)))
             mr.done()
         b = root.child("backends")
         static = []
-        for i, url in enumerate(b.list("static")):
+        for i, url in enumerate(b.get_list("static")):
             if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
                 raise ConfigError(f"backends.static[{i}]: {url!r} is not an http(s) URL")
             static.append(url.rstrip("/"))
         kube = None
         if b.get("kubernetes") is not None:
             k = b.child("kubernetes")
-            ns, sel = k.str("namespace", None), k.str("selector", None)
+            ns, sel = k.get_str("namespace", None), k.get_str("selector", None)
             if ns is None or sel is None:
                 raise ConfigError("backends.kubernetes: namespace and selector are required")
-            kube = KubernetesBackends(ns, sel, k.int("port", 30000, 1) or 30000)
+            kube = KubernetesBackends(ns, sel, k.get_int("port", 30000, 1) or 30000)
             k.done()
         b.done()
         if not static and kube is None:
             raise ConfigError("backends: give static URLs or a kubernetes selector")
         routing = root.child("routing")
-        policy = routing.str("policy", "least_inflight") or "least_inflight"
+        policy = routing.get_str("policy", "least_inflight") or "least_inflight"
         routing.done()
         auth = root.child("auth")
-        keys_file = auth.str("keysFile", None)
-        insecure = auth.bool("insecureNoAuth", False)
+        keys_file = auth.get_str("keysFile", None)
+        insecure = auth.get_bool("insecureNoAuth", False)
         auth.done()
         lim = root.child("limits")
-        store = lim.str("store", "memory") or "memory"
+        store = lim.get_str("store", "memory") or "memory"
         if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"limits.store: {store!r} must be 'memory' or a redis:// URL")
         defaults = parse_limits(lim.child("defaults"))
         tenants = []
-        for i, t in enumerate(lim.list("tenants")):
+        for i, t in enumerate(lim.get_list("tenants")):
             tr = _Reader(t, f"limits.tenants[{i}]")
-            name = tr.str("name", None)
+            name = tr.get_str("name", None)
             if name is None:
                 raise ConfigError(f"limits.tenants[{i}].name: required")
             tenants.append((name, parse_limits(tr.child("limits"))))
             tr.done()
         outage = lim.child("redisOutage")
-        replicas = outage.int("gatewayReplicas", 1, 1) or 1
+        replicas = outage.get_int("gatewayReplicas", 1, 1) or 1
         outage.done()
         lease_ttl = parse_duration(lim.get("leaseTtl") or 60, "limits.leaseTtl")
         lim.done()
         c = root.child("cost")
         cost = CostConfig(
-            gpu_hourly_price=c.float("gpuHourlyPrice", 0.0),
-            gpus_per_replica=c.int("gpusPerReplica", 1, 1) or 1,
-            prefill_tokens_per_second=c.float("prefillTokensPerSecond", 20_000.0, 1.0),
-            decode_tokens_per_second=c.float("decodeTokensPerSecond", 3_000.0, 1.0),
+            gpu_hourly_price=c.get_float("gpuHourlyPrice", 0.0),
+            gpus_per_replica=c.get_int("gpusPerReplica", 1, 1) or 1,
+            prefill_tokens_per_second=c.get_float("prefillTokensPerSecond", 20_000.0, 1.0),
+            decode_tokens_per_second=c.get_float("decodeTokensPerSecond", 3_000.0, 1.0),
         )
         c.done()
         t = root.child("timeouts")
@@ -355,8 +355,8 @@ class GatewayConfig:
             ),
         )
         t.done()
-        max_body = root.int("maxBodyBytes", 4 * 2**20, 1024) or 4 * 2**20
-        access_log = root.bool("accessLog", True)
+        max_body = root.get_int("maxBodyBytes", 4 * 2**20, 1024) or 4 * 2**20
+        access_log = root.get_bool("accessLog", True)
         health = parse_duration(root.get("healthInterval") or 2, "healthInterval")
         root.done()
         if keys_file is None and not insecure:

@@ -53,9 +53,9 @@ class KeyRing:
         root = _Reader(doc, "")
         entries: list[tuple[bytes, Tenant]] = []
         names: set[str] = set()
-        for i, t in enumerate(root.list("tenants")):
+        for i, t in enumerate(root.get_list("tenants")):
             tr = _Reader(t, f"tenants[{i}]")
-            name = tr.str("name", None)
+            name = tr.get_str("name", None)
             if name is None:
                 raise ConfigError(f"{origin}: tenants[{i}].name: required")
             if name in names:
@@ -63,7 +63,7 @@ class KeyRing:
             names.add(name)
             limits = parse_limits(tr.child("limits")) if tr.get("limits") is not None else None
             tenant = Tenant(name, limits)
-            for j, key in enumerate(tr.list("keys")):
+            for j, key in enumerate(tr.get_list("keys")):
                 if not isinstance(key, str) or not _HASH.match(key):
                     # Never echo the value: it may be a raw key pasted by mistake.
                     raise ConfigError(

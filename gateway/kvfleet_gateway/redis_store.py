@@ -19,13 +19,13 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from kvfleet_gateway.config import Limits
-from kvfleet_gateway.limiter import WINDOW_S, Decision, Lease, MemoryStore, Quota, Ticket
+from kvfleet_gateway.limiter import WINDOW_S, Decision, Lease, MemoryStore, Quota, Reason, Ticket
 
 log = logging.getLogger("kvfleet.gateway.redis")
 
@@ -117,7 +117,9 @@ if period >= 0 then
   redis.call('EXPIRE', budget, keep)
 end
 if redis.call('HEXISTS', tq, bucket) == 1 then
-  if redis.call('HINCRBY', tq, bucket, used - reserved) < 0 then redis.call('HSET', tq, bucket, 0) end
+  if redis.call('HINCRBY', tq, bucket, used - reserved) < 0 then
+    redis.call('HSET', tq, bucket, 0)
+  end
 end
 return 1
 """
@@ -190,7 +192,7 @@ class RedisStore:
         if not self.degraded:
             budget = lim.token_budget
             k = _keys(ticket.tenant)
-            argv = [
+            argv: list[str | int | float] = [
                 ticket.lease_id,
                 ticket.reserve_tokens,
                 ticket.lease_ttl_s,
@@ -262,8 +264,8 @@ class RedisStore:
         return Decision(
             False,
             quota,
-            reason=why,
-            retry_after_s=wait,  # type: ignore[arg-type]
+            reason=cast(Reason, why),
+            retry_after_s=wait,
             message=messages.get(why, why),
         )
 

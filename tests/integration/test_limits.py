@@ -1,4 +1,4 @@
-"""One conformance suite for both limit stores (memory, real Redis): same algorithm, same answers."""
+"""One conformance suite for both limit stores (memory, real Redis): same answers."""
 
 import asyncio
 import time

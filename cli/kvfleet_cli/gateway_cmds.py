@@ -1,0 +1,120 @@
+"""`kvfleet gateway` and `kvfleet keys`: run the gateway; make and hash API keys."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+from pathlib import Path
+
+import click
+import yaml
+from aiohttp import web
+
+from kvfleet_cli.options import default_of
+from kvfleet_gateway.app import make_app
+from kvfleet_gateway.config import Backends, ConfigError, GatewayConfig, load_config
+from kvfleet_gateway.keys import hash_key
+from kvfleet_gateway.routing import POLICIES
+
+
+@click.command("gateway")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, path_type=Path),
+    help="Gateway config YAML (what the operator renders).",
+)
+@click.option(
+    "--backend", "backends", multiple=True, help="Quick mode: an engine URL (repeatable)."
+)
+@click.option("--host", default=default_of(GatewayConfig, "host"), show_default=True)
+@click.option("--port", type=int, default=None, help="Overrides the config's listen.port.")
+@click.option(
+    "--policy",
+    type=click.Choice(sorted(POLICIES)),
+    default=default_of(GatewayConfig, "routing_policy"),
+    show_default=True,
+)
+@click.option("--keys", "keys_file", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--store",
+    default=default_of(GatewayConfig, "store"),
+    show_default=True,
+    help="'memory' or a redis:// URL.",
+)
+@click.option("--insecure-no-auth", is_flag=True, help="Serve without API keys (testing only).")
+@click.option("--log-level", default="info", show_default=True)
+def gateway(
+    config_file: Path | None,
+    backends: tuple[str, ...],
+    host: str,
+    port: int | None,
+    policy: str,
+    keys_file: Path | None,
+    store: str,
+    insecure_no_auth: bool,
+    log_level: str,
+) -> None:
+    """Run the token-aware gateway (auth, limits, budgets, routing, streaming proxy)."""
+    logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
+    try:
+        if config_file is not None:
+            if backends:
+                raise click.UsageError("give --config or --backend, not both")
+            config = load_config(config_file)
+            if port is not None:
+                config = GatewayConfig(**{**config.__dict__, "port": port})
+        elif backends:
+            config = GatewayConfig(
+                host=host,
+                port=port or default_of(GatewayConfig, "port"),
+                backends=Backends(static=tuple(b.rstrip("/") for b in backends)),
+                routing_policy=policy,
+                keys_file=keys_file,
+                insecure_no_auth=insecure_no_auth,
+                store=store,
+            )
+        else:
+            raise click.UsageError("give --config FILE or at least one --backend URL")
+        if config.keys_file is None and not config.insecure_no_auth:
+            raise click.UsageError(
+                "no API keys configured: pass --keys FILE (see `kvfleet keys "
+                "new`) or, for local testing only, --insecure-no-auth"
+            )
+        app = make_app(config)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(
+        f"kvfleet gateway on http://{config.host}:{config.port} → "
+        f"{len(config.backends.static)} static backend(s), policy {config.routing_policy}",
+        err=True,
+    )
+    web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+
+
+@click.group("keys")
+def keys() -> None:
+    """API keys: only their SHA-256 hashes are ever stored."""
+
+
+@keys.command("new")
+@click.option("--tenant", required=True, help="Tenant name for the keys-file entry.")
+def keys_new(tenant: str) -> None:
+    """Make a random key; print it once (stderr) and its keys-file entry (stdout)."""
+    raw = "kvf-" + secrets.token_urlsafe(32)
+    click.echo(f"API key for {tenant} (shown once, store it now): {raw}", err=True)
+    click.echo(
+        yaml.safe_dump({"tenants": [{"name": tenant, "keys": [hash_key(raw)]}]}, sort_keys=False),
+        nl=False,
+    )
+
+
+@keys.command("hash")
+@click.argument("key", required=False)
+def keys_hash(key: str | None) -> None:
+    """Print `sha256:<hex>` for KEY (or for a key read from stdin, safer than argv)."""
+    raw = key if key is not None else sys.stdin.readline().strip()
+    if not raw:
+        raise click.UsageError("no key given")
+    click.echo(hash_key(raw))

@@ -1,0 +1,351 @@
+"""The gateway's aiohttp application: auth, admission, proxying, accounting, observability.
+
+One request, in order: authenticate the key → read and validate the body → reserve
+(prompt estimate + max_tokens) against the tenant's limits → proxy to a replica → settle
+to the engine's real usage, exactly once, whatever ended the request (shielded from
+cancellation) → metrics and one JSON access-log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvfleet_gateway import inbound
+from kvfleet_gateway.backends import BackendPool
+from kvfleet_gateway.config import GatewayConfig, Limits
+from kvfleet_gateway.errors import GatewayError, bad_request
+from kvfleet_gateway.keys import KeyWatcher, Tenant
+from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
+from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.proxy import Exchange, Proxy
+from kvfleet_gateway.redis_store import RedisStore
+from kvfleet_gateway.routing import make_router
+
+log = logging.getLogger("kvfleet.gateway")
+access_log = logging.getLogger("kvfleet.gateway.access")
+
+ANONYMOUS = Tenant("anonymous", None)
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    keys: KeyWatcher | None
+    store: LimitStore
+    pool: BackendPool
+    metrics: GatewayMetrics
+    proxy: Proxy | None = None
+
+
+GATEWAY = web.AppKey("kvfleet_gateway", Gateway)
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def _fmt_reset(seconds: float) -> str:
+    """OpenAI's reset format: 1s, 6m0s, 1h2m3s."""
+    s = max(0, math.ceil(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return (f"{h}h" if h else "") + (f"{m}m" if h or m else "") + f"{sec}s"
+
+
+def ratelimit_headers(q: Quota) -> dict[str, str]:
+    h: dict[str, str] = {}
+    if q.limit_requests is not None:
+        h["x-ratelimit-limit-requests"] = str(q.limit_requests)
+        h["x-ratelimit-remaining-requests"] = str(q.remaining_requests)
+        h["x-ratelimit-reset-requests"] = _fmt_reset(q.reset_requests_s)
+    if q.limit_tokens is not None:
+        h["x-ratelimit-limit-tokens"] = str(q.limit_tokens)
+        h["x-ratelimit-remaining-tokens"] = str(q.remaining_tokens)
+        h["x-ratelimit-reset-tokens"] = _fmt_reset(q.reset_tokens_s)
+    if q.budget_remaining is not None:
+        h["x-kvfleet-budget-remaining-tokens"] = str(q.budget_remaining)
+    return h
+
+
+def rejection(d: Decision) -> GatewayError:
+    if d.reason == "store_unavailable":
+        return GatewayError(503, d.message, "server_error", "limits_unavailable")
+    if d.reason == "budget":
+        return GatewayError(429, d.message, "tokens", "insufficient_quota")
+    kind = "tokens" if d.reason == "tokens" else "requests"
+    return GatewayError(429, d.message, kind, "rate_limit_exceeded")
+
+
+def authenticate(gw: Gateway, request: web.Request) -> Tenant:
+    if gw.keys is None:
+        return ANONYMOUS
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise GatewayError(
+            401,
+            "missing API key: send 'Authorization: Bearer <key>'",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
+    tenant = gw.keys.ring.authenticate(key.strip())
+    if tenant is None:
+        raise GatewayError(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+    return tenant
+
+
+def _models(gw: Gateway) -> dict[str, int | None]:
+    served = gw.pool.served_models()
+    if not gw.config.models:
+        return served
+    return {m.name: m.context_length or served.get(m.name) for m in gw.config.models}
+
+
+async def _read_json(gw: Gateway, request: web.Request) -> Any:
+    try:
+        async with asyncio.timeout(gw.config.timeouts.client_body_s):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise GatewayError(
+            413,
+            f"request body larger than {gw.config.max_body_bytes} bytes",
+            code="request_too_large",
+        ) from None
+    except TimeoutError:
+        raise GatewayError(
+            408, "the request body took too long to arrive", code="request_timeout"
+        ) from None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+
+
+# ---- handlers ----------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready = request.app[GATEWAY].pool.routable()
+    return web.json_response({"ready": len(ready)}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=generate_latest(request.app[GATEWAY].metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    authenticate(gw, request)
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvfleet",
+            **({"max_model_len": ctx} if ctx else {}),
+        }
+        for name, ctx in _models(gw).items()
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    assert gw.proxy is not None
+    tenant = authenticate(gw, request)
+    limits: Limits = gw.config.limits_for(tenant.name, tenant.limits)
+    body = await _read_json(gw, request)
+    models = _models(gw)
+    default_model = next(iter(models)) if len(models) == 1 else None
+    req = inbound.parse(kind, body, limits, default_model)
+    if req.model not in models:
+        raise GatewayError(
+            404,
+            f"the model '{req.model}' does not exist",
+            "invalid_request_error",
+            "model_not_found",
+            "model",
+        )
+    inbound.check_context(req, models[req.model])
+    decision = await gw.store.admit(
+        Ticket(
+            tenant.name,
+            limits,
+            req.reserve_tokens,
+            uuid.uuid4().hex,
+            time.time(),
+            gw.config.lease_ttl_s,
+        )
+    )
+    headers = ratelimit_headers(decision.quota)
+    if decision.quota.budget_remaining is not None:
+        gw.metrics.budget_remaining.labels(tenant.name).set(decision.quota.budget_remaining)
+    if not decision.admitted:
+        gw.metrics.rejections.labels(tenant.name, decision.reason or "unknown").inc()
+        err = rejection(decision)
+        if decision.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after_s)))
+        gw.metrics.requests.labels(tenant.name, req.model, str(err.status)).inc()
+        return err.response(headers)
+    lease = decision.lease
+    assert lease is not None
+    ex = Exchange(tenant.name, req)
+    labels = (tenant.name, req.model)
+    gw.metrics.inflight.labels(*labels).inc()
+    heartbeat = asyncio.create_task(_heartbeat(gw, lease), name="lease-heartbeat")
+    try:
+        return await gw.proxy.forward(request, ex, headers)
+    except GatewayError as err:
+        ex.status = err.status
+        return err.response(headers)
+    finally:
+        heartbeat.cancel()
+        # Settle exactly once, even if this handler is being cancelled right now.
+        await asyncio.shield(_finish(gw, ex, lease))
+
+
+async def _heartbeat(gw: Gateway, lease: Any) -> None:
+    ttl = gw.config.lease_ttl_s
+    while True:
+        await asyncio.sleep(ttl / 3)
+        await gw.store.heartbeat(lease, time.time(), ttl)
+
+
+async def _finish(gw: Gateway, ex: Exchange, lease: Any) -> None:
+    usage = ex.billed_usage()
+    try:
+        await gw.store.settle(lease, usage.total, time.time())
+    except Exception:  # never let accounting failures escape into the response path
+        log.exception("settlement failed for tenant %s", ex.tenant)
+    m, labels = gw.metrics, (ex.tenant, ex.req.model)
+    m.inflight.labels(*labels).dec()
+    m.requests.labels(*labels, str(ex.status or 500)).inc()
+    end = time.monotonic()
+    m.e2e.labels(*labels).observe(end - ex.started)
+    ttft = None if ex.first_token_at is None else ex.first_token_at - ex.started
+    if ttft is not None:
+        m.ttft.labels(*labels).observe(ttft)
+    gpu_s = m.record_usage(ex.tenant, ex.req.model, usage, gw.config.cost)
+    if gw.config.access_log:
+        access_log.info(
+            json.dumps(
+                {
+                    "ts": round(time.time(), 3),
+                    "tenant": ex.tenant,
+                    "model": ex.req.model,
+                    "kind": ex.req.kind,
+                    "stream": ex.req.stream,
+                    "backend": ex.backend.url if ex.backend else None,
+                    "status": ex.status,
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "cached_tokens": usage.cached_tokens,
+                    "usage_reported": ex.usage is not None,
+                    "ttft_s": None if ttft is None else round(ttft, 4),
+                    "e2e_s": round(end - ex.started, 4),
+                    "gpu_seconds": round(gpu_s, 5),
+                    "client_gone": ex.client_gone,
+                }
+            )
+        )
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await _generation(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generation(request, "completion")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _generation(request, "generate")
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    except GatewayError as err:
+        return err.response()
+    except web.HTTPNotFound:
+        return GatewayError(404, f"no route {request.path}", code="not_found").response()
+    except web.HTTPMethodNotAllowed:
+        return GatewayError(405, f"{request.method} not allowed on {request.path}").response()
+
+
+# ---- app ---------------------------------------------------------------------------------
+
+
+def make_store(config: GatewayConfig) -> LimitStore:
+    if config.store == "memory":
+        return MemoryStore()
+    return RedisStore(config.store, config.gateway_replicas)
+
+
+def make_app(config: GatewayConfig) -> web.Application:
+    if config.keys_file is None and not config.insecure_no_auth:
+        raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
+    router = make_router(config.routing_policy)
+    gw = Gateway(
+        config=config,
+        keys=KeyWatcher(config.keys_file) if config.keys_file else None,
+        store=make_store(config),
+        pool=BackendPool(config.backends.static, config.health_interval_s),
+        metrics=GatewayMetrics(),
+    )
+    app = web.Application(middlewares=[errors_middleware], client_max_size=config.max_body_bytes)
+    app[GATEWAY] = gw
+
+    async def http_client(app: web.Application) -> AsyncIterator[None]:
+        t = config.timeouts
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            gw.proxy = Proxy(session, gw.pool, router, t, gw.metrics)
+            async with gw.pool.running(session):
+                yield
+
+    async def key_watcher(app: web.Application) -> AsyncIterator[None]:
+        if gw.keys is None:
+            yield
+            return
+        async with gw.keys.watching():
+            yield
+
+    async def store(app: web.Application) -> AsyncIterator[None]:
+        if isinstance(gw.store, RedisStore):
+            async with gw.store.running():
+                yield
+        else:
+            yield
+
+    app.cleanup_ctx.extend([store, key_watcher, http_client])
+    r = app.router
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/metrics", metrics)
+    r.add_get("/v1/models", list_models)
+    r.add_post("/v1/chat/completions", chat)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/generate", generate)
+    return app

@@ -1,0 +1,112 @@
+"""The gateway's Prometheus metrics: per tenant and model, client-side latencies and cost.
+
+Latencies are measured where the user feels them: from the gateway receiving the request
+to the first token byte it writes (TTFT), between token chunks (inter-token), to the end.
+Cost per request attributes replica time from the tokens the engine reports (see `cost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvfleet_gateway.config import CostConfig
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+GPU_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def gpu_seconds(usage: Usage, cost: CostConfig) -> float:
+    """Replica time a request used, times the replica's GPUs.
+
+    Prefill of uncached prompt tokens and decoding of output tokens each take a share of the
+    replica's throughput at its working point; cached tokens cost (almost) nothing.
+    """
+    uncached = max(0, usage.prompt_tokens - usage.cached_tokens)
+    replica_s = (
+        uncached / cost.prefill_tokens_per_second
+        + usage.completion_tokens / cost.decode_tokens_per_second
+    )
+    return replica_s * cost.gpus_per_replica
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        tm = ("tenant", "model")
+        p = "kvfleet_gateway_"
+        self.requests = Counter(
+            f"{p}requests", "Requests by final HTTP status.", (*tm, "status"), registry=r
+        )
+        self.ttft = Histogram(
+            f"{p}time_to_first_token_seconds",
+            "Client-side time to first token.",
+            tm,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{p}inter_token_latency_seconds",
+            "Client-side time between streamed chunks.",
+            tm,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{p}e2e_request_latency_seconds",
+            "Client-side request latency.",
+            tm,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            f"{p}tokens", "Tokens reported by the engine.", (*tm, "kind"), registry=r
+        )
+        self.rejections = Counter(
+            f"{p}rejections",
+            "Requests refused before reaching an engine.",
+            ("tenant", "reason"),
+            registry=r,
+        )
+        self.budget_remaining = Gauge(
+            f"{p}budget_remaining_tokens",
+            "Tokens left in the tenant's budget period.",
+            ("tenant",),
+            registry=r,
+        )
+        self.inflight = Gauge(f"{p}inflight_requests", "Requests in flight.", tm, registry=r)
+        self.upstream_errors = Counter(
+            f"{p}upstream_errors", "Failures talking to engines.", ("backend", "kind"), registry=r
+        )
+        self.gpu_seconds = Histogram(
+            f"{p}request_gpu_seconds",
+            "GPU-seconds attributed to each request.",
+            tm,
+            buckets=GPU_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.cost = Counter(
+            f"{p}cost", "Money attributed to requests (gpuHourlyPrice units).", tm, registry=r
+        )
+
+    def record_usage(self, tenant: str, model: str, usage: Usage, cost: CostConfig) -> float:
+        self.tokens.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(tenant, model, "completion").inc(usage.completion_tokens)
+        self.tokens.labels(tenant, model, "cached").inc(usage.cached_tokens)
+        gs = gpu_seconds(usage, cost)
+        self.gpu_seconds.labels(tenant, model).observe(gs)
+        self.cost.labels(tenant, model).inc(gs * cost.gpu_hourly_price / 3600)
+        return gs
