@@ -20,7 +20,8 @@ FALLBACK_MAX_TOKENS = 1024
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default for /generate
 CHARS_PER_TOKEN_ESTIMATE = 3.0
 """Below the ~4 of English BPE on purpose: reservations should over-, not under-estimate."""
-PER_MESSAGE_OVERHEAD = 4  # role headers and separators of a chat template
+PER_MESSAGE_OVERHEAD = 6  # role header, separators and end-of-turn of a chat template
+TEMPLATE_OVERHEAD = 8  # begin-of-text and the assistant header that opens the reply
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ def _chat_prompt(messages: Any) -> tuple[str, int]:
             )
         parts.append(f"{m['role']}: {content or ''}\n")
     text = "".join(parts)
-    return text, estimate_tokens(text) + PER_MESSAGE_OVERHEAD * len(messages)
+    content_chars = sum(len(p) - len(m["role"]) - 3 for p, m in zip(parts, messages, strict=True))
+    estimate = math.ceil(content_chars / CHARS_PER_TOKEN_ESTIMATE)
+    return text, estimate + PER_MESSAGE_OVERHEAD * len(messages) + TEMPLATE_OVERHEAD
 
 
 def parse(kind: Kind, body: Any, limits: Limits, default_model: str | None) -> ClientRequest:

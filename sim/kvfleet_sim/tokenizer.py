@@ -19,7 +19,8 @@ import zlib
 from collections.abc import Iterator
 from functools import lru_cache
 
-_PIECE = re.compile(r"\s*\S{1,4}|\s+")
+# Special tokens (`<|eot_id|>`) are one token each, as in every real chat tokenizer.
+_PIECE = re.compile(r"<\|[a-z_]+\|>|\s*(?:(?!<\|)\S){1,4}|\s+")
 
 # Words of at most four letters: each " word" is exactly one piece.
 _WORDS = (

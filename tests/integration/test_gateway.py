@@ -176,10 +176,14 @@ async def test_budget_reserves_then_refunds_to_real_usage(
     assert int(headers["x-kvfleet-budget-remaining-tokens"]) < 2_000 - 1_024  # while reserved
     store = gateway_server.state(gw).store
     assert await store.budget_used("team-a", cfg.default_limits, time.time()) == used
-    # A request that cannot fit is refused as insufficient_quota, with the time to the reset.
-    status, headers, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": 1990})
+    # A request that fits the budget but not what is left: insufficient_quota until the reset.
+    over = 2_000 - used - 16 + 1  # 16 = the gateway's estimate for this prompt
+    status, headers, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": over})
     assert status == 429 and body["error"]["code"] == "insufficient_quota"
-    assert int(headers["Retry-After"]) > 0
+    assert 0 < int(headers["Retry-After"]) <= 86_400
+    # Larger than the whole budget: refused, and no Retry-After (waiting cannot help).
+    status, headers, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": 1999})
+    assert status == 429 and "Retry-After" not in headers
 
 
 @pytest.mark.parametrize(
