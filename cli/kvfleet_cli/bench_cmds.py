@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from kvfleet_sim.simbench import run_sim_bench
+from kvfleet_sim.bench.fidelity import run_sim_bench
+from kvfleet_sim.bench.gateway import run_gateway_bench
 
 RESULTS = Path("bench/results")
 
@@ -37,3 +38,19 @@ def sim_bench(des_requests: int, out_dir: Path, as_json: bool) -> None:
     )
     if as_json:
         click.echo(json.dumps(result, default=str))
+
+
+@bench.command("gateway")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option(
+    "--seconds", type=float, default=5.0, show_default=True, help="Duration of each throughput run."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def gateway_bench(out_dir: Path, seconds: float, as_json: bool) -> None:
+    """Gateway overhead vs direct calls, and throughput vs sglang-router."""
+    result = run_gateway_bench(out_dir, lambda m: click.echo(m, err=as_json), seconds)
+    click.echo(f"wrote {out_dir / 'gateway.md'} and {out_dir / 'gateway.png'}", err=as_json)
+    if as_json:
+        click.echo(json.dumps(result))

@@ -11,7 +11,7 @@ import click
 import yaml
 from aiohttp import web
 
-from kvfleet_cli.options import default_of
+from kvfleet_cli.options import default_of, use_uvloop
 from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import Backends, ConfigError, GatewayConfig, load_config
 from kvfleet_gateway.keys import hash_key
@@ -90,6 +90,7 @@ def gateway(
         f"{len(config.backends.static)} static backend(s), policy {config.routing_policy}",
         err=True,
     )
+    use_uvloop()
     web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,15 @@ from kvfleet_sim.config import (
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def use_uvloop() -> None:
+    """Serve on uvloop where it is installed: the same asyncio API, much cheaper sockets."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def default_of(cls: type, name: str) -> Any:

@@ -11,7 +11,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from kvfleet_cli.options import build_engine_config, default_of, engine_options
+from kvfleet_cli.options import build_engine_config, default_of, engine_options, use_uvloop
 from kvfleet_sim.config import ConfigError, derive_layout
 from kvfleet_sim.faults import FaultPlan
 from kvfleet_sim.offline import OfflineSpec, run_offline
@@ -106,6 +106,7 @@ def serve(**kw: Any) -> None:
         simulate_eos=not kw.pop("no_eos"),
         faults=faults,
     )
+    use_uvloop()
     web.run_app(
         make_app(config),
         host=config.host,

@@ -23,6 +23,9 @@ from typing import Literal, Protocol
 from kvfleet_gateway.config import Limits
 
 WINDOW_S = 60
+SETTLED_MEMORY_S = 3600
+"""How long a settled lease id is remembered (a duplicate settle can only come within a
+request's lifetime plus retries)."""
 Reason = Literal["requests", "tokens", "concurrency", "budget", "store_unavailable"]
 
 
@@ -61,6 +64,7 @@ class Lease:
     budget_period: int | None
     degraded: bool = False
     """Admitted by the local fallback while the shared store was down."""
+    budget_period_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,12 @@ class _TenantState:
         for buckets in (self.requests, self.tokens):
             for sec in [s for s in buckets if s < floor]:
                 del buckets[sec]
-        for lid in [lid for lid, t in self.settled.items() if t < now - 86400]:
-            del self.settled[lid]
+        # Insertion order is settlement order: drop from the old end, O(expired).
+        while self.settled:
+            oldest = next(iter(self.settled))
+            if self.settled[oldest] >= now - SETTLED_MEMORY_S:
+                break
+            del self.settled[oldest]
 
 
 class MemoryStore:
@@ -197,7 +205,15 @@ class MemoryStore:
         st.reserved += need
         st.requests[sec] = st.requests.get(sec, 0) + 1
         st.tokens[sec] = st.tokens.get(sec, 0) + need
-        lease = Lease(ticket.lease_id, ticket.tenant, need, sec, period, degraded)
+        lease = Lease(
+            ticket.lease_id,
+            ticket.tenant,
+            need,
+            sec,
+            period,
+            degraded,
+            budget.period_s if budget else None,
+        )
         return Decision(True, self._quota(st, lim, now, used), lease=lease)
 
     @staticmethod

@@ -10,6 +10,7 @@ on another replica; after that, failures end the stream with an error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -28,7 +29,11 @@ from kvfleet_gateway.routing import RouteInfo, Router
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
 MAX_ATTEMPTS = 2
-DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Exchange:
     content_chunks: int = 0
     content_chars: int = 0
     client_gone: bool = False
+    last_event: bytes = b""
 
     def billed_usage(self) -> Usage:
         """The engine's numbers when it sent them; else an estimate of what was served."""
@@ -58,6 +64,14 @@ class Exchange:
             self.content_chunks, math.ceil(self.content_chars / CHARS_PER_TOKEN_ESTIMATE)
         )
         return Usage(self.req.estimated_prompt_tokens, min(completion, self.req.max_tokens))
+
+    def token_arrived(self) -> None:
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.prev_token_at = self.last_token_at or now
+        self.last_token_at = now
+        self.content_chunks += 1
 
 
 @dataclass
@@ -115,7 +129,10 @@ class Proxy:
                 return await self._stream(request, ex, upstream, headers)
             return await self._whole(ex, upstream, headers)
         finally:
-            upstream.close()
+            if ex.client_gone or not upstream.content.at_eof():
+                upstream.close()  # cut: the engine sees the disconnect and aborts the request
+            else:
+                upstream.release()  # clean end: keep the connection for the next request
             backend.inflight_requests -= 1
             backend.inflight_tokens -= ex.req.reserve_tokens
 
@@ -132,12 +149,8 @@ class Proxy:
             message = data.get("message") if isinstance(data, dict) else str(data)
             if isinstance(data, dict) and isinstance(data.get("error"), str):
                 message = data["error"]
-            data = GatewayError(
-                upstream.status,
-                str(message),
-                "invalid_request_error",
-                param=data.get("param") if isinstance(data, dict) else None,
-            ).body()
+            param = data.get("param") if isinstance(data, dict) else None
+            data = GatewayError(upstream.status, str(message), param=param).body()
         return web.json_response(data, status=upstream.status, headers=headers)
 
     async def _whole(
@@ -146,12 +159,9 @@ class Proxy:
         async with asyncio.timeout(self.timeouts.first_byte_s + self.timeouts.idle_s):
             raw = await upstream.read()
         ex.status = upstream.status
-        ex.first_token_at = ex.last_token_at = time.monotonic()
-        try:
-            data = json.loads(raw)
-            ex.usage = _usage(ex.req.kind, data)
-        except ValueError:
-            pass
+        ex.token_arrived()
+        with contextlib.suppress(ValueError):
+            ex.usage = _usage(ex.req.kind, json.loads(raw))
         return web.Response(
             body=raw, status=upstream.status, headers=headers, content_type="application/json"
         )
@@ -163,58 +173,71 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         headers: dict[str, str],
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            status=200,
-            headers={
-                **headers,
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            },
-        )
+        resp = web.StreamResponse(status=200, headers={**headers, **SSE_HEADERS})
         await resp.prepare(request)  # rate-limit headers reach the client before any token
         ex.status = 200
+        t = self.timeouts
+        loop = asyncio.get_running_loop()
+        itl = self.metrics.itl.labels(ex.tenant, ex.req.model)
         buffer = b""
-        deadline = self.timeouts.first_byte_s
-        labels = (ex.tenant, ex.req.model)
+        # One watchdog per stream, pushed forward as data flows (much cheaper than a timeout
+        # per chunk): first_byte_s before the first chunk, then idle_s of upstream silence
+        # or client_write_s of a client that does not take data, whichever is longer.
+        slack = max(t.idle_s, t.client_write_s)
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(deadline):
+            async with asyncio.timeout(t.first_byte_s) as guard:
+                while True:
+                    try:
                         data = await upstream.content.readany()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
-                    assert ex.backend is not None
-                    self.metrics.upstream_errors.labels(ex.backend.url, kind).inc()
-                    await self._write(resp, ex, _error_event(f"engine {kind} error mid-stream"))
-                    ex.status = 502
-                    break
-                if not data:
-                    break
-                deadline = self.timeouts.idle_s
-                buffer += data
-                while (end := buffer.find(b"\n\n")) >= 0:
-                    event, buffer = buffer[: end + 2], buffer[end + 2 :]
-                    out = self._observe(ex, event)
-                    if out:
-                        await self._write(resp, ex, out)
-                        now = ex.last_token_at
-                        if now is not None and ex.content_chunks > 1:
-                            self.metrics.itl.labels(*labels).observe(now - ex.prev_token_at)
-        except (ConnectionResetError, TimeoutError):
-            ex.client_gone = True  # client hung up or stopped reading: stop, engine aborts
+                    except aiohttp.ClientError:
+                        self._upstream_failed(ex, "stream")
+                        await resp.write(_error_event("engine stream error mid-stream"))
+                        break
+                    if not data:
+                        break
+                    when = guard.when()
+                    if when is not None and when - loop.time() < slack / 2:
+                        guard.reschedule(loop.time() + slack)
+                    buffer += data
+                    ready: list[bytes] = []
+                    while (end := buffer.find(b"\n\n")) >= 0:
+                        event, buffer = buffer[: end + 2], buffer[end + 2 :]
+                        out = self._observe(ex, event)
+                        if out:
+                            ready.append(out)
+                            if ex.content_chunks > 1 and ex.last_token_at is not None:
+                                itl.observe(ex.last_token_at - ex.prev_token_at)
+                    if ready:  # events that arrived together leave together: one write
+                        await resp.write(ready[0] if len(ready) == 1 else b"".join(ready))
+        except TimeoutError:
+            self._upstream_failed(ex, "timeout")
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write(_error_event("engine timeout mid-stream"))
+        except ConnectionResetError:
+            ex.client_gone = True  # client hung up: stop reading, the engine aborts
             ex.status = 499
+        if ex.usage is None and ex.last_event:
+            self._observe(ex, ex.last_event, final=True)
         if not ex.client_gone:
-            await resp.write_eof()
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write_eof()
         return resp
 
-    async def _write(self, resp: web.StreamResponse, ex: Exchange, data: bytes) -> None:
-        async with asyncio.timeout(self.timeouts.client_write_s):
-            await resp.write(data)
+    def _upstream_failed(self, ex: Exchange, kind: str) -> None:
+        assert ex.backend is not None
+        self.metrics.upstream_errors.labels(ex.backend.url, kind).inc()
+        ex.status = 502
 
-    def _observe(self, ex: Exchange, event: bytes) -> bytes | None:
+    def _observe(self, ex: Exchange, event: bytes, final: bool = False) -> bytes | None:
         """Learn from one SSE event; return what to send the client (None: drop it)."""
         if not event.startswith(b"data: {"):
+            return event
+        kind = ex.req.kind
+        if kind == "generate" and not final:
+            # Native chunks carry cumulative text and usage: keep the latest, parse it once
+            # at the end; meanwhile only count arrivals.
+            ex.last_event = event
+            ex.token_arrived()
             return event
         try:
             payload = json.loads(event[6:])
@@ -222,32 +245,26 @@ class Proxy:
             return event
         if not isinstance(payload, dict):
             return event
-        usage = _usage(ex.req.kind, payload)
+        usage = _usage(kind, payload)
         if usage is not None:
             ex.usage = usage
-        content = _content(ex.req.kind, payload)
-        if content is not None:
-            now = time.monotonic()
-            if ex.first_token_at is None:
-                ex.first_token_at = now
-            ex.prev_token_at = ex.last_token_at or now
-            ex.last_token_at = now
-            ex.content_chunks += 1
-            # /generate streams cumulative text; the OpenAI endpoints stream deltas
-            ex.content_chars = (
-                len(content) if ex.req.kind == "generate" else (ex.content_chars + len(content))
-            )
+        content = _content(kind, payload)
+        if content is not None and not final:
+            ex.token_arrived()
+            ex.content_chars += len(content)
         if (
             usage is not None
-            and ex.req.kind != "generate"
+            and kind != "generate"
             and not payload.get("choices")
-            and not ex.req.client_wants_usage
+            and (not ex.req.client_wants_usage)
         ):
             return None  # the usage chunk the client did not ask for
         return event
 
 
-def _usage(kind: str, payload: dict[str, Any]) -> Usage | None:
+def _usage(kind: str, payload: Any) -> Usage | None:
+    if not isinstance(payload, dict):
+        return None
     if kind == "generate":
         meta = payload.get("meta_info")
         if isinstance(meta, dict) and "completion_tokens" in meta:
@@ -261,27 +278,17 @@ def _usage(kind: str, payload: dict[str, Any]) -> Usage | None:
     if not isinstance(u, dict):
         return None
     details = u.get("prompt_tokens_details") or {}
-    return Usage(
-        int(u.get("prompt_tokens", 0)),
-        int(u.get("completion_tokens", 0)),
-        int(details.get("cached_tokens", 0) or 0) if isinstance(details, dict) else 0,
-    )
+    cached = int(details.get("cached_tokens", 0) or 0) if isinstance(details, dict) else 0
+    return Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), cached)
 
 
 def _content(kind: str, payload: dict[str, Any]) -> str | None:
     """The new text in a chunk (None for chunks that carry no generated text)."""
-    if kind == "generate":
-        text = payload.get("text")
-        return text if isinstance(text, str) else None
     choices = payload.get("choices")
     if not choices or not isinstance(choices, list):
         return None
     c = choices[0]
-    if kind == "chat":
-        delta = c.get("delta") or {}
-        text = delta.get("content")
-    else:
-        text = c.get("text")
+    text = (c.get("delta") or {}).get("content") if kind == "chat" else c.get("text")
     return text if isinstance(text, str) and text else None
 
 

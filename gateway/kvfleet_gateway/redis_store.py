@@ -25,7 +25,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from kvfleet_gateway.config import Limits
-from kvfleet_gateway.limiter import WINDOW_S, Decision, Lease, MemoryStore, Quota, Reason, Ticket
+from kvfleet_gateway.limiter import (
+    SETTLED_MEMORY_S,
+    WINDOW_S,
+    Decision,
+    Lease,
+    MemoryStore,
+    Quota,
+    Reason,
+    Ticket,
+)
 
 log = logging.getLogger("kvfleet.gateway.redis")
 
@@ -107,14 +116,15 @@ return out(1, '', '')
 SETTLE = """
 local leases, resv, rtot, tq, budget, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, used, reserved = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local bucket, period, keep = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-if not redis.call('SET', done, '1', 'NX', 'EX', keep) then return 0 end
+local bucket, period = ARGV[4], tonumber(ARGV[5])
+local remember, budget_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+if not redis.call('SET', done, '1', 'NX', 'EX', remember) then return 0 end
 local r = redis.call('HGET', resv, id)
 if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, id) end
 redis.call('ZREM', leases, id)
 if period >= 0 then
   redis.call('HINCRBY', budget, tostring(period), used)
-  redis.call('EXPIRE', budget, keep)
+  redis.call('EXPIRE', budget, budget_ttl)
 end
 if redis.call('HEXISTS', tq, bucket) == 1 then
   if redis.call('HINCRBY', tq, bucket, used - reserved) < 0 then
@@ -243,6 +253,7 @@ class RedisStore:
                 ticket.reserve_tokens,
                 int(sec),
                 None if period < 0 else int(period),
+                budget_period_s=budget.period_s if budget else None,
             )
             return Decision(True, quota, lease=lease)
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -290,10 +301,19 @@ class RedisStore:
             f"kvf:{{{lease.tenant}}}:settled:{lease.lease_id}",
         ]
         period = -1 if lease.budget_period is None else lease.budget_period
-        keep = 86400 * 40  # longer than any sensible budget period
+        # The budget hash outlives its period (two periods, at least a day).
+        budget_ttl = max(86400, int(2 * (lease.budget_period_s or 0)))
         res = await self._settle(
             keys=keys,
-            args=[lease.lease_id, used, lease.reserved_tokens, lease.bucket, period, keep],
+            args=[
+                lease.lease_id,
+                used,
+                lease.reserved_tokens,
+                lease.bucket,
+                period,
+                SETTLED_MEMORY_S,
+                budget_ttl,
+            ],
         )
         return bool(res)
 

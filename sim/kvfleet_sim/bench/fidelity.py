@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfleet_sim.bench.common import cpu_seconds, drive_streams
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape
@@ -203,35 +203,6 @@ def des_speed(num_requests: int) -> dict[str, float]:
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _drive_streams(url: str, streams: int, max_tokens: int) -> tuple[float, int]:
-    import aiohttp
-
-    body = {
-        "text": "benchmark",
-        "stream": True,
-        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True},
-    }
-    chunks = 0
-
-    async def one(session: aiohttp.ClientSession) -> None:
-        nonlocal chunks
-        async with session.post(f"{url}/generate", json=body) as resp:
-            async for line in resp.content:
-                if line.startswith(b"data: {"):
-                    chunks += 1
-
-    t0 = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await asyncio.gather(*(one(s) for _ in range(streams)))
-    return time.monotonic() - t0, chunks
-
-
 BARE_SSE_SERVER = """
 import asyncio, json, sys
 from aiohttp import web
@@ -257,15 +228,26 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 """
 
 
+def _timed_streams(url: str, streams: int, max_tokens: int) -> tuple[float, int]:
+    body = {
+        "text": "benchmark",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True},
+    }
+    t0 = time.monotonic()
+    stats = asyncio.run(drive_streams(url, "/generate", body, streams))
+    return time.monotonic() - t0, stats.chunks
+
+
 def stream_cpu(streams: int, max_tokens: int, interval: int, workdir: Path) -> dict[str, float]:
     """Server CPU (% of one core) to carry `streams` concurrent streams, vs a bare SSE loop."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = sim_serve_argv(port, extra=["--stream-interval", str(interval), "--no-eos"])
     with running_process(argv, ready_url=f"{url}/health", log_path=workdir / "sim-bench.log") as p:
-        c0 = _cpu_seconds(p.pid)
-        wall, chunks = asyncio.run(_drive_streams(url, streams, max_tokens))
-        sim_cpu = _cpu_seconds(p.pid) - c0
+        c0 = cpu_seconds(p.pid)
+        wall, chunks = _timed_streams(url, streams, max_tokens)
+        sim_cpu = cpu_seconds(p.pid) - c0
     per_stream = chunks // streams
     bare_port = free_port()
     delay = wall / max(1, per_stream)
@@ -273,11 +255,9 @@ def stream_cpu(streams: int, max_tokens: int, interval: int, workdir: Path) -> d
     script.write_text(BARE_SSE_SERVER)
     bare_argv = [sys.executable, str(script), str(bare_port), str(per_stream), f"{delay:.5f}"]
     with running_process(bare_argv, ready_url=f"http://127.0.0.1:{bare_port}/health") as p:
-        c0 = _cpu_seconds(p.pid)
-        bare_wall, _bare_chunks = asyncio.run(
-            _drive_streams(f"http://127.0.0.1:{bare_port}", streams, max_tokens)
-        )
-        bare_cpu = _cpu_seconds(p.pid) - c0
+        c0 = cpu_seconds(p.pid)
+        bare_wall, _ = _timed_streams(f"http://127.0.0.1:{bare_port}", streams, max_tokens)
+        bare_cpu = cpu_seconds(p.pid) - c0
     return {
         "streams": streams,
         "stream_interval": interval,

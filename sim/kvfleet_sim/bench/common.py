@@ -1,0 +1,110 @@
+"""Helpers shared by the benchmarks: process CPU, latency percentiles, load generation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvfleet_sim.fleet.collector import percentile
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class StreamStats:
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    chunks: int = 0
+    errors: int = 0
+
+    def p(self, q: float, which: str = "ttft") -> float:
+        return percentile(getattr(self, which), q)
+
+
+async def drive_streams(
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    streams: int,
+    rounds: int = 1,
+    headers: dict[str, str] | None = None,
+    stagger_s: float = 0.0,
+    warmup_rounds: int = 0,
+) -> StreamStats:
+    """`streams` concurrent clients, each sending `rounds` streaming requests back to back.
+
+    With `stagger_s`, clients start spread over that many seconds (steady concurrency
+    instead of one synchronized burst); the first `warmup_rounds` of each client are not
+    measured.
+    """
+    stats = StreamStats()
+
+    async def client(session: aiohttp.ClientSession, index: int) -> None:
+        if stagger_s:
+            await asyncio.sleep(stagger_s * index / streams)
+        for n in range(rounds):
+            t0 = time.perf_counter()
+            first = None
+            try:
+                async with session.post(url + path, json=body, headers=headers) as resp:
+                    if resp.status != 200:
+                        stats.errors += 1
+                        await resp.read()
+                        continue
+                    async for line in resp.content:
+                        if line.startswith(b"data: {"):
+                            if first is None:
+                                first = time.perf_counter() - t0
+                            stats.chunks += 1
+            except aiohttp.ClientError:
+                stats.errors += 1
+                continue
+            if first is not None and n >= warmup_rounds:
+                stats.ttft.append(first)
+                stats.e2e.append(time.perf_counter() - t0)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session, i) for i in range(streams)))
+    return stats
+
+
+async def closed_loop_rps(
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    concurrency: int,
+    seconds: float,
+    headers: dict[str, str] | None = None,
+) -> tuple[float, int]:
+    """Non-streaming requests per second with `concurrency` clients for `seconds`."""
+    done = errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal done, errors
+        while time.perf_counter() < deadline:
+            try:
+                async with session.post(url + path, json=body, headers=headers) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        done += 1
+                    else:
+                        errors += 1
+            except aiohttp.ClientError:
+                errors += 1
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return done / (time.perf_counter() - t0), errors
