@@ -91,7 +91,11 @@ def gateway(
         err=True,
     )
     use_uvloop()
-    web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+    # A client that sent half a body gets its 408, then aiohttp keeps draining the rest for
+    # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
+    web.run_app(
+        app, host=config.host, port=config.port, print=None, access_log=None, lingering_time=1.0
+    )
 
 
 @click.group("keys")

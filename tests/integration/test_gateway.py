@@ -324,3 +324,25 @@ async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path
     cost = [line for line in text.splitlines() if line.startswith("kvfleet_gateway_cost_total")]
     assert cost and float(cost[0].split()[-1]) > 0
     assert KEY_A not in text and hash_key(KEY_A) not in text
+
+
+async def test_slow_client_body_gets_408_and_nothing_is_charged(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    engine = await sim_server()
+    cfg = config([engine], keys_file(tmp_path))
+    cfg = GatewayConfig(**{**cfg.__dict__, "timeouts": type(cfg.timeouts)(client_body_s=0.3)})
+    gw = await gateway_server(cfg)
+    host, port = gw.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Authorization: Bearer " + KEY_A.encode() + b"\r\n"
+        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mod'
+    )
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), timeout=5)
+    writer.close()
+    await writer.wait_closed()
+    assert b" 408 " in status_line
+    assert (await call(gw, "/v1/chat/completions", CHAT))[0] == 200

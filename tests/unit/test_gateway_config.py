@@ -1,0 +1,105 @@
+"""The gateway config contract: typed, validated once, errors that name the field, round trip."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvfleet_gateway.config import ConfigError, GatewayConfig, load_config, parse_duration
+from kvfleet_gateway.keys import KeyRing, hash_key
+
+FULL = """
+listen: {host: 127.0.0.1, port: 9000}
+models: [{name: llama-3.1-8b, contextLength: 8192}, qwen]
+backends:
+  static: [http://10.0.0.1:30000/, http://10.0.0.2:30000]
+routing: {policy: least_inflight}
+auth: {keysFile: /etc/kvfleet/keys.yaml}
+limits:
+  store: redis://redis:6379/0
+  defaults:
+    requestsPerMinute: 600
+    tokensPerMinute: 200000
+    maxConcurrent: 16
+    maxTokens: 4096
+    defaultMaxTokens: 512
+    tokenBudget: {tokens: 10000000, period: 30d}
+  tenants:
+    - name: team-a
+      limits: {maxConcurrent: 64}
+  redisOutage: {gatewayReplicas: 3}
+cost: {gpuHourlyPrice: 4.5, gpusPerReplica: 2}
+timeouts: {firstByte: 2m, idle: 30s}
+"""
+
+
+def test_full_document_parses_into_typed_values() -> None:
+    c = GatewayConfig.from_dict(yaml.safe_load(FULL))
+    assert (c.host, c.port) == ("127.0.0.1", 9000)
+    assert c.backends.static == ("http://10.0.0.1:30000", "http://10.0.0.2:30000")
+    assert c.models[0].context_length == 8192 and c.models[1].name == "qwen"
+    assert c.default_limits.token_budget is not None
+    assert c.default_limits.token_budget.period_s == 30 * 86400
+    assert c.gateway_replicas == 3 and c.cost.gpus_per_replica == 2
+    assert c.timeouts.first_byte_s == 120 and c.timeouts.idle_s == 30
+    team = c.limits_for("team-a")
+    assert team.max_concurrent == 64 and team.requests_per_minute == 600
+
+
+def test_round_trip_is_exact() -> None:
+    c = GatewayConfig.from_dict(yaml.safe_load(FULL))
+    again = GatewayConfig.from_dict(yaml.safe_load(yaml.safe_dump(c.to_dict())))
+    assert again == c
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"limits": {"defaults": {"maxConcurrent": 0}}}, "limits.defaults.maxConcurrent"),
+        (
+            {"limits": {"defaults": {"tokenBudget": {"tokens": 5, "period": "3x"}}}},
+            "limits.defaults.tokenBudget.period: '3x' is not a duration",
+        ),
+        ({"limits": {"tenants": [{"limits": {}}]}}, "limits.tenants[0].name: required"),
+        ({"limits": {"store": "postgres://x"}}, "limits.store"),
+        ({"backends": {"static": ["10.0.0.1:30000"]}}, "backends.static[0]"),
+        ({"backends": {}}, "backends: give static URLs"),
+        ({"listen": {"port": "80"}}, "listen.port"),
+        ({"auth": {}}, "auth.keysFile: required"),
+        ({"limtis": {}}, "unknown field(s) limtis"),
+        ({"limits": {"defaults": {"maxTokens": 10, "defaultMaxTokens": 20}}}, "defaultMaxTokens"),
+    ],
+)
+def test_errors_name_the_field(patch: dict[str, object], message: str) -> None:
+    doc = {"backends": {"static": ["http://e:30000"]}, "auth": {"keysFile": "/k"}}
+    for key, value in patch.items():
+        doc[key] = value  # type: ignore[assignment]
+    with pytest.raises(ConfigError) as err:
+        GatewayConfig.from_dict(doc)
+    assert message in str(err.value)
+
+
+def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("listen: [unclosed")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(f)
+
+
+def test_durations() -> None:
+    assert parse_duration("1h", "x") == 3600 and parse_duration(90, "x") == 90
+    with pytest.raises(ConfigError):
+        parse_duration("0d", "x")
+
+
+def test_keys_are_hashes_and_raw_keys_are_never_echoed() -> None:
+    ring = KeyRing.parse({"tenants": [{"name": "a", "keys": [hash_key("secret")]}]})
+    assert ring.authenticate("secret") is not None
+    assert ring.authenticate("Secret") is None
+    with pytest.raises(ConfigError) as err:
+        KeyRing.parse({"tenants": [{"name": "a", "keys": ["my-raw-key-123"]}]})
+    assert "my-raw-key-123" not in str(err.value) and "sha256:" in str(err.value)
+    with pytest.raises(ConfigError, match="appears twice"):
+        KeyRing.parse({"tenants": [{"name": "a", "keys": []}, {"name": "a", "keys": []}]})
