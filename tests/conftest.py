@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from aiohttp import web
 
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.procs import free_port, running_process, sim_serve_argv, wait_tcp
+from kvfleet_sim.procs import free_port, running_process, sim_serve_argv, stop_process, wait_tcp
 from kvfleet_sim.server import ServerConfig, make_app
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -154,27 +156,60 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
         yield start
 
 
+class RedisProcess:
+    """A redis-server this test can kill and bring back on the same port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.binary = require_binary("redis-server")
+        self.port = free_port()
+        self.tmp = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_tcp("127.0.0.1", self.port)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
+def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
+    rp = RedisProcess(tmp_path)
+    rp.start()
+    try:
+        yield rp
+    finally:
+        if rp.proc is not None:
+            stop_process(rp.proc)
+
+
+@pytest.fixture
+def redis_url(redis_proc: RedisProcess) -> str:
     """A real, throwaway redis-server on a free port (no persistence)."""
-    binary = require_binary("redis-server")
-    port = free_port()
-    argv = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(tmp_path),
-    ]
-    with running_process(argv, log_path=tmp_path / "redis.log"):
-        wait_tcp("127.0.0.1", port)
-        yield f"redis://127.0.0.1:{port}/0"
+    return redis_proc.url
 
 
 @pytest.fixture(autouse=True)

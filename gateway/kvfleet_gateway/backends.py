@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from kvfleet_gateway.tasks import every
+
 log = logging.getLogger("kvfleet.gateway.backends")
 
 
@@ -87,16 +89,5 @@ class BackendPool:
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[BackendPool]:
         await self.probe_all(session)
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(self.interval_s)
-                await self.probe_all(session)
-
-        task = asyncio.create_task(loop(), name="backend-health")
-        try:
+        async with every(self.interval_s, lambda: self.probe_all(session), "backend-health"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -13,7 +13,6 @@ atomically through a symlink, and a file that fails to parse keeps the previous 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -27,6 +26,7 @@ from typing import Any
 import yaml
 
 from kvfleet_gateway.config import ConfigError, Limits, _Reader, parse_limits
+from kvfleet_gateway.tasks import every
 
 log = logging.getLogger("kvfleet.gateway.keys")
 
@@ -133,15 +133,8 @@ class KeyWatcher:
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[KeyWatcher]:
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(self.interval_s)
-                self.check()
+        async def check() -> None:
+            self.check()
 
-        task = asyncio.create_task(loop(), name="keys-file-watcher")
-        try:
+        async with every(self.interval_s, check, "keys-file-watcher"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

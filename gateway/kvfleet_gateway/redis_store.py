@@ -12,7 +12,6 @@ Outage policy (documented in the README): while Redis is unreachable
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -35,6 +34,7 @@ from kvfleet_gateway.limiter import (
     Reason,
     Ticket,
 )
+from kvfleet_gateway.tasks import every
 
 log = logging.getLogger("kvfleet.gateway.redis")
 
@@ -349,23 +349,18 @@ class RedisStore:
         reserved = await self.client.get(k["rtot"])
         return int(used or 0) + int(reserved or 0)
 
+    async def _retry_pending(self) -> None:
+        if self.pending:
+            with contextlib.suppress(RedisError):
+                n = await self.flush_pending()
+                log.info("wrote %d delayed settlements to redis", n)
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[RedisStore]:
-        async def retry_loop() -> None:
-            while True:
-                await asyncio.sleep(self.retry_after_s)
-                if self.pending:
-                    with contextlib.suppress(RedisError):
-                        n = await self.flush_pending()
-                        log.info("wrote %d delayed settlements to redis", n)
-
-        task = asyncio.create_task(retry_loop(), name="redis-settlement-retry")
         try:
-            yield self
+            async with every(self.retry_after_s, self._retry_pending, "redis-settlement-retry"):
+                yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             with contextlib.suppress(RedisError):
                 await self.flush_pending()
             await self.client.aclose()

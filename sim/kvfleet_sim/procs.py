@@ -120,3 +120,51 @@ def sim_serve_argv(
         "warning",
         *extra,
     ]
+
+
+@contextlib.contextmanager
+def sglang_router_process(
+    workers: Sequence[str],
+    log_path: Path | None = None,
+    policy: str = "cache_aware",
+    timeout: float = 60.0,
+) -> Iterator[str]:
+    """The real `sglang-router` in front of `workers`, once it has registered all of them.
+
+    Its /health answers 200 before any worker is registered, so readiness is read from
+    /workers (start the workers first: three failed health checks drop a worker for good).
+    """
+    port, metrics_port = free_port(), free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *workers,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(metrics_port),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with running_process(argv, ready_url=f"{url}/health", log_path=log_path, timeout=timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = ""
+            with (
+                contextlib.suppress(OSError, ValueError),
+                urllib.request.urlopen(f"{url}/workers", timeout=2) as resp,
+            ):
+                listed = resp.read().decode()
+            if all(w in listed for w in workers):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sglang-router did not register {list(workers)}")
+            time.sleep(0.2)
+        yield url

@@ -3,73 +3,18 @@ streams are cancelled, and the documented behaviour when Redis dies."""
 
 import asyncio
 import json
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-import redis
 
 from kvfleet_gateway.config import Backends, GatewayConfig
 from kvfleet_gateway.keys import hash_key
-from kvfleet_sim.procs import free_port, stop_process, wait_tcp
 
-from ..conftest import require_binary
+from ..conftest import RedisProcess
 
 KEY_BUDGET, KEY_RATED = "kvf-budgeted", "kvf-rated"
-
-
-class RedisProcess:
-    """A redis-server this test can kill and bring back on the same port."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.binary = require_binary("redis-server")
-        self.port = free_port()
-        self.tmp = tmp
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.tmp),
-            ],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_tcp("127.0.0.1", self.port)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
-
-
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    rp = RedisProcess(tmp_path)
-    rp.start()
-    try:
-        yield rp
-    finally:
-        if rp.proc is not None:
-            stop_process(rp.proc)
 
 
 def keys(tmp_path: Path, budget: int) -> Path:

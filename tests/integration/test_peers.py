@@ -1,7 +1,6 @@
 """Real peers: sglang-router 0.3.2 routes through simulator workers; Prometheus scrapes them."""
 
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from kvfleet_sim.procs import free_port, running_process
+from kvfleet_sim.procs import sglang_router_process
 
 pytest.importorskip("sglang_router", reason="sglang-router is a dev dependency (make setup)")
 
@@ -26,42 +25,7 @@ def test_sglang_router_cache_aware_serves_through_two_workers(
     sim_processes: Any, tmp_path: Path
 ) -> None:
     workers = [sim_processes(), sim_processes()]
-    port, metrics_port = free_port(), free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--worker-urls",
-        *workers,
-        "--policy",
-        "cache_aware",
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(metrics_port),
-    ]
-    router = f"http://127.0.0.1:{port}"
-    with running_process(
-        argv, ready_url=f"{router}/health", log_path=tmp_path / "router.log", timeout=60
-    ):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # /health is 200 before workers register
-            try:
-                listed = json.dumps(http_json(f"{router}/workers"))
-                if all(w in listed for w in workers):
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail(
-                "sglang-router never registered both workers: "
-                + (tmp_path / "router.log").read_text()[-2000:]
-            )
+    with sglang_router_process(workers, tmp_path / "router.log") as router:
         out = http_json(
             f"{router}/generate",
             {"text": "Hello from the router", "sampling_params": {"max_new_tokens": 5}},

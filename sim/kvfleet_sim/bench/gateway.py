@@ -15,14 +15,12 @@ import asyncio
 import contextlib
 import json
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kvfleet_sim.bench.common import StreamStats, closed_loop_rps, drive_streams
-from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
+from kvfleet_sim.procs import free_port, running_process, sglang_router_process, sim_serve_argv
 
 STREAM_BODY = {
     "model": "llama-3.1-8b",
@@ -78,46 +76,6 @@ def kvfleet_gateway(backends: list[str], workdir: Path) -> Iterator[str]:
     with running_process(
         argv, ready_url=f"{url}/readyz", log_path=workdir / "gateway.log", timeout=30
     ):
-        yield url
-
-
-@contextlib.contextmanager
-def sglang_router(backends: list[str], workdir: Path) -> Iterator[str]:
-    port, mport = free_port(), free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--worker-urls",
-        *backends,
-        "--policy",
-        "cache_aware",
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(mport),
-    ]
-    url = f"http://127.0.0.1:{port}"
-    with running_process(
-        argv, ready_url=f"{url}/health", log_path=workdir / "router.log", timeout=60
-    ):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            listed = ""
-            with (
-                contextlib.suppress(OSError, ValueError),
-                urllib.request.urlopen(f"{url}/workers", timeout=2) as r,
-            ):
-                listed = r.read().decode()
-            if all(b in listed for b in backends):
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("sglang-router did not register the workers")
         yield url
 
 
@@ -193,7 +151,7 @@ def run_gateway_bench(
             )
             result["rps"]["kvfleet"] = rps
             log(f"  non-streaming via kvfleet gateway: {rps:,.0f} req/s ({errors} errors)")
-        with sglang_router(urls, work) as router:
+        with sglang_router_process(urls, work / "router.log") as router:
             rps, errors = asyncio.run(
                 closed_loop_rps(router, "/v1/chat/completions", SMALL_BODY, 64, rps_seconds)
             )
