@@ -31,7 +31,9 @@ from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ti
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.proxy import Exchange, Proxy
 from kvfleet_gateway.redis_store import RedisStore
-from kvfleet_gateway.routing import make_router
+from kvfleet_gateway.routing import make_policy
+from kvfleet_gateway.routing.base import RouteRequest
+from kvfleet_gateway.routing.blocks import CHARS_PER_BLOCK, text_blocks
 
 log = logging.getLogger("kvfleet.gateway")
 access_log = logging.getLogger("kvfleet.gateway.access")
@@ -208,7 +210,15 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         return err.response(headers)
     lease = decision.lease
     assert lease is not None
-    ex = Exchange(tenant.name, req)
+    route = RouteRequest(
+        req.model,
+        req.prompt_text,
+        text_blocks(req.prompt_text),
+        req.estimated_prompt_tokens,
+        req.max_tokens,
+        block_tokens=max(1, CHARS_PER_BLOCK // 4),
+    )
+    ex = Exchange(tenant.name, req, route)
     labels = (tenant.name, req.model)
     gw.metrics.inflight.labels(*labels).inc()
     heartbeat = asyncio.create_task(_heartbeat(gw, lease), name="lease-heartbeat")
@@ -305,14 +315,17 @@ def make_store(config: GatewayConfig) -> LimitStore:
 def make_app(config: GatewayConfig) -> web.Application:
     if config.keys_file is None and not config.insecure_no_auth:
         raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
-    router = make_router(config.routing_policy)
+    policy = make_policy(config.routing_policy, config.routing_tuning)
     gw = Gateway(
         config=config,
         keys=KeyWatcher(config.keys_file) if config.keys_file else None,
         store=make_store(config),
-        pool=BackendPool(config.backends.static, config.health_interval_s),
+        pool=BackendPool(
+            config.backends.static, config.health_interval_s, config.scrape_interval_s
+        ),
         metrics=GatewayMetrics(),
     )
+    gw.pool.removed_hook = policy.on_removed
     app = web.Application(middlewares=[errors_middleware], client_max_size=config.max_body_bytes)
     app[GATEWAY] = gw
 
@@ -321,7 +334,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            gw.proxy = Proxy(session, gw.pool, router, t, gw.metrics)
+            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics)
             async with gw.pool.running(session):
                 yield
 

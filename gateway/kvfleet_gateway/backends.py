@@ -1,8 +1,9 @@
-"""The set of engine replicas the gateway may use, their health, and what they serve.
+"""The replicas the gateway may use: membership, health, engine signals, circuit breakers.
 
-Each backend is probed (`/health`, then `/v1/models` for served names and context length)
-every `interval_s`; only healthy, non-draining backends receive new requests. A backend that
-leaves the set is drained: it gets nothing new, and its in-flight requests finish.
+Every `interval_s` each backend is probed (`/health`; `/v1/models` once for its served names
+and context length), and every `scrape_interval_s` its `/metrics` are read for the signals
+routing uses. Only healthy, non-draining backends whose breaker allows it get requests. A
+backend that leaves the set is drained: nothing new goes there, in-flight requests finish.
 """
 
 from __future__ import annotations
@@ -10,14 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from kvfleet_gateway.breaker import Breaker
+from kvfleet_gateway.routing import Candidate, EngineSignals
+from kvfleet_gateway.signals import parse_metrics
 from kvfleet_gateway.tasks import every
 
 log = logging.getLogger("kvfleet.gateway.backends")
+
+STALE_AFTER_S = 5.0
+"""Signals older than this are not used: routing falls back to the gateway's own counts."""
 
 
 @dataclass(eq=False)
@@ -29,27 +37,57 @@ class Backend:
     inflight_tokens: int = 0
     models: dict[str, int | None] = field(default_factory=dict)
     """Served model name → context length, from the backend's /v1/models."""
-    failures: int = 0
+    signals: EngineSignals | None = None
+    scraped_at: float = 0.0
+    breaker: Breaker = field(default_factory=Breaker)
 
     @property
     def routable(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and self.breaker.allows()
+
+    def candidate(self, now: float) -> Candidate:
+        s = self.signals
+        age = now - self.scraped_at
+        fresh = None
+        if s is not None and age <= STALE_AFTER_S:
+            fresh = EngineSignals(
+                s.queue_reqs,
+                s.running_reqs,
+                s.token_usage,
+                s.max_total_tokens,
+                s.cache_hit_rate,
+                age,
+            )
+        return Candidate(self.url, self.inflight_requests, self.inflight_tokens, fresh)
 
 
 class BackendPool:
-    def __init__(self, urls: Iterable[str], interval_s: float = 2.0) -> None:
+    def __init__(
+        self, urls: Iterable[str], interval_s: float = 2.0, scrape_interval_s: float = 1.0
+    ) -> None:
         self.backends: dict[str, Backend] = {}
         self.interval_s = interval_s
+        self.scrape_interval_s = scrape_interval_s
+        self.removed_hook: Callable[[str], None] | None = None
+        """Told about every backend that leaves for good (the routing policy forgets it)."""
         self.set_members(urls)
 
     def set_members(self, urls: Iterable[str]) -> None:
+        """Add new backends; drain those no longer wanted (removed once idle)."""
         wanted = {u.rstrip("/") for u in urls}
         for url in wanted - self.backends.keys():
             self.backends[url] = Backend(url)
         for url, b in self.backends.items():
             b.draining = url not in wanted
-        for url in [u for u, b in self.backends.items() if b.draining and not b.inflight_requests]:
+        self.forget_drained()
+
+    def forget_drained(self) -> list[str]:
+        gone = [u for u, b in self.backends.items() if b.draining and not b.inflight_requests]
+        for url in gone:
             del self.backends[url]
+            if self.removed_hook is not None:
+                self.removed_hook(url)
+        return gone
 
     def routable(self, model: str | None = None) -> list[Backend]:
         return [
@@ -80,14 +118,32 @@ class BackendPool:
         if ok != b.healthy:
             log.info("backend %s is %s", b.url, "healthy" if ok else "unhealthy")
         b.healthy = ok
-        b.failures = 0 if ok else b.failures + 1
+
+    async def scrape(self, session: aiohttp.ClientSession, b: Backend) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.scrape_interval_s))
+        try:
+            async with session.get(f"{b.url}/metrics", timeout=timeout) as r:
+                text = await r.text() if r.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError):
+            return  # stale signals age out; health checks decide about the backend itself
+        signals = parse_metrics(text)
+        if signals is not None:
+            b.signals, b.scraped_at = signals, time.monotonic()
 
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.probe(session, b) for b in list(self.backends.values())))
-        self.set_members(u for u, b in self.backends.items() if not b.draining)
+        self.forget_drained()
+
+    async def scrape_all(self, session: aiohttp.ClientSession) -> None:
+        live = [b for b in self.backends.values() if b.healthy]
+        await asyncio.gather(*(self.scrape(session, b) for b in live))
 
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[BackendPool]:
         await self.probe_all(session)
-        async with every(self.interval_s, lambda: self.probe_all(session), "backend-health"):
+        await self.scrape_all(session)
+        async with (
+            every(self.interval_s, lambda: self.probe_all(session), "backend-health"),
+            every(self.scrape_interval_s, lambda: self.scrape_all(session), "backend-metrics"),
+        ):
             yield self

@@ -9,7 +9,7 @@ only entry point, and `to_dict` renders it back (the operator's ConfigMap round-
     backends:
       static: [http://10.0.0.1:30000]                        # or
       kubernetes: {namespace: ai, selector: "app=x", port: 30000}
-    routing: {policy: least_inflight}
+    routing: {policy: kvfleet, prefillTokensPerSecond: 30000}
     auth: {keysFile: /etc/kvfleet/keys/keys.yaml, insecureNoAuth: false}
     limits:
       store: memory                                          # or redis://host:6379/0
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kvfleet_gateway.routing import DEFAULT_POLICY, POLICIES, KvfleetTuning
 
 
 class ConfigError(ValueError):
@@ -255,7 +257,11 @@ class GatewayConfig:
     port: int = 8080
     models: tuple[ModelConfig, ...] = ()
     backends: Backends = field(default_factory=Backends)
-    routing_policy: str = "least_inflight"
+    routing_policy: str = DEFAULT_POLICY
+    """One of `routing.POLICIES`; `kvfleet` estimates each replica's time to first token."""
+    routing_tuning: KvfleetTuning = field(default_factory=KvfleetTuning)
+    scrape_interval_s: float = 1.0
+    """How often each engine's /metrics is read for routing signals."""
     keys_file: Path | None = None
     insecure_no_auth: bool = False
     """Serve without API keys (everyone is tenant `anonymous`); refused unless said explicitly."""
@@ -309,7 +315,21 @@ class GatewayConfig:
         if not static and kube is None:
             raise ConfigError("backends: give static URLs or a kubernetes selector")
         routing = root.child("routing")
-        policy = routing.get_str("policy", "least_inflight") or "least_inflight"
+        policy = routing.get_str("policy", DEFAULT_POLICY) or DEFAULT_POLICY
+        if policy not in POLICIES:
+            raise ConfigError(f"routing.policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        d_t = KvfleetTuning()
+        tuning = KvfleetTuning(
+            prefill_tokens_per_second=routing.get_float(
+                "prefillTokensPerSecond", d_t.prefill_tokens_per_second, 1.0
+            ),
+            decode_step_base_s=routing.get_float("decodeStepBase", d_t.decode_step_base_s),
+            decode_step_per_request_s=routing.get_float(
+                "decodeStepPerRequest", d_t.decode_step_per_request_s
+            ),
+            retraction_penalty_s=routing.get_float("retractionPenalty", d_t.retraction_penalty_s),
+        )
+        scrape = parse_duration(routing.get("scrapeInterval") or 1, "routing.scrapeInterval")
         routing.done()
         auth = root.child("auth")
         keys_file = auth.get_str("keysFile", None)
@@ -367,6 +387,8 @@ class GatewayConfig:
             models=tuple(models),
             backends=Backends(tuple(static), kube),
             routing_policy=policy,
+            routing_tuning=tuning,
+            scrape_interval_s=scrape,
             keys_file=Path(keys_file) if keys_file else None,
             insecure_no_auth=insecure,
             store=store,
@@ -407,7 +429,14 @@ class GatewayConfig:
                 for m in self.models
             ],
             "backends": backends,
-            "routing": {"policy": self.routing_policy},
+            "routing": {
+                "policy": self.routing_policy,
+                "prefillTokensPerSecond": self.routing_tuning.prefill_tokens_per_second,
+                "decodeStepBase": self.routing_tuning.decode_step_base_s,
+                "decodeStepPerRequest": self.routing_tuning.decode_step_per_request_s,
+                "retractionPenalty": self.routing_tuning.retraction_penalty_s,
+                "scrapeInterval": format_duration(self.scrape_interval_s),
+            },
             "auth": auth,
             "limits": {
                 "store": self.store,

@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,13 @@ from kvfleet_gateway.config import Timeouts
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.inbound import CHARS_PER_TOKEN_ESTIMATE, ClientRequest
 from kvfleet_gateway.metrics import GatewayMetrics, Usage
-from kvfleet_gateway.routing import RouteInfo, Router
+from kvfleet_gateway.routing import Policy, RouteRequest
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
-MAX_ATTEMPTS = 2
+MAX_ATTEMPTS = 3
+"""Tries before the first byte (each on a different replica)."""
+RETRY_BACKOFF_S = 0.05
+"""Pause before the second try, doubled before each later one."""
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -42,6 +46,7 @@ class Exchange:
 
     tenant: str
     req: ClientRequest
+    route: RouteRequest
     started: float = field(default_factory=time.monotonic)
     backend: Backend | None = None
     status: int = 0
@@ -53,6 +58,7 @@ class Exchange:
     content_chars: int = 0
     client_gone: bool = False
     last_event: bytes = b""
+    on_first_token: Callable[[], None] | None = None
 
     def billed_usage(self) -> Usage:
         """The engine's numbers when it sent them; else an estimate of what was served."""
@@ -69,6 +75,8 @@ class Exchange:
         now = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = now
+            if self.on_first_token is not None:
+                self.on_first_token()
         self.prev_token_at = self.last_token_at or now
         self.last_token_at = now
         self.content_chunks += 1
@@ -78,36 +86,44 @@ class Exchange:
 class Proxy:
     session: aiohttp.ClientSession
     pool: BackendPool
-    router: Router
+    policy: Policy
     timeouts: Timeouts
     metrics: GatewayMetrics
 
     async def _open(self, ex: Exchange) -> tuple[Backend, aiohttp.ClientResponse]:
+        """Pick a replica and send; on failure before any byte, back off and try another."""
         req = ex.req
-        info = RouteInfo(req.model, req.prompt_text, req.reserve_tokens)
         tried: set[str] = set()
         last_error = "no healthy backend serves this model"
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             candidates = [b for b in self.pool.routable(req.model) if b.url not in tried]
             if not candidates:
                 break
-            backend = self.router.choose(info, candidates)
-            tried.add(backend.url)
+            if attempt:
+                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+            now = time.monotonic()
+            key = self.policy.choose(ex.route, [b.candidate(now) for b in candidates])
+            backend = self.pool.backends[key]
+            tried.add(key)
+            backend.breaker.attempt()
             try:
                 async with asyncio.timeout(self.timeouts.first_byte_s):
                     resp = await self.session.post(f"{backend.url}{PATHS[req.kind]}", json=req.body)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "connect"
                 self.metrics.upstream_errors.labels(backend.url, kind).inc()
-                backend.failures += 1
+                backend.breaker.failure()
                 last_error = f"engine {kind} error"
                 continue
             if resp.status >= 500:
                 self.metrics.upstream_errors.labels(backend.url, f"http_{resp.status}").inc()
+                backend.breaker.failure()
                 resp.release()
                 last_error = f"engine answered {resp.status}"
                 continue
+            backend.breaker.success()
             return backend, resp
+        self.policy.on_finished(ex.route, "")
         raise GatewayError(
             503 if not tried else 502,
             f"no engine could take the request ({last_error})",
@@ -120,6 +136,7 @@ class Proxy:
     ) -> web.StreamResponse:
         backend, upstream = await self._open(ex)
         ex.backend = backend
+        ex.on_first_token = lambda: self.policy.on_first_token(ex.route, backend.url)
         backend.inflight_requests += 1
         backend.inflight_tokens += ex.req.reserve_tokens
         try:
@@ -133,6 +150,7 @@ class Proxy:
                 upstream.close()  # cut: the engine sees the disconnect and aborts the request
             else:
                 upstream.release()  # clean end: keep the connection for the next request
+            self.policy.on_finished(ex.route, backend.url)
             backend.inflight_requests -= 1
             backend.inflight_tokens -= ex.req.reserve_tokens
 

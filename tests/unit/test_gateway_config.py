@@ -13,7 +13,7 @@ listen: {host: 127.0.0.1, port: 9000}
 models: [{name: llama-3.1-8b, contextLength: 8192}, qwen]
 backends:
   static: [http://10.0.0.1:30000/, http://10.0.0.2:30000]
-routing: {policy: least_inflight}
+routing: {policy: kvfleet, prefillTokensPerSecond: 30000}
 auth: {keysFile: /etc/kvfleet/keys.yaml}
 limits:
   store: redis://redis:6379/0

@@ -1,46 +1,40 @@
-"""Routing policies: pick one backend for a request. One protocol, one module per policy."""
+"""Routing policies: pick one replica for a request. One protocol (`base.Policy`), one module
+per policy, chosen by name from the gateway config (`routing.policy`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
 
-from kvfleet_gateway.backends import Backend
+from kvfleet_gateway.routing.base import Candidate, EngineSignals, Policy, RouteRequest
+from kvfleet_gateway.routing.kvfleet import KvfleetPolicy, KvfleetTuning
+from kvfleet_gateway.routing.least_load import LeastLoad
+from kvfleet_gateway.routing.round_robin import RoundRobin
+from kvfleet_gateway.routing.sglang_cache_aware import SglangCacheAware
 
-
-@dataclass(frozen=True, slots=True)
-class RouteInfo:
-    model: str
-    prompt: str
-    """The rendered prompt text (for prefix-aware policies)."""
-    estimated_tokens: int
-
-
-class Router(Protocol):
-    name: str
-
-    def choose(self, info: RouteInfo, candidates: Sequence[Backend]) -> Backend:
-        """Pick one of `candidates` (never empty)."""
-        ...
+POLICIES: dict[str, Callable[[KvfleetTuning], Policy]] = {
+    "kvfleet": KvfleetPolicy,
+    "round_robin": lambda _: RoundRobin(),
+    "least_load": lambda _: LeastLoad(),
+    "sglang_cache_aware": lambda _: SglangCacheAware(),
+}
+DEFAULT_POLICY = "kvfleet"
 
 
-class LeastInflight:
-    """Fewest requests in flight from this gateway; ties broken by fewer in-flight tokens."""
-
-    name = "least_inflight"
-
-    def choose(self, info: RouteInfo, candidates: Sequence[Backend]) -> Backend:
-        return min(candidates, key=lambda b: (b.inflight_requests, b.inflight_tokens, b.url))
-
-
-POLICIES: dict[str, type] = {"least_inflight": LeastInflight}
-
-
-def make_router(policy: str) -> Router:
+def make_policy(name: str, tuning: KvfleetTuning | None = None) -> Policy:
     try:
-        return POLICIES[policy]()  # type: ignore[no-any-return]
+        factory = POLICIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown routing policy {policy!r}; known: {', '.join(POLICIES)}"
-        ) from None
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory(tuning or KvfleetTuning())
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Candidate",
+    "EngineSignals",
+    "KvfleetTuning",
+    "Policy",
+    "RouteRequest",
+    "make_policy",
+]
