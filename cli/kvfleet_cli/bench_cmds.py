@@ -9,6 +9,7 @@ import click
 
 from kvfleet_sim.bench.fidelity import run_sim_bench
 from kvfleet_sim.bench.gateway import run_gateway_bench
+from kvfleet_sim.bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
 
 RESULTS = Path("bench/results")
 
@@ -54,3 +55,62 @@ def gateway_bench(out_dir: Path, seconds: float, as_json: bool) -> None:
     click.echo(f"wrote {out_dir / 'gateway.md'} and {out_dir / 'gateway.png'}", err=as_json)
     if as_json:
         click.echo(json.dumps(result))
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@bench.command("routing")
+@click.option("--gpu", default="h100", show_default=True)
+@click.option("--model", default="llama-3.1-8b", show_default=True)
+@click.option("--replicas", type=int, default=8, show_default=True)
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+@click.option("--policies", default=",".join(POLICIES), show_default=True)
+@click.option("--loads", default=",".join(str(x) for x in LOADS), show_default=True)
+@click.option("--num-requests", type=int, default=2000, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def routing_bench(
+    gpu: str,
+    model: str,
+    replicas: int,
+    workloads: str,
+    policies: str,
+    loads: str,
+    num_requests: int,
+    seed: int,
+    out_dir: Path,
+    as_json: bool,
+) -> None:
+    """Routing policies in the fleet simulator: throughput, TTFT, cache hits, balance."""
+    unknown = set(_csv(workloads)) - set(WORKLOADS) | set(_csv(policies)) - set(POLICIES)
+    if unknown:
+        raise click.UsageError(f"unknown workload(s) or policy(ies): {', '.join(sorted(unknown))}")
+    try:
+        load_values = [float(x) for x in _csv(loads)]
+    except ValueError as exc:
+        raise click.UsageError(f"--loads: {exc}") from exc
+    if not load_values or any(not 0 < x <= 2 for x in load_values):
+        raise click.UsageError("--loads: shares of capacity in (0, 2], e.g. 0.5,0.8,0.95")
+    result = run_routing_bench(
+        out_dir,
+        lambda m: click.echo(m, err=as_json),
+        gpu=gpu,
+        model=model,
+        replicas=replicas,
+        workloads=_csv(workloads),
+        policies=_csv(policies),
+        loads=load_values,
+        num_requests=num_requests,
+        seed=seed,
+    )
+    met = sum(g["met"] for g in result["goals"])
+    click.echo(
+        f"goals met: {met} of {len(result['goals'])}; wrote {out_dir / 'routing.md'}", err=as_json
+    )
+    if as_json:
+        click.echo(cells_json(result))

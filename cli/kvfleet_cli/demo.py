@@ -19,7 +19,7 @@ from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, Progress
-from kvfleet_sim.fleet.routing import LeastInflight
+from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -99,7 +99,7 @@ def run_demo(
             if ahead > 0:
                 time.sleep(ahead)  # pace the simulation so people can watch it
 
-        result = FleetSimulator(config, LeastInflight()).run(
+        result = FleetSimulator(config, fleet_policy("kvfleet")).run(
             workload, on_progress=show, progress_interval_s=0.5, time_limit_s=sim_total
         )
     s = result.summary

@@ -324,10 +324,10 @@ class GatewayConfig:
                 "prefillTokensPerSecond", d_t.prefill_tokens_per_second, 1.0
             ),
             decode_step_base_s=routing.get_float("decodeStepBase", d_t.decode_step_base_s),
-            decode_step_per_request_s=routing.get_float(
-                "decodeStepPerRequest", d_t.decode_step_per_request_s
-            ),
+            kv_read_s_per_token=routing.get_float("kvReadPerToken", d_t.kv_read_s_per_token),
             retraction_penalty_s=routing.get_float("retractionPenalty", d_t.retraction_penalty_s),
+            miss_weight=routing.get_float("missWeight", d_t.miss_weight),
+            overload_tolerance=routing.get_float("overloadTolerance", d_t.overload_tolerance),
         )
         scrape = parse_duration(routing.get("scrapeInterval") or 1, "routing.scrapeInterval")
         routing.done()
@@ -433,8 +433,10 @@ class GatewayConfig:
                 "policy": self.routing_policy,
                 "prefillTokensPerSecond": self.routing_tuning.prefill_tokens_per_second,
                 "decodeStepBase": self.routing_tuning.decode_step_base_s,
-                "decodeStepPerRequest": self.routing_tuning.decode_step_per_request_s,
+                "kvReadPerToken": self.routing_tuning.kv_read_s_per_token,
                 "retractionPenalty": self.routing_tuning.retraction_penalty_s,
+                "missWeight": self.routing_tuning.miss_weight,
+                "overloadTolerance": self.routing_tuning.overload_tolerance,
                 "scrapeInterval": format_duration(self.scrape_interval_s),
             },
             "auth": auth,

@@ -110,6 +110,23 @@ class RadixCache:
             break
         return Match(pos, node)
 
+    def peek(self, key: Sequence[int]) -> int:
+        """Cached prefix length of key, read-only: no split, no LRU touch (for observers)."""
+        key = self._aligned(key)
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            edge = child.key
+            if key[pos : pos + len(edge)] == edge:
+                pos += len(edge)
+                node = child
+                continue
+            m = _common_prefix(key, pos, edge)
+            return pos + m - m % self.page_size
+        return pos
+
     def insert(self, key: Sequence[int]) -> int:
         """Add key to the tree; return how many of its leading tokens were already cached."""
         key = self._aligned(key)
@@ -192,3 +209,6 @@ class DisabledCache(RadixCache):
 
     def insert(self, key: Sequence[int]) -> int:
         return len(key)  # "already cached" → the caller frees every token of the request
+
+    def peek(self, key: Sequence[int]) -> int:
+        return 0

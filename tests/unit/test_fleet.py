@@ -5,11 +5,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from kvfleet_gateway.routing import Candidate, RouteRequest, make_policy
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import LeastInflight, ReplicaView, RoundRobin
+from kvfleet_sim.fleet.routing import ReplicaView
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -25,7 +26,9 @@ def run(
     **spec: object,
 ):  # type: ignore[no-untyped-def]
     workload = Workload(WorkloadSpec(kind, n, **spec), RateTrace("poisson", rate), 128_256)  # type: ignore[arg-type]
-    sim = FleetSimulator(FleetConfig(ENGINE, replicas=replicas), router or RoundRobin())  # type: ignore[arg-type]
+    sim = FleetSimulator(
+        FleetConfig(ENGINE, replicas=replicas), router or make_policy("round_robin")
+    )  # type: ignore[arg-type]
     return sim.run(workload)
 
 
@@ -68,13 +71,19 @@ def test_imbalance_is_zero_when_even_and_high_when_one_replica_gets_everything()
     class AlwaysFirst:
         name = "first"
 
-        def route(self, request: object, replicas: Sequence[ReplicaView], now: float) -> int:
-            return replicas[0].index
+        def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
+            return min(c.key for c in candidates)
 
-        def on_finish(self, replica: int, request: object, now: float) -> None:
+        def on_first_token(self, req: RouteRequest, key: str) -> None:
             return None
 
-    assert run(n=200, router=LeastInflight()).summary.imbalance < 0.1
+        def on_finished(self, req: RouteRequest, key: str) -> None:
+            return None
+
+        def on_removed(self, key: str) -> None:
+            return None
+
+    assert run(n=200, router=make_policy("least_load")).summary.imbalance < 0.1
     assert run(n=200, router=AlwaysFirst()).summary.imbalance > 0.7
 
 
@@ -92,7 +101,7 @@ def test_scaler_adds_replicas_after_the_cold_start() -> None:
         128_256,
     )
     cfg = FleetConfig(ENGINE, replicas=1, cold_start_s=30.0, scale_interval_s=5.0)
-    result = FleetSimulator(cfg, LeastInflight(), QueueScaler()).run(workload)
+    result = FleetSimulator(cfg, make_policy("least_load"), QueueScaler()).run(workload)
     trace = result.replica_count_trace
     assert max(n for _, n in trace) > 1
     first_add = next(t for t, n in trace if n > 1)

@@ -1,15 +1,19 @@
 """`kvfleet`: send each request where its first token is expected soonest.
 
-For every replica, estimated TTFT =
+For every replica, the request's expected completion time there =
     wait      queued prefill ahead of it (tokens this router sent whose first token has not
               come back, plus the engine's own queue beyond those, for other routers' work)
-              ÷ prefill rate, plus the decode step in progress (longer with more running)
+              ÷ prefill rate, plus the decode step in progress
   + prefill   the prompt tokens that will miss the replica's prefix cache ÷ prefill rate
+              (weighted up: a miss also delays everyone queued behind it)
+  + decode    max_tokens decode steps, each longer with more KV in use there
   + penalty   when the replica's free KV cannot hold the request (it would retract or wait).
+The first three are its time to first token; the decode term is what balances load.
 The expected cache hit comes from a prefix index of what was sent where, bounded by each
 replica's KV capacity. Nothing special-cases a hot prefix: once its owner's queue makes the
 wait longer than a cold prefill elsewhere, the next request goes elsewhere (and that replica
-becomes a second owner), so a shared system prompt spreads instead of piling up.
+becomes a second owner), so a shared system prompt spreads instead of piling up, and a replica
+whose batch has swollen stops attracting work even for the prefixes it holds.
 """
 
 from __future__ import annotations
@@ -23,16 +27,28 @@ from kvfleet_gateway.routing.prefix_index import PrefixIndex
 
 @dataclass(frozen=True)
 class KvfleetTuning:
-    """The replica's speed, as the operator knows it from the model and GPU."""
+    """The replica's speed, as the operator knows it from the model and GPU (defaults: an
+    8B model in bf16 on one H100)."""
 
-    prefill_tokens_per_second: float = 20_000.0
+    prefill_tokens_per_second: float = 30_000.0
     """Uncached prompt tokens one replica prefills per second."""
     decode_step_base_s: float = 0.010
-    """A decode step with an empty batch (weights streamed once)."""
-    decode_step_per_request_s: float = 0.00005
-    """What each running request adds to a decode step (its KV read, sampling)."""
+    """A decode step's fixed part: streaming the weights once, launch and sampling overhead."""
+    kv_read_s_per_token: float = 5.6e-8
+    """What each token of KV in use adds to every decode step (KV bytes per token ÷ achieved
+    HBM bandwidth: 128 KiB ÷ 2.3 TB/s for Llama-3.1-8B on an H100)."""
     retraction_penalty_s: float = 1.0
     """Added when free KV cannot hold the request's prompt and output."""
+    miss_weight: float = 4.0
+    """Extra weight on cache-missed tokens. A miss costs more than this request's own prefill:
+    it delays everything queued behind it there, and it pins an unshared copy of the prefix
+    in KV, which stalls admission when traffic bursts. 0 is pure per-request greedy TTFT,
+    which spreads prefixes too eagerly under bursts; 4 was best across the routing
+    benchmark's workloads (bench/results/routing.md), and 2..8 differ by a few percent."""
+    overload_tolerance: float = 0.25
+    """A replica's batch may exceed the candidates' mean by this share before its slower
+    decode counts against it: ordinary fluctuation must not break prefix affinity, a hot
+    prefix's owner swelling far above the rest must."""
 
 
 class KvfleetPolicy:
@@ -46,28 +62,42 @@ class KvfleetPolicy:
         self._placed: dict[int, tuple[str, int]] = {}
         """id(request) → (replica, uncached tokens charged to its pending prefill)."""
         self._avg_miss = 512.0
+        self._avg_kv = 1024.0
+        """Running average of prompt + max_tokens / 2: a request's KV footprint mid-decode."""
 
     def estimates(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
+        """Expected completion time of `req` on each candidate (seconds, comparable only)."""
         t = self.tuning
         rate = t.prefill_tokens_per_second
-        keys = [c.key for c in candidates]
-        matched = self.index.match(req.blocks, keys)
+        matched = self.index.match(req.blocks, [c.key for c in candidates])
+        running_of = {
+            c.key: max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
+            for c in candidates
+        }
+        tolerated = (1.0 + t.overload_tolerance) * sum(running_of.values()) / len(candidates)
         out = []
         for c, blocks in zip(candidates, matched, strict=True):
             hit = min(blocks * req.block_tokens, max(0, req.prompt_tokens - 1))
             miss = req.prompt_tokens - hit
             pending = self._pending_tokens.get(c.key, 0.0)
             own_waiting = self._pending_reqs.get(c.key, 0)
-            running = max(0, c.inflight_requests - own_waiting)
             e = c.engine
             if e is not None:
+                # Other routers' queued work, which this one cannot see request by request.
                 pending += max(0, e.queue_reqs - own_waiting) * self._avg_miss
-                running = max(running, e.running_reqs)
-            score = (
-                (pending + miss) / rate
-                + t.decode_step_base_s
-                + (running * t.decode_step_per_request_s)
-            )
+            # Decode speed from this router's exact, instant in-flight count (the scraped KV
+            # usage is a second old and too noisy to weigh against a cache miss): each request
+            # in flight keeps about its prompt and half its output in KV, read every step.
+            running = running_of[c.key]
+            step = t.decode_step_base_s + running * self._avg_kv * t.kv_read_s_per_token
+            # Time to first token: the queued prefill, its own uncached prefill, and the
+            # decode step in progress when it arrives.
+            ttft = (pending + miss * (1.0 + t.miss_weight)) / rate + step
+            # Then its output, one token per decode step: only the batch beyond the fleet's
+            # ordinary spread counts, which keeps a hot prefix's owner from swelling.
+            excess = max(0.0, running - tolerated)
+            decode = req.max_tokens * excess * self._avg_kv * t.kv_read_s_per_token
+            score = ttft + decode
             if e is not None:
                 free = e.max_total_tokens * (1.0 - e.token_usage) - pending
                 if free < miss + req.max_tokens:
@@ -91,6 +121,7 @@ class KvfleetPolicy:
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
         self._pending_reqs[c.key] = self._pending_reqs.get(c.key, 0) + 1
         self._avg_miss += 0.05 * (miss - self._avg_miss)
+        self._avg_kv += 0.05 * (req.prompt_tokens + req.max_tokens / 2 - self._avg_kv)
         self.index.insert(c.key, req.blocks)
         return c.key
 

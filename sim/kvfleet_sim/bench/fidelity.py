@@ -21,7 +21,7 @@ from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import RoundRobin
+from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 from kvfleet_sim.offline import OfflineSpec, run_offline
@@ -193,7 +193,7 @@ def des_speed(num_requests: int) -> dict[str, float]:
         128_256,
     )
     t0 = time.process_time()
-    result = FleetSimulator(cfg, RoundRobin()).run(workload)
+    result = FleetSimulator(cfg, fleet_policy("round_robin")).run(workload)
     cpu = time.process_time() - t0
     return {
         "requests": num_requests,

@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvfleet_gateway.routing import Candidate, Policy, RouteRequest
+from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
 from kvfleet_sim.fleet.collector import Collector, FleetSummary, RequestRecord
-from kvfleet_sim.fleet.routing import ReplicaView, Router, RouteRequest
+from kvfleet_sim.fleet.routing import ReplicaView, signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
 from kvfleet_sim.request import Request
 
@@ -61,6 +63,10 @@ class Replica:
     load: EngineLoad | None = None
     scraped_at: float = 0.0
 
+    @property
+    def key(self) -> str:
+        return f"replica-{self.index}"
+
     def view(self) -> ReplicaView:
         load = self.load or self.engine.load()
         return ReplicaView(
@@ -90,10 +96,10 @@ class FleetResult:
 
 
 class FleetSimulator:
-    def __init__(self, config: FleetConfig, router: Router, scaler: Scaler | None = None) -> None:
+    def __init__(self, config: FleetConfig, policy: Policy, scaler: Scaler | None = None) -> None:
         if config.replicas < 1 and scaler is None:
             raise ValueError("a fleet without a scaler needs at least one replica")
-        self.config, self.router, self.scaler = config, router, scaler
+        self.config, self.policy, self.scaler = config, policy, scaler
         self.clock = VirtualClock()
         self.replicas: list[Replica] = []
         self.collector = Collector()
@@ -101,7 +107,7 @@ class FleetSimulator:
         self._seq = itertools.count()
         self._rid = itertools.count()
         self._unrouted: list[Arrival] = []
-        self._placed: dict[str, tuple[Arrival, RouteRequest]] = {}
+        self._placed: dict[str, tuple[Arrival, RouteRequest, str]] = {}
         self._outstanding = 0
         self._trace: list[tuple[float, int]] = []
         for _ in range(config.replicas):
@@ -143,23 +149,45 @@ class FleetSimulator:
         return [r for r in self.replicas if r.removed_at is None]
 
     # ---- events ---------------------------------------------------------------------------
+    def engines(self) -> dict[str, Engine]:
+        """Replica key → live engine (for the simulator-only oracle policy)."""
+        return {r.key: r.engine for r in self._live()}
+
     def _route(self, arrival: Arrival) -> None:
         candidates = self._routable()
         if not candidates:
             self._unrouted.append(arrival)
             return
-        rreq = RouteRequest(arrival.prompt_ids, arrival.max_new_tokens, arrival.tenant)
-        idx = self.router.route(rreq, [r.view() for r in candidates], self.clock.t)
-        rep = self.replicas[idx]
+        now = self.clock.t
+        ids = arrival.prompt_ids
+        route = RouteRequest(
+            self.config.engine.model.name,
+            ids,
+            token_blocks(ids),
+            len(ids),
+            arrival.max_new_tokens,
+            BLOCK_TOKENS,
+        )
+        offered = [
+            Candidate(
+                r.key,
+                r.inflight_requests,
+                r.inflight_tokens,
+                None if r.load is None else signals_of(r.load, now - r.scraped_at),
+            )
+            for r in candidates
+        ]
+        key = self.policy.choose(route, offered)
+        rep = next(r for r in candidates if r.key == key)
         n = next(self._rid)
         req = Request(
             rid=f"fleet-{n}",
-            prompt_ids=arrival.prompt_ids,
+            prompt_ids=ids,
             max_new_tokens=arrival.max_new_tokens,
             arrival_time=arrival.time,
             seed=n,
         )
-        self._placed[req.rid] = (arrival, rreq)
+        self._placed[req.rid] = (arrival, route, key)
         rep.engine.submit(req)
         rep.inflight_requests += 1
         rep.inflight_tokens += req.prompt_len + req.max_new_tokens
@@ -169,8 +197,11 @@ class FleetSimulator:
         rep.stepping = False
         rep.busy_s += step.duration
         outcome = rep.engine.end_step(step)
+        for req in outcome.first_tokens:
+            _, route, key = self._placed[req.rid]
+            self.policy.on_first_token(route, key)
         for req in outcome.finished:
-            arrival, rreq = self._placed.pop(req.rid)
+            arrival, route, key = self._placed.pop(req.rid)
             assert req.first_token_time is not None
             assert req.finish_time is not None
             rep.inflight_requests -= 1
@@ -188,7 +219,7 @@ class FleetSimulator:
                     tenant=arrival.tenant,
                 )
             )
-            self.router.on_finish(rep.index, rreq, self.clock.t)
+            self.policy.on_finished(route, key)
             if arrival.conversation is not None:
                 out_ids = rep.engine.tokenizer.generate_ids(req.seed, req.output_len)
                 nxt = workload.follow_up(arrival, out_ids, self.clock.t)

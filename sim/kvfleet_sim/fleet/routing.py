@@ -1,18 +1,22 @@
-"""The Router protocol the fleet simulator drives, and two baselines for the harness itself.
+"""How the fleet simulator routes: the gateway's own policy objects, fed what a gateway sees.
 
-A router sees what a gateway sees: each replica's last scraped engine load (possibly
-stale), the gateway's own in-flight count for it (instant), and the request (tokens,
-max_new_tokens, tenant). The gateway's policies (round robin, least load, cache-aware)
-plug in through this same protocol.
+Each replica is offered to the policy as a `Candidate`: the router's exact in-flight counts
+plus the engine metrics of the last scrape (as stale as the scrape interval), exactly the
+signals the gateway has in production. `ReplicaView` is what a Scaler sees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
+from kvfleet_gateway.routing import POLICIES, EngineSignals, KvfleetTuning, Policy, make_policy
 from kvfleet_sim.engine import EngineLoad
+
+if TYPE_CHECKING:
+    from kvfleet_sim.fleet.des import FleetSimulator
+
+FLEET_POLICIES: tuple[str, ...] = (*POLICIES, "oracle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,52 +27,29 @@ class ReplicaView:
     """Last scraped engine metrics (as old as the scrape interval)."""
     scraped_at: float
     inflight_requests: int
-    """Requests the router sent there that have not finished (the gateway's own count)."""
     inflight_tokens: int
-    """Prompt + max_new tokens of those requests."""
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
-    prompt_ids: Sequence[int]
-    max_new_tokens: int
-    tenant: str = "default"
+def signals_of(load: EngineLoad, age_s: float) -> EngineSignals:
+    """The engine's /metrics, as the gateway's scraper would have parsed them."""
+    return EngineSignals(
+        queue_reqs=load.num_waiting_reqs,
+        running_reqs=load.num_running_reqs,
+        token_usage=load.token_usage,
+        max_total_tokens=load.max_total_num_tokens,
+        cache_hit_rate=load.cache_hit_rate,
+        age_s=age_s,
+    )
 
 
-class Router(Protocol):
-    name: str
+def fleet_policy(
+    name: str, sim: FleetSimulator | None = None, tuning: KvfleetTuning | None = None
+) -> Policy:
+    """A gateway policy by name, or `oracle` (which needs the simulator it will read)."""
+    if name == "oracle":
+        if sim is None:
+            raise ValueError("the oracle policy reads a simulator's engines: pass `sim`")
+        from kvfleet_sim.fleet.oracle import OraclePolicy
 
-    def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> int:
-        """Return the `index` of the chosen replica (one of `replicas`, never empty)."""
-        ...
-
-    def on_finish(self, replica: int, request: RouteRequest, now: float) -> None:
-        """Called when a request the router placed has finished."""
-        ...
-
-
-class RoundRobin:
-    name = "round_robin"
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> int:
-        choice = replicas[self._next % len(replicas)]
-        self._next += 1
-        return choice.index
-
-    def on_finish(self, replica: int, request: RouteRequest, now: float) -> None:
-        return None
-
-
-class LeastInflight:
-    """Fewest requests in flight from this router (ties: lowest index)."""
-
-    name = "least_inflight"
-
-    def route(self, request: RouteRequest, replicas: Sequence[ReplicaView], now: float) -> int:
-        return min(replicas, key=lambda r: (r.inflight_requests, r.index)).index
-
-    def on_finish(self, replica: int, request: RouteRequest, now: float) -> None:
-        return None
+        return OraclePolicy(sim.engines)
+    return make_policy(name, tuning)

@@ -15,8 +15,14 @@ from typing import Literal
 from kvfleet_sim.datasets import random_lengths, random_token_ids, sharegpt_lengths
 from kvfleet_sim.fleet.traces import RateTrace
 
-WorkloadKind = Literal["generated-shared-prefix", "random", "sharegpt", "multi-turn"]
-WORKLOADS: tuple[str, ...] = ("generated-shared-prefix", "random", "sharegpt", "multi-turn")
+WorkloadKind = Literal["generated-shared-prefix", "hot-tenant", "random", "sharegpt", "multi-turn"]
+WORKLOADS: tuple[str, ...] = (
+    "generated-shared-prefix",
+    "hot-tenant",
+    "random",
+    "sharegpt",
+    "multi-turn",
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class WorkloadSpec:
     input_len: int = 1024
     output_len: int = 256
     range_ratio: float = 1.0
+    hot_share: float = 0.5
+    """hot-tenant: the share of requests that carry the one hot system prompt."""
     # multi-turn chat
     turns: int = 4
     """Turns per conversation; the prompt of turn k holds every earlier turn and reply."""
@@ -85,6 +93,24 @@ class Workload:
                 yield self._turn(t, conv, i)
             return
         times = self.trace.arrivals(s.num_requests, rng)
+        if s.kind == "hot-tenant":
+            # One tenant's system prompt is `hot_share` of all traffic; the rest spread over
+            # the other groups, as generated-shared-prefix does.
+            systems = [
+                random_token_ids(rng, s.gsp_system_prompt_len, self.vocab)
+                for _ in range(s.gsp_num_groups)
+            ]
+            for t in times:
+                g = 0 if rng.random() < s.hot_share else rng.randrange(1, s.gsp_num_groups)
+                question = random_token_ids(rng, s.gsp_question_len, self.vocab)
+                yield Arrival(
+                    t,
+                    systems[g] + question,
+                    s.gsp_output_len,
+                    tenant="hot" if g == 0 else "other",
+                    group=g,
+                )
+            return
         if s.kind == "generated-shared-prefix":
             systems = [
                 random_token_ids(rng, s.gsp_system_prompt_len, self.vocab)

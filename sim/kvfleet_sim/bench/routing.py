@@ -1,0 +1,305 @@
+"""`kvfleet bench routing`: every policy, every workload, at 50/80/95% of the fleet's capacity.
+
+All in the fleet simulator (virtual time), with the gateway's own policy objects. Capacity
+is measured by the harness for each workload: the request rate the fleet completes when
+offered far more than it can take, routed round robin (no routing intelligence), so the same
+offered load is asked of every policy. `bursty` is generated-shared-prefix traffic arriving
+in bursts (a fifth of each 10 s period at five times the mean rate).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvfleet_gateway.routing import KvfleetTuning
+from kvfleet_sim.catalog import BUILTIN
+from kvfleet_sim.config import EngineConfig, derive_layout
+from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
+from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+from kvfleet_sim.fleet.routing import fleet_policy
+from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+
+WORKLOADS = ("generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty")
+POLICIES = ("round_robin", "least_load", "sglang_cache_aware", "kvfleet", "oracle")
+LOADS = (0.5, 0.8, 0.95)
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    load: float
+    policy: str
+    output_throughput: float
+    ttft_p50: float
+    ttft_p99: float
+    cache_hit_rate: float
+    imbalance: float
+    requests: int
+
+
+def tuning_for(engine: EngineConfig, profile: str = DEFAULT_PROFILE) -> KvfleetTuning:
+    """What an operator would configure for this model and GPU: read off the cost model."""
+    cm = RooflineCostModel(derive_layout(engine), PROFILES[profile])
+    chunk = 8192
+    prefill = cm.step_time(
+        StepShape(prefill_tokens=chunk, prefill_seqs=4, prefill_attn_pairs=4 * (chunk / 4) ** 2 / 2)
+    )
+    empty = cm.step_time(StepShape(decode_seqs=1, decode_ctx_tokens=1))
+    per_token = (cm.step_time(StepShape(decode_seqs=1, decode_ctx_tokens=100_001)) - empty) / 1e5
+    return KvfleetTuning(
+        prefill_tokens_per_second=chunk / prefill,
+        decode_step_base_s=empty,
+        kv_read_s_per_token=per_token,
+    )
+
+
+def _spec(workload: str, n: int, seed: int) -> WorkloadSpec:
+    kind = "generated-shared-prefix" if workload == "bursty" else workload
+    return WorkloadSpec(kind, n, seed=seed)  # type: ignore[arg-type]
+
+
+def _trace(workload: str, rate: float) -> RateTrace:
+    if workload == "bursty":
+        return RateTrace("bursts", rate=rate, burst_period_s=10.0, burst_duty=0.2)
+    return RateTrace("poisson", rate=rate)
+
+
+def _run(
+    config: FleetConfig,
+    policy: str,
+    workload: str,
+    rate: float,
+    n: int,
+    seed: int,
+    tuning: KvfleetTuning,
+) -> Any:
+    spec = _spec(workload, n, seed)
+    conv_rate = rate / spec.turns if spec.kind == "multi-turn" else rate
+    sim = FleetSimulator(config, fleet_policy("round_robin"))
+    sim.policy = fleet_policy(policy, sim, tuning)
+    vocab = config.engine.model.vocab_size
+    return sim.run(Workload(spec, _trace(workload, conv_rate), vocab)).summary
+
+
+def capacity(config: FleetConfig, workload: str, n: int, seed: int, tuning: KvfleetTuning) -> float:
+    """Requests/s the fleet completes when offered far more than it can take."""
+    flood = 1000.0 if workload != "multi-turn" else 4000.0
+    s = _run(
+        config,
+        "round_robin",
+        "generated-shared-prefix" if workload == "bursty" else workload,
+        flood,
+        n,
+        seed,
+        tuning,
+    )
+    return float(s.request_throughput)
+
+
+def run_routing_bench(
+    out_dir: Path,
+    log: Callable[[str], None],
+    *,
+    gpu: str = "h100",
+    model: str = "llama-3.1-8b",
+    replicas: int = 8,
+    workloads: Sequence[str] = WORKLOADS,
+    policies: Sequence[str] = POLICIES,
+    loads: Sequence[float] = LOADS,
+    num_requests: int = 2000,
+    seed: int = 1,
+) -> dict[str, Any]:
+    engine = EngineConfig(model=BUILTIN.model(model), gpu=BUILTIN.gpu(gpu))
+    config = FleetConfig(engine, replicas=replicas)
+    tuning = tuning_for(engine)
+    cells: list[Cell] = []
+    caps: dict[str, float] = {}
+    for workload in workloads:
+        caps[workload] = capacity(config, workload, num_requests, seed, tuning)
+        log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {model}/{gpu}")
+        for load in loads:
+            for policy in policies:
+                s = _run(
+                    config, policy, workload, load * caps[workload], num_requests, seed, tuning
+                )
+                cell = Cell(
+                    workload,
+                    load,
+                    policy,
+                    s.output_throughput,
+                    s.ttft_p50,
+                    s.ttft_p99,
+                    s.cache_hit_rate,
+                    s.imbalance,
+                    s.requests,
+                )
+                cells.append(cell)
+                log(
+                    f"  {load:.0%} {policy:19s} {cell.output_throughput:8,.0f} tok/s  TTFT p50 "
+                    f"{cell.ttft_p50 * 1000:7.1f} ms p99 {cell.ttft_p99 * 1000:8.1f} ms  hit "
+                    f"{cell.cache_hit_rate:.2f}  imbalance {cell.imbalance:.2f}"
+                )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    goals = check_goals(cells)
+    plot(cells, out_dir / "routing.png")
+    (out_dir / "routing.md").write_text(
+        report(cells, caps, goals, replicas, model, gpu, num_requests, tuning)
+    )
+    return {"cells": [asdict(c) for c in cells], "capacity_rps": caps, "goals": goals}
+
+
+def check_goals(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The issue's goals, cell by cell: what holds and what does not."""
+    by = {(c.workload, c.load, c.policy): c for c in cells}
+    out: list[dict[str, Any]] = []
+    for (w, load, p), ours in by.items():
+        if p != "kvfleet":
+            continue
+        ref = by.get((w, load, "sglang_cache_aware"))
+        if ref is not None:
+            out.append(
+                {
+                    "goal": "throughput ≥ sglang_cache_aware",
+                    "workload": w,
+                    "load": load,
+                    "value": ours.output_throughput / ref.output_throughput,
+                    "met": ours.output_throughput >= ref.output_throughput * 0.99,
+                }
+            )
+            out.append(
+                {
+                    "goal": "p99 TTFT ≤ sglang_cache_aware",
+                    "workload": w,
+                    "load": load,
+                    "value": ref.ttft_p99 / ours.ttft_p99,
+                    "met": ours.ttft_p99 <= ref.ttft_p99 * 1.01,
+                }
+            )
+            if w in ("hot-tenant", "bursty"):
+                out.append(
+                    {
+                        "goal": "p99 TTFT 1.3× lower than sglang_cache_aware",
+                        "workload": w,
+                        "load": load,
+                        "value": ref.ttft_p99 / ours.ttft_p99,
+                        "met": ref.ttft_p99 >= 1.3 * ours.ttft_p99,
+                    }
+                )
+        oracle = by.get((w, load, "oracle"))
+        if oracle is not None:
+            out.append(
+                {
+                    "goal": "throughput ≥ 0.9× oracle",
+                    "workload": w,
+                    "load": load,
+                    "value": ours.output_throughput / oracle.output_throughput,
+                    "met": ours.output_throughput >= 0.9 * oracle.output_throughput,
+                }
+            )
+    return out
+
+
+def plot(cells: list[Cell], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(c.workload for c in cells))
+    policies = list(dict.fromkeys(c.policy for c in cells))
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4 * len(workloads), 7), squeeze=False)
+    for i, w in enumerate(workloads):
+        for p in policies:
+            pts = sorted(
+                (c.load, c.ttft_p99 * 1000, c.output_throughput)
+                for c in cells
+                if c.workload == w and c.policy == p
+            )
+            style = {"linewidth": 2.5} if p == "kvfleet" else {"linewidth": 1.2}
+            axes[0][i].plot([x[0] for x in pts], [x[1] for x in pts], marker="o", label=p, **style)
+            axes[1][i].plot([x[0] for x in pts], [x[2] for x in pts], marker="o", label=p, **style)
+        axes[0][i].set_title(w)
+        axes[0][i].set_yscale("log")
+        axes[0][i].set_ylabel("TTFT p99 (ms, log)")
+        axes[1][i].set_ylabel("output tokens/s")
+        axes[1][i].set_xlabel("offered load (share of capacity)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Routing policies on 8 simulated replicas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def report(
+    cells: list[Cell],
+    caps: dict[str, float],
+    goals: list[dict[str, Any]],
+    replicas: int,
+    model: str,
+    gpu: str,
+    n: int,
+    tuning: KvfleetTuning,
+) -> str:
+    lines = [
+        "# Routing policies",
+        "",
+        f"Produced by `kvfleet bench routing`: {replicas} replicas of {model} on {gpu} in "
+        f"the fleet simulator, {n} requests per cell, offered load as a share of each "
+        "workload's capacity (measured with round robin under overload).",
+        "",
+        f"kvfleet tuning (from the cost model): prefill {tuning.prefill_tokens_per_second:,.0f}"
+        f" tok/s, decode step {tuning.decode_step_base_s * 1000:.1f} ms + "
+        f"{tuning.kv_read_s_per_token * 1e9:.0f} ns per KV token.",
+        "",
+    ]
+    for w in dict.fromkeys(c.workload for c in cells):
+        lines += [
+            f"## {w} (capacity {caps[w]:.1f} req/s)",
+            "",
+            "| load | policy | output tok/s | TTFT p50 | TTFT p99 | cache hit | imbalance |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for c in cells:
+            if c.workload == w:
+                name = f"**{c.policy}**" if c.policy == "kvfleet" else c.policy
+                lines.append(
+                    f"| {c.load:.0%} | {name} | {c.output_throughput:,.0f} | "
+                    f"{c.ttft_p50 * 1000:.1f} ms | {c.ttft_p99 * 1000:.1f} ms | "
+                    f"{c.cache_hit_rate:.2f} | {c.imbalance:.2f} |"
+                )
+        lines.append("")
+    met = sum(g["met"] for g in goals)
+    lines += [
+        "## Goals",
+        "",
+        f"{met} of {len(goals)} checks met.",
+        "",
+        "| goal | workload | load | ratio | met |",
+        "|---|---|---:|---:|:---:|",
+    ]
+    for g in goals:
+        lines.append(
+            f"| {g['goal']} | {g['workload']} | {g['load']:.0%} | {g['value']:.2f} | "
+            f"{'yes' if g['met'] else '**no**'} |"
+        )
+    lines += ["", "![routing](routing.png)", ""]
+    return "\n".join(lines)
+
+
+def cells_json(result: dict[str, Any]) -> str:
+    keys = (
+        "workload",
+        "load",
+        "policy",
+        "output_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "cache_hit_rate",
+        "imbalance",
+    )
+    return json.dumps({"cells": [{k: c[k] for k in keys} for c in result["cells"]]})
