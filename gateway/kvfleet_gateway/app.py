@@ -33,7 +33,7 @@ from kvfleet_gateway.proxy import Exchange, Proxy
 from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.routing import make_policy
 from kvfleet_gateway.routing.base import RouteRequest
-from kvfleet_gateway.routing.blocks import CHARS_PER_BLOCK, text_blocks
+from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
 
 log = logging.getLogger("kvfleet.gateway")
 access_log = logging.getLogger("kvfleet.gateway.access")
@@ -216,7 +216,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         text_blocks(req.prompt_text),
         req.estimated_prompt_tokens,
         req.max_tokens,
-        block_tokens=max(1, CHARS_PER_BLOCK // 4),
+        block_tokens=BLOCK_TOKENS,
     )
     ex = Exchange(tenant.name, req, route)
     labels = (tenant.name, req.model)

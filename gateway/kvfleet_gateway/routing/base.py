@@ -19,7 +19,8 @@ class RouteRequest:
     """Chained hashes of consecutive `block_tokens`-sized blocks of the prompt (`blocks.py`)."""
     prompt_tokens: int
     max_tokens: int
-    block_tokens: int = 16
+    block_tokens: int = 32
+    """Tokens per block (`blocks.BLOCK_TOKENS`; text blocks are about as many tokens)."""
 
 
 @dataclass(frozen=True, slots=True)

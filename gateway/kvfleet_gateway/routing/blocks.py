@@ -1,8 +1,9 @@
 """Prompt blocks: chained hashes that identify a prefix, for text and for token ids alike.
 
 Block i's hash covers blocks 0..i, so "replica R holds block i" means "R has seen this whole
-prefix up to the end of block i". Text is cut every CHARS_PER_BLOCK characters (about 16
-tokens of English); token ids every 16.
+prefix up to the end of block i". Text is cut every CHARS_PER_BLOCK characters (about 32
+tokens of English); token ids every BLOCK_TOKENS. Coarser blocks cost less per decision; 32
+tokens still place a 2,000-token prefix hit within 1.5%.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-BLOCK_TOKENS = 16
-CHARS_PER_BLOCK = 64  # ≈ 16 tokens at ~4 characters per token
+BLOCK_TOKENS = 32
+CHARS_PER_BLOCK = 128  # ≈ 32 tokens at ~4 characters per token
 
 
 def text_blocks(text: str, chars_per_block: int = CHARS_PER_BLOCK) -> tuple[int, ...]:

@@ -67,55 +67,62 @@ class KvfleetPolicy:
 
     def estimates(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
         """Expected completion time of `req` on each candidate (seconds, comparable only)."""
+        return self._score(req, candidates)[0]
+
+    def _score(
+        self, req: RouteRequest, candidates: Sequence[Candidate]
+    ) -> tuple[list[float], list[int]]:
+        """Scores and uncached-token counts, one per candidate (the hot path: keep it lean)."""
         t = self.tuning
-        rate = t.prefill_tokens_per_second
+        inv_rate = 1.0 / t.prefill_tokens_per_second
+        miss_factor = 1.0 + t.miss_weight
+        per_running = self._avg_kv * t.kv_read_s_per_token
+        base, penalty = t.decode_step_base_s, t.retraction_penalty_s
+        max_tokens, block = req.max_tokens, req.block_tokens
+        cap_hit = max(0, req.prompt_tokens - 1)
         matched = self.index.match(req.blocks, [c.key for c in candidates])
-        running_of = {
-            c.key: max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
-            for c in candidates
-        }
-        tolerated = (1.0 + t.overload_tolerance) * sum(running_of.values()) / len(candidates)
-        out = []
-        for c, blocks in zip(candidates, matched, strict=True):
-            hit = min(blocks * req.block_tokens, max(0, req.prompt_tokens - 1))
-            miss = req.prompt_tokens - hit
-            pending = self._pending_tokens.get(c.key, 0.0)
-            own_waiting = self._pending_reqs.get(c.key, 0)
+        running_of = [
+            max(c.inflight_requests, c.engine.running_reqs if c.engine else 0) for c in candidates
+        ]
+        tolerated = (1.0 + t.overload_tolerance) * sum(running_of) / len(candidates)
+        pending_tokens, pending_reqs = self._pending_tokens, self._pending_reqs
+        scores: list[float] = []
+        misses: list[int] = []
+        for c, blocks, running in zip(candidates, matched, running_of, strict=True):
+            miss = req.prompt_tokens - min(blocks * block, cap_hit)
+            pending = pending_tokens.get(c.key, 0.0)
             e = c.engine
             if e is not None:
                 # Other routers' queued work, which this one cannot see request by request.
-                pending += max(0, e.queue_reqs - own_waiting) * self._avg_miss
-            # Decode speed from this router's exact, instant in-flight count (the scraped KV
-            # usage is a second old and too noisy to weigh against a cache miss): each request
-            # in flight keeps about its prompt and half its output in KV, read every step.
-            running = running_of[c.key]
-            step = t.decode_step_base_s + running * self._avg_kv * t.kv_read_s_per_token
-            # Time to first token: the queued prefill, its own uncached prefill, and the
-            # decode step in progress when it arrives.
-            ttft = (pending + miss * (1.0 + t.miss_weight)) / rate + step
-            # Then its output, one token per decode step: only the batch beyond the fleet's
+                pending += max(0, e.queue_reqs - pending_reqs.get(c.key, 0)) * self._avg_miss
+            # Decode speed from the exact, instant in-flight count (the scraped KV usage is a
+            # second old and too noisy to weigh against a cache miss).
+            step = base + running * per_running
+            # Time to first token: queued prefill, its own (weighted) uncached prefill, and the
+            # decode step in progress when it arrives ...
+            score = (pending + miss * miss_factor) * inv_rate + step
+            # ... then its output, one token per decode step: only a batch beyond the fleet's
             # ordinary spread counts, which keeps a hot prefix's owner from swelling.
-            excess = max(0.0, running - tolerated)
-            decode = req.max_tokens * excess * self._avg_kv * t.kv_read_s_per_token
-            score = ttft + decode
-            if e is not None:
-                free = e.max_total_tokens * (1.0 - e.token_usage) - pending
-                if free < miss + req.max_tokens:
-                    score += t.retraction_penalty_s
-            out.append(score)
-        return out
+            if running > tolerated:
+                score += max_tokens * (running - tolerated) * per_running
+            if e is not None and e.max_total_tokens * (1.0 - e.token_usage) - pending < (
+                miss + max_tokens
+            ):
+                score += penalty  # would not fit in free KV: it would wait or retract
+            scores.append(score)
+            misses.append(miss)
+        return scores, misses
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
-        scores = self.estimates(req, candidates)
-        best = min(
-            range(len(candidates)),
-            key=lambda i: (scores[i], candidates[i].inflight_requests, candidates[i].key),
-        )
-        c = candidates[best]
+        scores, misses = self._score(req, candidates)
+        best = 0
+        for i in range(1, len(candidates)):  # lowest score; ties: fewer in flight, then key
+            a, b = candidates[i], candidates[best]
+            if (scores[i], a.inflight_requests, a.key) < (scores[best], b.inflight_requests, b.key):
+                best = i
+        c, miss = candidates[best], misses[best]
         if c.engine is not None:
             self.index.set_capacity(c.key, c.engine.max_total_tokens // req.block_tokens)
-        matched = self.index.match(req.blocks, [c.key])[0]
-        miss = req.prompt_tokens - min(matched * req.block_tokens, max(0, req.prompt_tokens - 1))
         self._release(req)  # a retry replaces the earlier placement
         self._placed[id(req)] = (c.key, miss)
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-DEFAULT_CAPACITY_BLOCKS = 400_000 // 16  # an 8B model on one 80 GB GPU holds ~400k tokens
+DEFAULT_CAPACITY_BLOCKS = 400_000 // 32  # ~400k tokens (an 8B model on an 80 GB GPU)
 
 
 class PrefixIndex:
@@ -34,15 +34,18 @@ class PrefixIndex:
 
     def set_capacity(self, key: str, blocks: int) -> None:
         slot = self.slot(key)
-        self._capacity[slot] = max(1, blocks)
-        self._trim(slot)
+        blocks = max(1, blocks)
+        if self._capacity[slot] != blocks:
+            self._capacity[slot] = blocks
+            self._trim(slot)
 
     def entries(self) -> int:
         return sum(len(lru) for lru in self._lru.values())
 
     def match(self, blocks: Sequence[int], keys: Sequence[str]) -> list[int]:
         """Matched leading blocks for each of `keys` (same order)."""
-        slots = [self.slot(k) for k in keys]
+        known = self._slots
+        slots = [known[k] if k in known else self.slot(k) for k in keys]
         want = 0
         for s in slots:
             want |= 1 << s
@@ -51,11 +54,12 @@ class PrefixIndex:
         holders = self._holders
         for i, h in enumerate(blocks):
             have = holders.get(h, 0) & alive
-            lost = alive & ~have
-            if lost:
-                for s in slots:
-                    if lost >> s & 1:
-                        depth[s] = i
+            if have != alive:
+                lost = alive & ~have
+                while lost:  # each replica that stops matching here
+                    low = lost & -lost
+                    depth[low.bit_length() - 1] = i
+                    lost ^= low
                 alive = have
                 if not alive:
                     break

@@ -145,12 +145,33 @@ def run_routing_bench(
                     f"{cell.cache_hit_rate:.2f}  imbalance {cell.imbalance:.2f}"
                 )
     out_dir.mkdir(parents=True, exist_ok=True)
+    timing = decision_time()
+    log(
+        f"decision time with 32 replicas and 100k prefix entries: kvfleet p50 "
+        f"{timing['kvfleet_p50_us']:.0f} µs, p99 {timing['kvfleet_p99_us']:.0f} µs "
+        f"(sglang_cache_aware p99 {timing['sglang_cache_aware_p99_us']:.0f} µs, round_robin "
+        f"{timing['round_robin_p99_us']:.1f} µs)"
+    )
     goals = check_goals(cells)
+    goals.append(
+        {
+            "goal": "decision p99 ≤ 100 µs (32 replicas, 100k entries)",
+            "workload": "-",
+            "load": 0.0,
+            "value": timing["kvfleet_p99_us"],
+            "met": timing["kvfleet_p99_us"] <= 100.0,
+        }
+    )
     plot(cells, out_dir / "routing.png")
     (out_dir / "routing.md").write_text(
-        report(cells, caps, goals, replicas, model, gpu, num_requests, tuning)
+        report(cells, caps, goals, replicas, model, gpu, num_requests, tuning, timing)
     )
-    return {"cells": [asdict(c) for c in cells], "capacity_rps": caps, "goals": goals}
+    return {
+        "cells": [asdict(c) for c in cells],
+        "capacity_rps": caps,
+        "goals": goals,
+        "decision_time_us": timing,
+    }
 
 
 def check_goals(cells: list[Cell]) -> list[dict[str, Any]]:
@@ -244,6 +265,7 @@ def report(
     gpu: str,
     n: int,
     tuning: KvfleetTuning,
+    timing: dict[str, float],
 ) -> str:
     lines = [
         "# Routing policies",
@@ -273,6 +295,19 @@ def report(
                     f"{c.cache_hit_rate:.2f} | {c.imbalance:.2f} |"
                 )
         lines.append("")
+    lines += [
+        "## Decision time",
+        "",
+        "32 replicas, a prefix index of 100,000 blocks, 2,176-token prompts (same run):",
+        "",
+        "| policy | p50 | p99 |",
+        "|---|---:|---:|",
+    ]
+    for name in ("round_robin", "sglang_cache_aware", "kvfleet"):
+        lines.append(
+            f"| {name} | {timing[name + '_p50_us']:.1f} µs | {timing[name + '_p99_us']:.1f} µs |"
+        )
+    lines.append("")
     met = sum(g["met"] for g in goals)
     lines += [
         "## Goals",
@@ -303,3 +338,50 @@ def cells_json(result: dict[str, Any]) -> str:
         "imbalance",
     )
     return json.dumps({"cells": [{k: c[k] for k in keys} for c in result["cells"]]})
+
+
+def decision_time(
+    replicas: int = 32, entries: int = 100_000, decisions: int = 5000, seed: int = 7
+) -> dict[str, float]:
+    """Per-decision latency of each policy with `replicas` candidates and a prefix index of
+    `entries` blocks, on 2,176-token prompts sharing 2,048-token system prompts (136 blocks)."""
+    import random
+    import time
+
+    from kvfleet_gateway.routing import Candidate, EngineSignals, RouteRequest, make_policy
+    from kvfleet_gateway.routing.blocks import token_blocks
+
+    rng = random.Random(seed)
+    systems = [[rng.randrange(128_000) for _ in range(2048)] for _ in range(64)]
+    prompts = []
+    for _ in range(256):
+        ids = rng.choice(systems) + [rng.randrange(128_000) for _ in range(128)]
+        prompts.append(RouteRequest("m", ids, token_blocks(ids), len(ids), 256))
+    signals = EngineSignals(3, 40, 0.5, 450_000, 0.8, 0.5)
+    cands = [
+        Candidate(f"replica-{i}", rng.randrange(60), rng.randrange(100_000), signals)
+        for i in range(replicas)
+    ]
+    out: dict[str, float] = {}
+    for name in ("round_robin", "sglang_cache_aware", "kvfleet"):
+        policy = make_policy(name)
+        if name == "kvfleet":  # fill the prefix index to `entries` blocks across replicas
+            from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
+
+            assert isinstance(policy, KvfleetPolicy)
+            while policy.index.entries() < entries:
+                ids = [rng.randrange(128_000) for _ in range(2048)]
+                policy.index.insert(rng.choice(cands).key, token_blocks(ids))
+        times = []
+        for i in range(decisions):
+            req = prompts[i % len(prompts)]
+            t0 = time.perf_counter()
+            key = policy.choose(req, cands)
+            times.append(time.perf_counter() - t0)
+            policy.on_first_token(req, key)
+            policy.on_finished(req, key)
+        times.sort()
+        out[f"{name}_p50_us"] = times[len(times) // 2] * 1e6
+        out[f"{name}_p99_us"] = times[int(len(times) * 0.99)] * 1e6
+    out["kvfleet_vs_round_robin_p99"] = out["kvfleet_p99_us"] / out["round_robin_p99_us"]
+    return out
