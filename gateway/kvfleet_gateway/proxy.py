@@ -106,6 +106,10 @@ class Proxy:
             backend = self.pool.backends[key]
             tried.add(key)
             backend.breaker.attempt()
+            # In flight from the moment it is chosen: routing must see requests whose
+            # response has not started yet (a non-streaming answer arrives all at once).
+            backend.inflight_requests += 1
+            backend.inflight_tokens += req.reserve_tokens
             try:
                 async with asyncio.timeout(self.timeouts.first_byte_s):
                     resp = await self.session.post(f"{backend.url}{PATHS[req.kind]}", json=req.body)
@@ -113,11 +117,13 @@ class Proxy:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "connect"
                 self.metrics.upstream_errors.labels(backend.url, kind).inc()
                 backend.breaker.failure()
+                self._not_in_flight(backend, ex)
                 last_error = f"engine {kind} error"
                 continue
             if resp.status >= 500:
                 self.metrics.upstream_errors.labels(backend.url, f"http_{resp.status}").inc()
                 backend.breaker.failure()
+                self._not_in_flight(backend, ex)
                 resp.release()
                 last_error = f"engine answered {resp.status}"
                 continue
@@ -137,8 +143,6 @@ class Proxy:
         backend, upstream = await self._open(ex)
         ex.backend = backend
         ex.on_first_token = lambda: self.policy.on_first_token(ex.route, backend.url)
-        backend.inflight_requests += 1
-        backend.inflight_tokens += ex.req.reserve_tokens
         try:
             if upstream.status >= 400:
                 return await self._error_passthrough(ex, upstream, headers)
@@ -151,8 +155,7 @@ class Proxy:
             else:
                 upstream.release()  # clean end: keep the connection for the next request
             self.policy.on_finished(ex.route, backend.url)
-            backend.inflight_requests -= 1
-            backend.inflight_tokens -= ex.req.reserve_tokens
+            self._not_in_flight(backend, ex)
 
     async def _error_passthrough(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
@@ -240,6 +243,11 @@ class Proxy:
             with contextlib.suppress(ConnectionResetError):
                 await resp.write_eof()
         return resp
+
+    @staticmethod
+    def _not_in_flight(backend: Backend, ex: Exchange) -> None:
+        backend.inflight_requests -= 1
+        backend.inflight_tokens -= ex.req.reserve_tokens
 
     def _upstream_failed(self, ex: Exchange, kind: str) -> None:
         assert ex.backend is not None

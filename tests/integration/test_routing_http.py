@@ -1,0 +1,94 @@
+"""Routing in the running gateway: scraped engine signals, prefix affinity, circuit breaking,
+and draining, over real HTTP to simulator engines."""
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from kvfleet_gateway.config import Backends, GatewayConfig
+
+SYSTEM = "You are a meticulous assistant for the kvfleet project. " * 20
+
+
+def config(backends: list[str], **kw: Any) -> GatewayConfig:
+    kw.setdefault("health_interval_s", 0.2)
+    return GatewayConfig(
+        host="127.0.0.1",
+        backends=Backends(static=tuple(backends)),
+        insecure_no_auth=True,
+        scrape_interval_s=0.2,
+        **kw,
+    )
+
+
+async def chat(url: str, question: str, max_tokens: int = 4) -> dict[str, Any]:
+    body = {
+        "model": "llama-3.1-8b",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+    }
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return json.loads(await r.read())  # type: ignore[no-any-return]
+
+
+async def test_gateway_scrapes_engine_signals(sim_server: Any, gateway_server: Any) -> None:
+    engine = await sim_server()
+    gw = await gateway_server(config([engine]))
+    state = gateway_server.state(gw)
+    for _ in range(50):
+        signals = state.pool.backends[engine].signals
+        if signals is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert signals is not None
+    assert signals.max_total_tokens > 400_000 and signals.queue_reqs == 0
+
+
+async def test_shared_prefix_lands_where_it_is_cached(sim_server: Any, gateway_server: Any) -> None:
+    engines = [await sim_server() for _ in range(3)]
+    gw = await gateway_server(config(engines))  # default policy: kvfleet
+    await asyncio.sleep(0.3)
+    first = await chat(gw, "first question")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    for i in range(6):
+        answer = await chat(gw, f"question number {i}")
+        cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0.8 * answer["usage"]["prompt_tokens"]  # the system prompt hit
+
+
+async def test_dead_replica_opens_its_breaker_and_requests_still_succeed(
+    sim_server: Any, gateway_server: Any
+) -> None:
+    live = await sim_server()
+    dead = "http://127.0.0.1:9"  # nothing listens: connection refused
+    # round robin keeps offering the dead replica; kvfleet would stick to the live one
+    gw = await gateway_server(
+        config([live, dead], health_interval_s=30, routing_policy="round_robin")
+    )
+    state = gateway_server.state(gw)
+    state.pool.backends[dead].healthy = True  # pretend it passed its last health check
+    for i in range(8):
+        await chat(gw, f"q{i}")
+    assert state.pool.backends[dead].breaker.state == "open"
+    assert state.pool.backends[live].breaker.state == "closed"
+
+
+async def test_removed_replica_drains(sim_server: Any, gateway_server: Any) -> None:
+    a, b = await sim_server(time_scale=3.0), await sim_server(time_scale=3.0)
+    gw = await gateway_server(config([a, b], routing_policy="round_robin"))
+    state = gateway_server.state(gw)
+    await asyncio.sleep(0.3)
+    slow = asyncio.create_task(chat(gw, "long answer", max_tokens=40))
+    await asyncio.sleep(0.2)
+    busy = next(u for u, be in state.pool.backends.items() if be.inflight_requests)
+    keep = b if busy == a else a
+    state.pool.set_members([keep])
+    assert state.pool.backends[busy].draining  # still there while its request runs
+    assert [be.url for be in state.pool.routable()] == [keep]
+    await chat(gw, "new one")
+    assert (await slow)["usage"]["completion_tokens"] > 0  # the in-flight one finished
+    state.pool.forget_drained()
+    assert busy not in state.pool.backends
