@@ -15,12 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvfleet_gateway.routing import KvfleetTuning
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import fleet_policy
+from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -348,8 +347,14 @@ def decision_time(
     import random
     import time
 
-    from kvfleet_gateway.routing import Candidate, EngineSignals, RouteRequest, make_policy
-    from kvfleet_gateway.routing.blocks import token_blocks
+    from kvfleet_sim.fleet.routing import (
+        Candidate,
+        EngineSignals,
+        KvfleetPolicy,
+        RouteRequest,
+        make_policy,
+        token_blocks,
+    )
 
     rng = random.Random(seed)
     systems = [[rng.randrange(128_000) for _ in range(2048)] for _ in range(64)]
@@ -366,8 +371,6 @@ def decision_time(
     for name in ("round_robin", "sglang_cache_aware", "kvfleet"):
         policy = make_policy(name)
         if name == "kvfleet":  # fill the prefix index to `entries` blocks across replicas
-            from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
-
             assert isinstance(policy, KvfleetPolicy)
             while policy.index.entries() < entries:
                 ids = [rng.randrange(128_000) for _ in range(2048)]

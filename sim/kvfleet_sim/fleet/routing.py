@@ -1,5 +1,8 @@
 """How the fleet simulator routes: the gateway's own policy objects, fed what a gateway sees.
 
+This module is the simulator's one door to the gateway's routing code (import-linter holds
+everything else in kvfleet_sim to that); benchmarks take the names they need from here.
+
 Each replica is offered to the policy as a `Candidate`: the router's exact in-flight counts
 plus the engine metrics of the last scrape (as stale as the scrape interval), exactly the
 signals the gateway has in production. `ReplicaView` is what a Scaler sees.
@@ -10,7 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvfleet_gateway.routing import POLICIES, EngineSignals, KvfleetTuning, Policy, make_policy
+from kvfleet_gateway.routing import (
+    POLICIES,
+    Candidate,
+    EngineSignals,
+    KvfleetTuning,
+    Policy,
+    RouteRequest,
+    make_policy,
+)
+from kvfleet_gateway.routing.blocks import token_blocks
+from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_sim.engine import EngineLoad
 
 if TYPE_CHECKING:
@@ -53,3 +66,19 @@ def fleet_policy(
 
         return OraclePolicy(sim.engines)
     return make_policy(name, tuning)
+
+
+__all__ = [
+    "FLEET_POLICIES",
+    "Candidate",
+    "EngineSignals",
+    "KvfleetPolicy",
+    "KvfleetTuning",
+    "Policy",
+    "ReplicaView",
+    "RouteRequest",
+    "fleet_policy",
+    "make_policy",
+    "signals_of",
+    "token_blocks",
+]
