@@ -48,20 +48,26 @@ async def sim_server() -> AsyncIterator[SimFactory]:
     """Start in-process simulator servers on free ports: `url = await sim_server(**overrides)`."""
     runners: list[web.AppRunner] = []
 
-    async def start(engine: EngineConfig | None = None, **kw: Any) -> str:
-        port = free_port()
+    async def start(
+        engine: EngineConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        **kw: Any,
+    ) -> str:
+        port = port or free_port(host)
         cfg = ServerConfig(
             engine=engine or engine_config(),
             served_model_name=kw.pop("served_model_name", "llama-3.1-8b"),
             model_path=kw.pop("model_path", "meta-llama/Llama-3.1-8B-Instruct"),
+            host=host,
             port=port,
             **kw,
         )
         runner = web.AppRunner(make_app(cfg), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, host, port).start()
         runners.append(runner)
-        return f"http://127.0.0.1:{port}"
+        return f"http://{host}:{port}"
 
     yield start
     for runner in runners:

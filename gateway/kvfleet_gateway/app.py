@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvfleet_gateway import inbound
 from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import GatewayConfig, Limits
+from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import GatewayError, bad_request
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
@@ -345,6 +346,18 @@ def make_app(config: GatewayConfig) -> web.Application:
         async with gw.keys.watching():
             yield
 
+    async def discovery(app: web.Application) -> AsyncIterator[None]:
+        kube = config.backends.kubernetes
+        if kube is None:
+            yield
+            return
+        static = set(config.backends.static)
+        finder = PodDiscovery(
+            kube_access(config.kubeconfig), kube, lambda urls: gw.pool.set_members(static | urls)
+        )
+        async with finder.running():
+            yield
+
     async def store(app: web.Application) -> AsyncIterator[None]:
         if isinstance(gw.store, RedisStore):
             async with gw.store.running():
@@ -352,7 +365,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         else:
             yield
 
-    app.cleanup_ctx.extend([store, key_watcher, http_client])
+    app.cleanup_ctx.extend([store, key_watcher, http_client, discovery])
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)

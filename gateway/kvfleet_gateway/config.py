@@ -276,6 +276,8 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 2**20
     cost: CostConfig = field(default_factory=CostConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
+    kubeconfig: str | None = None
+    """For `backends.kubernetes` outside a cluster; in a pod the service account is used."""
     health_interval_s: float = 2.0
     access_log: bool = True
 
@@ -304,12 +306,14 @@ class GatewayConfig:
                 raise ConfigError(f"backends.static[{i}]: {url!r} is not an http(s) URL")
             static.append(url.rstrip("/"))
         kube = None
+        kubeconfig = None
         if b.get("kubernetes") is not None:
             k = b.child("kubernetes")
             ns, sel = k.get_str("namespace", None), k.get_str("selector", None)
             if ns is None or sel is None:
                 raise ConfigError("backends.kubernetes: namespace and selector are required")
             kube = KubernetesBackends(ns, sel, k.get_int("port", 30000, 1) or 30000)
+            kubeconfig = k.get_str("kubeconfig", None)
             k.done()
         b.done()
         if not static and kube is None:
@@ -400,6 +404,7 @@ class GatewayConfig:
             cost=cost,
             timeouts=timeouts,
             health_interval_s=health,
+            kubeconfig=kubeconfig,
             access_log=access_log,
         )
 
@@ -414,6 +419,7 @@ class GatewayConfig:
                 "namespace": k.namespace,
                 "selector": k.selector,
                 "port": k.port,
+                **({"kubeconfig": self.kubeconfig} if self.kubeconfig else {}),
             }
         auth: dict[str, Any] = {"insecureNoAuth": self.insecure_no_auth}
         if self.keys_file:

@@ -1,0 +1,118 @@
+"""Kubernetes discovery over HTTP against kmock's emulated API server: the gateway follows the
+Ready engine pods matching its selector, by list + watch, and routes to their pod IPs."""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+
+from kvfleet_gateway.config import Backends, GatewayConfig, KubernetesBackends
+from kvfleet_gateway.discovery import pod_url
+from kvfleet_sim.procs import free_port
+
+SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"
+LABELS = {"kvfleet.dev/inferenceservice": "llama", "kvfleet.dev/role": "active"}
+
+
+def pod(
+    name: str, ip: str, ready: bool = True, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ai", "labels": labels or LABELS},
+        "spec": {"containers": [{"name": "engine", "image": "kvfleet"}]},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_pod_url_rules() -> None:
+    wanted = {"kvfleet.dev/role": "active"}
+    assert pod_url(pod("a", "10.0.0.1"), 30000, wanted) == "http://10.0.0.1:30000"
+    assert pod_url(pod("a", "10.0.0.1", ready=False), 30000, wanted) is None
+    assert pod_url(pod("a", "10.0.0.1", labels={"kvfleet.dev/role": "warm"}), 1, wanted) is None
+    terminating = pod("a", "10.0.0.1")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert pod_url(terminating, 1, wanted) is None
+    assert pod_url({"metadata": {"name": "x"}, "status": {}}, 1, {}) is None
+
+
+async def test_gateway_follows_ready_pods(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    port = free_port("127.0.0.2")
+    engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
+    async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as api:
+        k8s.resources.load_bundled()
+        url = str(api.url).rstrip("/")
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "kmock",
+                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        async with aiohttp.ClientSession() as s:
+
+            async def put(p: dict[str, Any]) -> None:
+                async with s.post(f"{url}/api/v1/namespaces/ai/pods", json=p) as r:
+                    assert r.status in (200, 201)
+
+            await put(pod("engine-a", "127.0.0.2"))
+            await put(pod("engine-b", "127.0.0.3", ready=False))
+            await put(pod("other", "127.0.0.4", labels={"app": "something-else"}))
+            cfg = GatewayConfig(
+                host="127.0.0.1",
+                insecure_no_auth=True,
+                health_interval_s=0.2,
+                backends=Backends(kubernetes=KubernetesBackends("ai", SELECTOR, port)),
+                kubeconfig=str(kubeconfig),
+            )
+            gw = await gateway_server(cfg)
+            pool = gateway_server.state(gw).pool
+
+            async def members(expected: set[str]) -> None:
+                for _ in range(100):
+                    if set(pool.backends) == expected and all(
+                        b.healthy for b in pool.backends.values()
+                    ):
+                        return
+                    await asyncio.sleep(0.05)
+                pytest.fail(f"pool {set(pool.backends)} != {expected}")
+
+            await members({engines[0]})
+            body = {
+                "model": "llama-3.1-8b",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            async with s.post(f"{gw}/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+            # engine-b becomes Ready: it joins
+            async with s.patch(
+                f"{url}/api/v1/namespaces/ai/pods/engine-b",
+                json={"status": pod("engine-b", "127.0.0.3")["status"]},
+                headers={"Content-Type": "application/merge-patch+json"},
+            ) as r:
+                assert r.status == 200
+            await members({engines[0], engines[1]})
+            # engine-a is deleted: it leaves (drained, then forgotten)
+            async with s.delete(f"{url}/api/v1/namespaces/ai/pods/engine-a") as r:
+                assert r.status == 200
+            await members({engines[1]})
+            # Stop the gateway (and its watch) before the API server: a server waits for
+            # open watch streams to end before it shuts down.
+            await gateway_server.stop(gw)
