@@ -71,6 +71,12 @@ def _csv(value: str) -> list[str]:
 @click.option("--num-requests", type=int, default=2000, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
+    "--live/--no-live",
+    default=True,
+    show_default=True,
+    help="Also replay a workload over real HTTP: kvfleet gateway vs sglang-router.",
+)
+@click.option(
     "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
@@ -83,6 +89,7 @@ def routing_bench(
     loads: str,
     num_requests: int,
     seed: int,
+    live: bool,
     out_dir: Path,
     as_json: bool,
 ) -> None:
@@ -107,6 +114,7 @@ def routing_bench(
         loads=load_values,
         num_requests=num_requests,
         seed=seed,
+        live=live,
     )
     met = sum(g["met"] for g in result["goals"])
     click.echo(

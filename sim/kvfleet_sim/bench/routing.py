@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfleet_sim.bench.live_routing import live_check, live_report
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
@@ -26,6 +27,7 @@ from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 WORKLOADS = ("generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty")
 POLICIES = ("round_robin", "least_load", "sglang_cache_aware", "kvfleet", "oracle")
 LOADS = (0.5, 0.8, 0.95)
+LIVE_REQUESTS, LIVE_RATE = 300, 25.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def run_routing_bench(
     loads: Sequence[float] = LOADS,
     num_requests: int = 2000,
     seed: int = 1,
+    live: bool = True,
 ) -> dict[str, Any]:
     engine = EngineConfig(model=BUILTIN.model(model), gpu=BUILTIN.gpu(gpu))
     config = FleetConfig(engine, replicas=replicas)
@@ -162,14 +165,24 @@ def run_routing_bench(
         }
     )
     plot(cells, out_dir / "routing.png")
-    (out_dir / "routing.md").write_text(
-        report(cells, caps, goals, replicas, model, gpu, num_requests, tuning, timing)
-    )
+    text = report(cells, caps, goals, replicas, model, gpu, num_requests, tuning, timing)
+    live_results: dict[str, dict[str, float]] = {}
+    if live:
+        log("live check over real HTTP (4 real-time engines, kvfleet gateway vs sglang-router)")
+        work = out_dir / ".routing-live"
+        work.mkdir(exist_ok=True)
+        live_results = live_check(work, log)
+        text += "\n" + live_report(live_results, LIVE_REQUESTS, LIVE_RATE)
+        for f in work.iterdir():
+            f.unlink()
+        work.rmdir()
+    (out_dir / "routing.md").write_text(text)
     return {
         "cells": [asdict(c) for c in cells],
         "capacity_rps": caps,
         "goals": goals,
         "decision_time_us": timing,
+        "live": live_results,
     }
 
 
@@ -317,8 +330,9 @@ def report(
         "|---|---|---:|---:|:---:|",
     ]
     for g in goals:
+        load = f"{g['load']:.0%}" if g["load"] else "-"
         lines.append(
-            f"| {g['goal']} | {g['workload']} | {g['load']:.0%} | {g['value']:.2f} | "
+            f"| {g['goal']} | {g['workload']} | {load} | {g['value']:.2f} | "
             f"{'yes' if g['met'] else '**no**'} |"
         )
     lines += ["", "![routing](routing.png)", ""]
