@@ -86,71 +86,53 @@ class RadixCache:
         parent.children[upper.key[0]] = upper
         return upper
 
+    def _walk(self, key: Sequence[int], tick: int | None) -> tuple[Node, int, Node | None, int]:
+        """Descend along whole edges of key. Returns the deepest node reached, the tokens
+        matched so far, and the child whose edge matched only partly (with the page-aligned
+        length of that partial match), or None. `tick` stamps the path (LRU); None: read-only.
+        """
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            edge = child.key
+            if key[pos : pos + len(edge)] == edge:
+                pos += len(edge)
+                node = child
+                if tick is not None:
+                    node.last_access = tick
+                continue
+            m = _common_prefix(key, pos, edge)
+            return node, pos, child, m - m % self.page_size
+        return node, pos, None, 0
+
     def match_prefix(self, key: Sequence[int]) -> Match:
         """Longest cached prefix of key; touches the path (LRU) and splits at the boundary."""
         key = self._aligned(key)
         tick = next(self._tick)
-        node, pos, n = self.root, 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            edge = child.key
-            if key[pos : pos + len(edge)] == edge:
-                pos += len(edge)
-                node = child
-                node.last_access = tick
-                continue
-            m = _common_prefix(key, pos, edge)
-            m -= m % self.page_size
-            if m > 0:
-                node = self._split(child, m)
-                node.last_access = tick
-                pos += m
-            break
+        node, pos, partial, m = self._walk(key, tick)
+        if partial is not None and m > 0:
+            node = self._split(partial, m)
+            node.last_access = tick
+            pos += m
         return Match(pos, node)
 
     def peek(self, key: Sequence[int]) -> int:
         """Cached prefix length of key, read-only: no split, no LRU touch (for observers)."""
-        key = self._aligned(key)
-        node, pos, n = self.root, 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            edge = child.key
-            if key[pos : pos + len(edge)] == edge:
-                pos += len(edge)
-                node = child
-                continue
-            m = _common_prefix(key, pos, edge)
-            return pos + m - m % self.page_size
-        return pos
+        _, pos, _, m = self._walk(self._aligned(key), None)
+        return pos + m
 
     def insert(self, key: Sequence[int]) -> int:
         """Add key to the tree; return how many of its leading tokens were already cached."""
         key = self._aligned(key)
         tick = next(self._tick)
-        node, pos, n = self.root, 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            edge = child.key
-            if key[pos : pos + len(edge)] == edge:
-                pos += len(edge)
-                node = child
-                node.last_access = tick
-                continue
-            m = _common_prefix(key, pos, edge)
-            m -= m % self.page_size
-            if m == 0:
-                break
-            node = self._split(child, m)
+        node, pos, partial, m = self._walk(key, tick)
+        if partial is not None and m > 0:
+            node = self._split(partial, m)
             node.last_access = tick
             pos += m
-            break
-        matched = pos
+        matched, n = pos, len(key)
         if pos < n:
             leaf = Node(list(key[pos:]), node)
             leaf.last_access = tick

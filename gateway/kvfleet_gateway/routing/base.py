@@ -67,3 +67,16 @@ class Policy(Protocol):
     def on_removed(self, key: str) -> None:
         """The replica left the set: forget what was learned about it."""
         ...
+
+
+class Stateless:
+    """For policies that learn nothing from a request's progress."""
+
+    def on_first_token(self, req: RouteRequest, key: str) -> None:
+        return None
+
+    def on_finished(self, req: RouteRequest, key: str) -> None:
+        return None
+
+    def on_removed(self, key: str) -> None:
+        return None

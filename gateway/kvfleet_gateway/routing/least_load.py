@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvfleet_gateway.routing.base import Candidate, RouteRequest
+from kvfleet_gateway.routing.base import Candidate, RouteRequest, Stateless
 
 
 def load_of(c: Candidate) -> tuple[int, int]:
@@ -15,17 +15,8 @@ def load_of(c: Candidate) -> tuple[int, int]:
     return max(queued, c.inflight_requests), c.inflight_tokens
 
 
-class LeastLoad:
+class LeastLoad(Stateless):
     name = "least_load"
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
         return min(candidates, key=lambda c: (*load_of(c), c.key)).key
-
-    def on_first_token(self, req: RouteRequest, key: str) -> None:
-        return None
-
-    def on_finished(self, req: RouteRequest, key: str) -> None:
-        return None
-
-    def on_removed(self, key: str) -> None:
-        return None

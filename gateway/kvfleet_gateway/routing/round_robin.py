@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvfleet_gateway.routing.base import Candidate, RouteRequest
+from kvfleet_gateway.routing.base import Candidate, RouteRequest, Stateless
 
 
-class RoundRobin:
+class RoundRobin(Stateless):
     name = "round_robin"
 
     def __init__(self) -> None:
@@ -18,12 +18,3 @@ class RoundRobin:
         choice = ordered[self._turn % len(ordered)]
         self._turn += 1
         return choice.key
-
-    def on_first_token(self, req: RouteRequest, key: str) -> None:
-        return None
-
-    def on_finished(self, req: RouteRequest, key: str) -> None:
-        return None
-
-    def on_removed(self, key: str) -> None:
-        return None

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from kvfleet_sim.fleet.collector import percentile
+from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
 
 
 def cpu_seconds(pid: int) -> float:
@@ -108,3 +113,51 @@ async def closed_loop_rps(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
     return done / (time.perf_counter() - t0), errors
+
+
+@contextlib.contextmanager
+def engines(
+    n: int, workdir: Path, stream_interval: int = 2, name: str = "engine"
+) -> Iterator[list[str]]:
+    """`n` real-time simulator engines (processes) on free ports; stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for i in range(n):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(
+                running_process(
+                    sim_serve_argv(port, extra=["--stream-interval", str(stream_interval)]),
+                    ready_url=f"{url}/health",
+                    log_path=workdir / f"{name}-{i}.log",
+                )
+            )
+            urls.append(url)
+        yield urls
+
+
+@contextlib.contextmanager
+def kvfleet_gateway(
+    backends: list[str], workdir: Path, policy: str = "kvfleet", log_name: str = "gateway.log"
+) -> Iterator[str]:
+    """`kvfleet gateway` as a process in front of `backends` (auth off: a benchmark)."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "kvfleet_cli",
+        "gateway",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--insecure-no-auth",
+        "--policy",
+        policy,
+        "--log-level",
+        "warning",
+        *[a for b in backends for a in ("--backend", b)],
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with running_process(argv, ready_url=f"{url}/readyz", log_path=workdir / log_name, timeout=30):
+        yield url

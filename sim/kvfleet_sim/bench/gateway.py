@@ -12,15 +12,19 @@ the load generator, the proxies and the engines; the ratios are the point.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvfleet_sim.bench.common import StreamStats, closed_loop_rps, drive_streams
-from kvfleet_sim.procs import free_port, running_process, sglang_router_process, sim_serve_argv
+from kvfleet_sim.bench.common import (
+    StreamStats,
+    closed_loop_rps,
+    drive_streams,
+    engines,
+    kvfleet_gateway,
+)
+from kvfleet_sim.procs import sglang_router_process
 
 STREAM_BODY = {
     "model": "llama-3.1-8b",
@@ -35,48 +39,6 @@ SMALL_BODY = {
     "ignore_eos": True,
     "messages": [{"role": "user", "content": "Hi"}],
 }
-
-
-@contextlib.contextmanager
-def engines(n: int, workdir: Path) -> Iterator[list[str]]:
-    with contextlib.ExitStack() as stack:
-        urls = []
-        for i in range(n):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            stack.enter_context(
-                running_process(
-                    sim_serve_argv(port, extra=["--stream-interval", "2"]),
-                    ready_url=f"{url}/health",
-                    log_path=workdir / f"engine-{i}.log",
-                )
-            )
-            urls.append(url)
-        yield urls
-
-
-@contextlib.contextmanager
-def kvfleet_gateway(backends: list[str], workdir: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "kvfleet_cli",
-        "gateway",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--insecure-no-auth",
-        "--log-level",
-        "warning",
-        *[a for b in backends for a in ("--backend", b)],
-    ]
-    url = f"http://127.0.0.1:{port}"
-    with running_process(
-        argv, ready_url=f"{url}/readyz", log_path=workdir / "gateway.log", timeout=30
-    ):
-        yield url
 
 
 def _direct(urls: list[str], streams: int, rounds: int, **kw: Any) -> StreamStats:

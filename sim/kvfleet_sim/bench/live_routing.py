@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import random
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -17,8 +16,9 @@ from typing import Any
 
 import aiohttp
 
+from kvfleet_sim.bench.common import engines, kvfleet_gateway
 from kvfleet_sim.fleet.collector import percentile
-from kvfleet_sim.procs import free_port, running_process, sglang_router_process, sim_serve_argv
+from kvfleet_sim.procs import sglang_router_process
 
 WORDS = (
     "cache batch token prefix replica queue latency decode prefill kernel memory tensor "
@@ -119,46 +119,14 @@ def live_check(
 ) -> dict[str, dict[str, float]]:
     bodies = _workload(requests, seed)
     results: dict[str, dict[str, float]] = {}
-    with contextlib.ExitStack() as stack:
-        engines = []
-        for i in range(4):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            stack.enter_context(
-                running_process(
-                    sim_serve_argv(port, extra=["--stream-interval", "4"]),
-                    ready_url=f"{url}/health",
-                    log_path=work / f"live-engine-{i}.log",
-                )
-            )
-            engines.append(url)
-        gw_port = free_port()
-        gw = f"http://127.0.0.1:{gw_port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "kvfleet_cli",
-            "gateway",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(gw_port),
-            "--insecure-no-auth",
-            "--policy",
-            "kvfleet",
-            "--log-level",
-            "warning",
-            *[a for e in engines for a in ("--backend", e)],
-        ]
-        with running_process(
-            argv, ready_url=f"{gw}/readyz", log_path=work / "live-gw.log", timeout=30
-        ):
+    with engines(4, work, stream_interval=4, name="live-engine") as urls:
+        with kvfleet_gateway(urls, work, policy="kvfleet", log_name="live-gw.log") as gw:
             time.sleep(1.5)  # a first round of /metrics scrapes
             results["kvfleet gateway (kvfleet policy)"] = asyncio.run(
                 _replay(gw, bodies, rate, seed)
             )
-        _flush(engines)
-        with sglang_router_process(engines, work / "live-router.log") as router:
+        _flush(urls)
+        with sglang_router_process(urls, work / "live-router.log") as router:
             results["sglang-router 0.3.2 (cache_aware)"] = asyncio.run(
                 _replay(router, bodies, rate, seed)
             )
