@@ -1,7 +1,8 @@
 """`kvfleet demo`: the most complete stack this machine can show, with no GPU and no cluster.
 
-Today: a simulated fleet of SGLang replicas serving a shared-prefix chat workload with a
-traffic spike, shown live (per-replica queue, KV use, cache hits; fleet TTFT and throughput).
+By default the live stack (`demo_stack`): simulator engine processes behind the real gateway,
+two tenants' traffic through it. `--simulated-fleet` shows the fleet simulator instead: 4
+replicas under a traffic spike, 4× faster than real time.
 """
 
 from __future__ import annotations
@@ -113,15 +114,34 @@ def run_demo(
 
 @click.command("demo")
 @click.option(
-    "--duration",
-    type=float,
-    default=20.0,
-    show_default=True,
-    help="Wall-clock seconds to run (the fleet runs 4× faster than real time).",
+    "--duration", type=float, default=20.0, show_default=True, help="Wall-clock seconds to run."
 )
-@click.option("--replicas", type=int, default=4, show_default=True)
-def demo(duration: float, replicas: int) -> None:
-    """Run the whole stack locally (today: a simulated fleet under a traffic spike)."""
+@click.option(
+    "--simulated-fleet",
+    is_flag=True,
+    help="Show the fleet simulator (virtual time) instead of the live stack.",
+)
+@click.option(
+    "--replicas", type=int, default=4, show_default=True, help="Replicas of the simulated fleet."
+)
+def demo(duration: float, simulated_fleet: bool, replicas: int) -> None:
+    """Run the whole stack locally: engines, gateway, tenants' traffic — live."""
     if duration <= 0 or replicas < 1:
         raise click.UsageError("--duration must be > 0 and --replicas >= 1")
-    run_demo(duration, replicas)
+    if simulated_fleet:
+        run_demo(duration, replicas)
+        return
+    import tempfile
+    from pathlib import Path
+
+    from kvfleet_cli.demo_stack import run_stack_demo
+
+    with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
+        summary = run_stack_demo(duration, Path(work))
+    for name, s in summary.items():
+        refused = ", ".join(f"{k} {v}" for k, v in s["refused"].items()) or "none"
+        click.echo(
+            f"{name}: {s['ok']}/{s['sent']} served, refused: {refused}; TTFT p50 "
+            f"{s['ttft_p50_ms']:.0f} ms, p99 {s['ttft_p99_ms']:.0f} ms; cache hits "
+            f"{s['cache_hit_rate']:.0%}"
+        )
