@@ -1,5 +1,6 @@
-"""Kubernetes discovery over HTTP against kmock's emulated API server: the gateway follows the
-Ready engine pods matching its selector, by list + watch, and routes to their pod IPs."""
+"""Kubernetes discovery over HTTP against the emulated API server (kmock extended with real
+semantics): the gateway follows the Ready engine pods matching its selector, by list + watch
+from the list's resourceVersion, and routes to their pod IPs."""
 
 import asyncio
 import json
@@ -12,6 +13,7 @@ import pytest
 
 from kvfleet_gateway.config import Backends, GatewayConfig, KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
+from kvfleet_sim.cluster.apiserver import ClusterAPI
 from kvfleet_sim.procs import free_port
 
 SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"
@@ -49,7 +51,7 @@ async def test_gateway_follows_ready_pods(
 ) -> None:
     port = free_port("127.0.0.2")
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
-    async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as api:
+    async with ClusterAPI() as k8s, kmock.Server(k8s) as api:
         k8s.resources.load_bundled()
         url = str(api.url).rstrip("/")
         kubeconfig = tmp_path / "kubeconfig"
@@ -82,37 +84,39 @@ async def test_gateway_follows_ready_pods(
                 kubeconfig=str(kubeconfig),
             )
             gw = await gateway_server(cfg)
-            pool = gateway_server.state(gw).pool
+            try:
+                pool = gateway_server.state(gw).pool
 
-            async def members(expected: set[str]) -> None:
-                for _ in range(100):
-                    if set(pool.backends) == expected and all(
-                        b.healthy for b in pool.backends.values()
-                    ):
-                        return
-                    await asyncio.sleep(0.05)
-                pytest.fail(f"pool {set(pool.backends)} != {expected}")
+                async def members(expected: set[str]) -> None:
+                    for _ in range(100):
+                        if set(pool.backends) == expected and all(
+                            b.healthy for b in pool.backends.values()
+                        ):
+                            return
+                        await asyncio.sleep(0.05)
+                    pytest.fail(f"pool {set(pool.backends)} != {expected}")
 
-            await members({engines[0]})
-            body = {
-                "model": "llama-3.1-8b",
-                "max_tokens": 3,
-                "messages": [{"role": "user", "content": "hi"}],
-            }
-            async with s.post(f"{gw}/v1/chat/completions", json=body) as r:
-                assert r.status == 200
-            # engine-b becomes Ready: it joins
-            async with s.patch(
-                f"{url}/api/v1/namespaces/ai/pods/engine-b",
-                json={"status": pod("engine-b", "127.0.0.3")["status"]},
-                headers={"Content-Type": "application/merge-patch+json"},
-            ) as r:
-                assert r.status == 200
-            await members({engines[0], engines[1]})
-            # engine-a is deleted: it leaves (drained, then forgotten)
-            async with s.delete(f"{url}/api/v1/namespaces/ai/pods/engine-a") as r:
-                assert r.status == 200
-            await members({engines[1]})
-            # Stop the gateway (and its watch) before the API server: a server waits for
-            # open watch streams to end before it shuts down.
-            await gateway_server.stop(gw)
+                await members({engines[0]})
+                body = {
+                    "model": "llama-3.1-8b",
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+                async with s.post(f"{gw}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                # engine-b becomes Ready: it joins
+                async with s.patch(
+                    f"{url}/api/v1/namespaces/ai/pods/engine-b/status",
+                    json={"status": pod("engine-b", "127.0.0.3")["status"]},
+                    headers={"Content-Type": "application/merge-patch+json"},
+                ) as r:
+                    assert r.status == 200
+                await members({engines[0], engines[1]})
+                # engine-a is deleted: it leaves (drained, then forgotten)
+                async with s.delete(f"{url}/api/v1/namespaces/ai/pods/engine-a") as r:
+                    assert r.status == 200
+                await members({engines[1]})
+            finally:
+                # Stop the gateway (and its watch) before the API server: a server waits for
+                # open watch streams to end before it shuts down.
+                await gateway_server.stop(gw)

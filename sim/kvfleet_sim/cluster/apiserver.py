@@ -1,0 +1,271 @@
+"""kmock's KubernetesEmulator with the API-server semantics clients rely on.
+
+kmock keeps doing what it does well — the HTTP server, request parsing, API discovery
+(`/api`, `/apis`), request history and test reactions. Object requests are served here from
+a `Store` with real semantics: 201 on create, 409 on conflicts, 422 on failed patches, 404;
+PUT, merge / JSON / strategic-merge patches and single-manager server-side apply; status and
+scale subresources; label and field selectors on list and watch; watches that resume from a
+resourceVersion (410 when too old) and end at timeoutSeconds; generateName; namespaces;
+ownerReference garbage collection; CRDs that become servable resources when created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import kmock
+import yaml
+
+from kvfleet_sim.cluster.store import ApiError, Gone, Kind, PatchType, Store
+
+PATCH_TYPES: dict[str, PatchType] = {
+    "application/merge-patch+json": "merge",
+    "application/json-patch+json": "json",
+    "application/strategic-merge-patch+json": "strategic",
+    "application/apply-patch+yaml": "apply",
+}
+CRD_GROUP, CRD_PLURAL = "apiextensions.k8s.io", "customresourcedefinitions"
+_NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/([^/]+))?(?:/(status|finalize))?/?$")
+
+
+@dataclass(frozen=True)
+class _Req:
+    """The parts of kmock's parsed request that `_serve` reads."""
+
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+    data: Any
+
+
+class ClusterAPI(kmock.KubernetesEmulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.store = Store()
+        self.store.listeners.append(self._on_event)
+        self._changed = asyncio.Event()
+
+    # ---- resources ------------------------------------------------------------------------
+    def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+        if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
+            self.register_crd(obj)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def kind(self, group: str, version: str, plural: str) -> Kind:
+        res = kmock.resource(group, version, plural)
+        # (`.get` would widen the type to kmock's ResourceDict union)
+        info = self.resources[res] if res in self.resources else None  # noqa: SIM401
+        if info is None or info.kind is None:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({plural})"
+            )
+        spec = self.store.kinds.get((group, plural))
+        if spec is None:
+            subresources = frozenset(info.subresources or ())
+            if (group, plural) in (
+                ("apps", "deployments"),
+                ("apps", "statefulsets"),
+                ("apps", "replicasets"),
+            ):
+                spec = Kind(
+                    group,
+                    version,
+                    plural,
+                    info.kind,
+                    bool(info.namespaced),
+                    subresources | {"status", "scale"},
+                    selector_path="spec.selector",
+                )
+            else:
+                spec = Kind(group, version, plural, info.kind, bool(info.namespaced), subresources)
+            self.store.kinds[(group, plural)] = spec
+        return spec
+
+    def register_crd(self, crd: dict[str, Any]) -> None:
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        group, plural = spec.get("group"), names.get("plural")
+        if not group or not plural:
+            return
+        namespaced = spec.get("scope", "Namespaced") == "Namespaced"
+        for version in spec.get("versions") or []:
+            subs = version.get("subresources") or {}
+            scale = subs.get("scale") or {}
+            self.resources[kmock.resource(group, version["name"], plural)] = kmock.ResourceInfo(
+                kind=names.get("kind"),
+                singular=names.get("singular"),
+                namespaced=namespaced,
+                verbs={"list", "watch", "get", "create", "update", "patch", "delete"},
+                shortnames=set(names.get("shortNames") or ()),
+                categories=set(names.get("categories") or ()),
+                subresources=set(subs),
+            )
+            self.store.kinds[(group, plural)] = Kind(
+                group,
+                version["name"],
+                plural,
+                names.get("kind", ""),
+                namespaced,
+                frozenset(subs),
+                scale.get("specReplicasPath", ".spec.replicas"),
+                scale.get("statusReplicasPath", ".status.replicas"),
+                scale.get("labelSelectorPath"),
+            )
+
+    def load_crds(self, directory: Path) -> int:
+        """Apply every CRD found in a directory of YAML files (the repository's `crds/`)."""
+        kind = self.kind(CRD_GROUP, "v1", CRD_PLURAL)
+        count = 0
+        for path in sorted(directory.glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                    self.store.create(kind, None, doc)
+                    count += 1
+        return count
+
+    # ---- HTTP -----------------------------------------------------------------------------
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
+        # fails; namespaces are objects like any other here.
+        m = _NAMESPACES.match(raw.path)
+        if m is None:
+            return await super().__call__(raw)
+        body = await raw.read()
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        request = _Req(namespace=None, name=m.group(1), subresource=m.group(2), data=data)
+        try:
+            return await self._serve(self.kind("", "v1", "namespaces"), request, raw)
+        except ApiError as err:
+            return aiohttp.web.json_response(err.status(), status=err.code)
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        resource = request.resource
+        if resource is None or resource.plural is None:
+            return await super()._handle(request)  # discovery and anything not an object
+        raw: aiohttp.web.BaseRequest = request._raw_request
+        try:
+            kind = self.kind(resource.group or "", resource.version or "", resource.plural)
+            return await self._serve(kind, request, raw)
+        except ApiError as err:
+            return aiohttp.web.json_response(err.status(), status=err.code)
+
+    async def _serve(
+        self, kind: Kind, request: Any, raw: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse:
+        ns, name, sub = request.namespace, request.name, request.subresource
+        q = raw.query
+        method = raw.method
+        if method == "GET" and q.get("watch") in ("true", "1"):
+            return await self._watch(kind, ns, name, raw)
+        if name is None:
+            if method == "GET":
+                items, rv = self.store.list_objects(
+                    kind, ns, q.get("labelSelector"), q.get("fieldSelector")
+                )
+                return self._json(
+                    {
+                        "apiVersion": kind.api_version,
+                        "kind": f"{kind.kind}List",
+                        "metadata": {"resourceVersion": rv},
+                        "items": items,
+                    }
+                )
+            if method == "POST":
+                return self._json(self.store.create(kind, ns, self._body(raw, request)), 201)
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+        if method == "GET":
+            if sub == "scale":
+                return self._json(self.store.get_scale(kind, ns, name))
+            return self._json(self.store.get(kind, ns, name))
+        if method == "PUT":
+            return self._json(self.store.replace(kind, ns, name, self._body(raw, request), sub))
+        if method == "PATCH":
+            ctype = raw.headers.get("Content-Type", "").split(";")[0].strip()
+            patch_type = PATCH_TYPES.get(ctype)
+            if patch_type is None:
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
+            body = await raw.read()
+            patch = yaml.safe_load(body) if patch_type == "apply" else json.loads(body)
+            return self._json(self.store.patch(kind, ns, name, patch_type, patch, sub))
+        if method == "DELETE":
+            options = self._body(raw, request, required=False) or {}
+            policy = (
+                q.get("propagationPolicy") or options.get("propagationPolicy") or ("Background")
+            )
+            return self._json(self.store.delete(kind, ns, name, policy))
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    @staticmethod
+    def _body(raw: aiohttp.web.BaseRequest, request: Any, required: bool = True) -> Any:
+        data = request.data
+        if data is None and required:
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        if data is not None and not isinstance(data, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        return data
+
+    @staticmethod
+    def _json(obj: Any, status: int = 200) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(obj, status=status)
+
+    async def _watch(
+        self, kind: Kind, ns: str | None, name: str | None, raw: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse:
+        q = raw.query
+        fields = q.get("fieldSelector")
+        if name:  # GET .../pods/x?watch=true: a watch on one object
+            fields = ",".join(x for x in (fields, f"metadata.name={name}") if x)
+        labels = q.get("labelSelector")
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        try:
+            events, seen = self.store.events_since(
+                kind, ns, q.get("resourceVersion"), labels, fields
+            )
+        except Gone as gone:
+            await resp.prepare(raw)
+            await resp.write(
+                json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n"
+            )
+            return resp
+        await resp.prepare(raw)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                for event, obj in events:
+                    await resp.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+                    seen = max(seen, int(obj["metadata"]["resourceVersion"]))
+                events = []
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                changed = self._changed
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 60))
+                except TimeoutError:
+                    if bookmarks:
+                        mark = {
+                            "apiVersion": kind.api_version,
+                            "kind": kind.kind,
+                            "metadata": {"resourceVersion": str(self.store.rv)},
+                        }
+                        await resp.write(
+                            json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
+                        )
+                    continue
+                events, _ = self.store.events_since(kind, ns, str(seen), labels, fields)
+        except (ConnectionResetError, Gone):
+            pass
+        return resp

@@ -1,0 +1,398 @@
+"""The API server's object store with Kubernetes semantics. Pure and synchronous.
+
+resourceVersion (one counter for the whole store, bumped on every write, carried by objects,
+lists and watch events), uid, creationTimestamp, generation (bumped when anything but
+metadata and status changes), conflicts (409) on existing names and stale resourceVersions,
+status and scale subresources kept apart from the main object, generateName, finalizers,
+ownerReference garbage collection (background cascade), and a bounded event history per
+resource so a watch can resume from a resourceVersion — or get 410 Gone when it is too old.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import secrets
+import string
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvfleet_sim.cluster.patches import (
+    PatchError,
+    field_matcher,
+    json_patch,
+    label_matcher,
+    merge_patch,
+    strategic_merge_patch,
+)
+
+HISTORY = 10_000
+PatchType = Literal["merge", "json", "strategic", "apply"]
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+class Gone(ApiError):
+    def __init__(self, rv: str) -> None:
+        super().__init__(410, "Expired", f"too old resource version: {rv}")
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    subresources: frozenset[str] = frozenset()
+    spec_replicas_path: str = "spec.replicas"
+    status_replicas_path: str = "status.replicas"
+    selector_path: str | None = "status.selector"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.group, self.plural
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _path_get(obj: dict[str, Any], path: str) -> Any:
+    node: Any = obj
+    for part in path.strip(".").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _path_set(obj: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.strip(".").split(".")
+    node = obj
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _body(obj: dict[str, Any]) -> dict[str, Any]:
+    """What `generation` tracks: everything but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+
+@dataclass
+class Store:
+    objects: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
+    rv: int = 0
+    history: dict[tuple[str, str], deque[tuple[int, str, dict[str, Any]]]] = field(
+        default_factory=dict
+    )
+    listeners: list[Callable[[Kind, str, dict[str, Any]], None]] = field(default_factory=list)
+    kinds: dict[tuple[str, str], Kind] = field(default_factory=dict)
+    history_size: int = HISTORY
+    """Events kept per resource for watches resuming from a resourceVersion."""
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+    def _bump(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def _emit(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+        self.history.setdefault(kind.key, deque(maxlen=self.history_size)).append(
+            (int(obj["metadata"]["resourceVersion"]), event, copy.deepcopy(obj))
+        )
+        for listener in self.listeners:
+            listener(kind, event, obj)
+
+    def _key(self, kind: Kind, ns: str | None, name: str) -> tuple[str, str, str, str]:
+        return kind.group, kind.plural, (ns or "") if kind.namespaced else "", name
+
+    def _find(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
+        obj = self.objects.get(self._key(kind, ns, name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{kind.plural} "{name}" not found')
+        return obj
+
+    # ---- reads ----------------------------------------------------------------------------
+    def get(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self._find(kind, ns, name))
+
+    def list_objects(
+        self, kind: Kind, ns: str | None, labels: str | None = None, fields: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        try:
+            match_labels, match_fields = label_matcher(labels), field_matcher(fields)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", str(exc)) from exc
+        items = [
+            copy.deepcopy(o)
+            for (g, p, n, _), o in sorted(self.objects.items())
+            if (g, p) == kind.key
+            and (not ns or n == ns)
+            and match_labels(o["metadata"].get("labels") or {})
+            and match_fields(o)
+        ]
+        return items, str(self.rv)
+
+    def events_since(
+        self, kind: Kind, ns: str | None, rv: str | None, labels: str | None, fields: str | None
+    ) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        """Events a watch from `rv` must send first (ADDED for all when rv is unset or "0")."""
+        match_labels, match_fields = label_matcher(labels), field_matcher(fields)
+
+        def wanted(o: dict[str, Any]) -> bool:
+            return (
+                (not ns or o["metadata"].get("namespace") == ns)
+                and match_labels(o["metadata"].get("labels") or {})
+                and match_fields(o)
+            )
+
+        if not rv or rv == "0":
+            items, _ = self.list_objects(kind, ns, labels, fields)
+            return [("ADDED", o) for o in items], self.rv
+        try:
+            since = int(rv)
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv!r}") from None
+        log = self.history.get(kind.key, deque())
+        if log and since < log[0][0] - 1 and len(log) == log.maxlen:
+            raise Gone(rv)
+        return [(e, o) for r, e, o in log if r > since and wanted(o)], self.rv
+
+    # ---- writes ---------------------------------------------------------------------------
+    def create(self, kind: Kind, ns: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, "Invalid", "metadata.name or generateName is required")
+            alphabet = string.ascii_lowercase + string.digits
+            meta["name"] = meta["generateName"] + "".join(
+                secrets.choice(alphabet) for _ in range(5)
+            )
+        if kind.namespaced:
+            if meta.get("namespace") and ns and meta["namespace"] != ns:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the object does not match the namespace of the request",
+                )
+            meta["namespace"] = ns or meta.get("namespace") or "default"
+        key = self._key(kind, meta.get("namespace"), meta["name"])
+        if key in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
+        obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+        meta.update(
+            uid=str(uuid.uuid4()),
+            creationTimestamp=_now(),
+            generation=1,
+            resourceVersion=self._bump(),
+        )
+        self.objects[key] = obj
+        self._emit(kind, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def _commit(
+        self, kind: Kind, old: dict[str, Any], new: dict[str, Any], subresource: str | None
+    ) -> dict[str, Any]:
+        """Store `new` in place of `old` with the subresource rules; bump versions."""
+        meta_old = old["metadata"]
+        if subresource == "status":
+            merged = copy.deepcopy(old)
+            merged["status"] = new.get("status")
+            new = merged
+        else:
+            if "status" in kind.subresources:
+                new["status"] = copy.deepcopy(old.get("status"))
+                if new["status"] is None:
+                    new.pop("status")
+            meta = new.setdefault("metadata", {})
+            for fixed in ("uid", "creationTimestamp", "namespace", "name"):
+                if fixed in meta_old:
+                    meta[fixed] = meta_old[fixed]
+            meta["generation"] = meta_old.get("generation", 1) + (
+                1 if _body(new) != _body(old) else 0
+            )
+            if meta_old.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = meta_old["deletionTimestamp"]
+        new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        if new == old:
+            return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
+        new["metadata"]["resourceVersion"] = self._bump()
+        key = self._key(kind, meta_old.get("namespace"), meta_old["name"])
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            del self.objects[key]
+            self._emit(kind, "DELETED", new)
+            self._collect(new["metadata"]["uid"])
+        else:
+            self.objects[key] = new
+            self._emit(kind, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    def replace(
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        obj: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        old = self._find(kind, ns, name)
+        given = (obj.get("metadata") or {}).get("resourceVersion")
+        if given and given != old["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {kind.plural} "
+                f'"{name}": the object has been modified; please apply your changes '
+                "to the latest version and try again",
+            )
+        if subresource == "scale":
+            return self.set_scale(kind, ns, name, obj)
+        return self._commit(kind, old, copy.deepcopy(obj), subresource)
+
+    def patch(
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        patch_type: PatchType,
+        patch: Any,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        old = self._find(kind, ns, name)
+        if subresource == "scale":
+            current = self.get_scale(kind, ns, name)
+            return self.set_scale(kind, ns, name, self._apply(current, patch_type, patch))
+        new = self._apply(copy.deepcopy(old), patch_type, patch)
+        given = (
+            (patch.get("metadata") or {}).get("resourceVersion")
+            if isinstance(patch, dict)
+            else None
+        )
+        if given and given != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'the object "{name}" has been modified')
+        return self._commit(kind, old, new, subresource)
+
+    @staticmethod
+    def _apply(doc: dict[str, Any], patch_type: PatchType, patch: Any) -> dict[str, Any]:
+        try:
+            if patch_type == "json":
+                result = json_patch(doc, patch)
+            elif patch_type == "strategic":
+                result = strategic_merge_patch(doc, patch)
+            else:  # merge, and server-side apply for a single field manager
+                result = merge_patch(doc, patch)
+        except PatchError as exc:
+            raise ApiError(422, "Invalid", str(exc)) from exc
+        if not isinstance(result, dict):
+            raise ApiError(422, "Invalid", "the patch does not produce an object")
+        return result
+
+    def delete(
+        self, kind: Kind, ns: str | None, name: str, propagation: str = "Background"
+    ) -> dict[str, Any]:
+        obj = self._find(kind, ns, name)
+        meta = obj["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                new = copy.deepcopy(obj)
+                new["metadata"]["deletionTimestamp"] = _now()
+                new["metadata"]["resourceVersion"] = self._bump()
+                self.objects[self._key(kind, meta.get("namespace"), name)] = new
+                self._emit(kind, "MODIFIED", new)
+                return copy.deepcopy(new)
+            return copy.deepcopy(obj)
+        del self.objects[self._key(kind, meta.get("namespace"), name)]
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = self._bump()
+        self._emit(kind, "DELETED", gone)
+        if propagation != "Orphan":
+            self._collect(meta["uid"])
+        else:
+            self._orphan(meta["uid"])
+        return gone
+
+    def _dependents(self, uid: str) -> list[tuple[Kind, dict[str, Any]]]:
+        out = []
+        for (g, p, _, _), o in list(self.objects.items()):
+            refs = o["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == uid for r in refs):
+                out.append((self.kinds[(g, p)], o))
+        return out
+
+    def _collect(self, uid: str) -> None:
+        """Garbage-collect what the deleted owner owned (background cascading deletion)."""
+        for kind, o in self._dependents(uid):
+            meta = o["metadata"]
+            if self._key(kind, meta.get("namespace"), meta["name"]) in self.objects:
+                self.delete(kind, meta.get("namespace"), meta["name"])
+
+    def _orphan(self, uid: str) -> None:
+        for kind, o in self._dependents(uid):
+            refs = [r for r in o["metadata"]["ownerReferences"] if r.get("uid") != uid]
+            self.patch(
+                kind,
+                o["metadata"].get("namespace"),
+                o["metadata"]["name"],
+                "merge",
+                {"metadata": {"ownerReferences": refs or None}},
+            )
+
+    # ---- scale ----------------------------------------------------------------------------
+    def get_scale(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
+        if "scale" not in kind.subresources:
+            raise ApiError(404, "NotFound", f"{kind.plural} has no scale subresource")
+        obj = self._find(kind, ns, name)
+        meta = obj["metadata"]
+        selector = _path_get(obj, kind.selector_path) if kind.selector_path else None
+        if isinstance(selector, dict):  # a LabelSelector object (deployments)
+            selector = ",".join(f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items())
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                k: meta[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in meta
+            },
+            "spec": {"replicas": _path_get(obj, kind.spec_replicas_path) or 0},
+            "status": {
+                "replicas": _path_get(obj, kind.status_replicas_path) or 0,
+                **({"selector": selector} if selector else {}),
+            },
+        }
+
+    def set_scale(
+        self, kind: Kind, ns: str | None, name: str, scale: dict[str, Any]
+    ) -> dict[str, Any]:
+        if "scale" not in kind.subresources:
+            raise ApiError(404, "NotFound", f"{kind.plural} has no scale subresource")
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError(422, "Invalid", "spec.replicas must be a non-negative integer")
+        old = self._find(kind, ns, name)
+        new = copy.deepcopy(old)
+        _path_set(new, kind.spec_replicas_path, replicas)
+        self._commit(kind, old, new, None)
+        return self.get_scale(kind, ns, name)
