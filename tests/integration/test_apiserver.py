@@ -42,7 +42,7 @@ class Api:
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
     async with ClusterAPI() as server, kmock.Server(server) as http:
-        server.resources.load_bundled()
+        server.load_resources()
         async with aiohttp.ClientSession() as session:
             yield Api(str(http.url).rstrip("/"), session, server)
 
@@ -377,3 +377,11 @@ async def test_the_real_kubernetes_client(api: Api) -> None:
             assert err.value.status == 404
 
     await asyncio.to_thread(scenario)
+
+
+async def test_core_discovery_names_its_group_version(api: Api) -> None:
+    status, doc = await api("GET", "/api/v1")
+    assert status == 200 and doc["groupVersion"] == "v1"
+    assert "pods" in {r["name"] for r in doc["resources"]}
+    status, apis = await api("GET", "/apis")
+    assert "metrics.k8s.io" not in json.dumps(apis)  # no metrics-server here

@@ -63,7 +63,7 @@ def ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.fixture
 async def http() -> AsyncIterator[Http]:
     async with ClusterAPI() as api, kmock.Server(api) as server:
-        api.resources.load_bundled()
+        api.load_resources()
         cluster = Cluster(api.store, ready_delay_s=0.05)
         task = asyncio.create_task(cluster.run(resync_s=0.2))
         try:

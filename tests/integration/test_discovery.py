@@ -52,7 +52,7 @@ async def test_gateway_follows_ready_pods(
     port = free_port("127.0.0.2")
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
     async with ClusterAPI() as k8s, kmock.Server(k8s) as api:
-        k8s.resources.load_bundled()
+        k8s.load_resources()
         url = str(api.url).rstrip("/")
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(

@@ -52,6 +52,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self._changed = asyncio.Event()
 
     # ---- resources ------------------------------------------------------------------------
+    def load_resources(self) -> None:
+        """kmock's bundled built-in kinds, minus the metrics API (no metrics-server runs
+        here, and kubectl would otherwise resolve `pods` to metrics.k8s.io PodMetrics)."""
+        self.resources.load_bundled()
+        for res in [r for r in self.resources if r.group == "metrics.k8s.io"]:
+            del self.resources[res]
+
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
             self.register_crd(obj)
@@ -136,7 +143,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
         # fails; namespaces are objects like any other here.
         m = _NAMESPACES.match(raw.path)
         if m is None:
-            return await super().__call__(raw)
+            response = await super().__call__(raw)
+            if raw.path.rstrip("/") == "/api/v1" and isinstance(response, aiohttp.web.Response):
+                return self._fix_core_discovery(response)
+            return response
         body = await raw.read()
         try:
             data = json.loads(body) if body else None
@@ -147,6 +157,19 @@ class ClusterAPI(kmock.KubernetesEmulator):
             return await self._serve(self.kind("", "v1", "namespaces"), request, raw)
         except ApiError as err:
             return aiohttp.web.json_response(err.status(), status=err.code)
+
+    @staticmethod
+    def _fix_core_discovery(response: aiohttp.web.Response) -> aiohttp.web.Response:
+        """kmock renders the core group's version as "/v1"; clients (kubectl) need "v1"."""
+        body = response.body
+        try:
+            data = json.loads(body) if isinstance(body, bytes) else None
+        except ValueError:
+            return response
+        if isinstance(data, dict) and data.get("groupVersion") == "/v1":
+            data["groupVersion"] = "v1"
+            return aiohttp.web.json_response(data, status=response.status)
+        return response
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         resource = request.resource
