@@ -58,10 +58,14 @@ async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
 
 
 async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    # Its own discovery cache: ~/.kube/cache outlives a run and is keyed by host:port only.
+    cache = kubeconfig.parent / "kube-cache"
     proc = await asyncio.create_subprocess_exec(
         kubectl_binary(),
         "--kubeconfig",
         str(kubeconfig),
+        "--cache-dir",
+        str(cache),
         *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
