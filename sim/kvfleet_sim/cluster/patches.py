@@ -35,30 +35,32 @@ MERGE_KEYS: dict[str, str] = {
 }
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
+def _merge(target: Any, patch: Any, strategic: bool) -> Any:
+    """RFC 7386 merge; `strategic` adds the keyed merge of named lists (MERGE_KEYS)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
+        elif (
+            strategic
+            and isinstance(value, list)
+            and key in MERGE_KEYS
+            and isinstance(result.get(key), list)
+        ):
+            result[key] = _merge_list(result[key], value, MERGE_KEYS[key])
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = _merge(result.get(key), value, strategic)
     return result
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    return _merge(target, patch, strategic=False)
 
 
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, list) and key in MERGE_KEYS and isinstance(result.get(key), list):
-            result[key] = _merge_list(result[key], value, MERGE_KEYS[key])
-        else:
-            result[key] = strategic_merge_patch(result.get(key), value)
-    return result
+    return _merge(target, patch, strategic=True)
 
 
 def _merge_list(current: list[Any], patch: list[Any], key: str) -> list[Any]:
