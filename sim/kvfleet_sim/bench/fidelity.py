@@ -8,7 +8,6 @@ against a bare aiohttp SSE loop sending the same chunks.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -356,7 +355,3 @@ def run_sim_bench(out_dir: Path, des_requests: int, log: Callable[[str], None]) 
     for name in ("sim-bench.log", "bare_sse.py"):
         (out_dir / name).unlink(missing_ok=True)
     return {"fidelity": rows, "des": des, "streams": streams}
-
-
-def main_json(result: dict[str, Any]) -> str:
-    return json.dumps(result, default=str)

@@ -12,7 +12,6 @@ the load generator, the proxies and the engines; the ratios are the point.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,7 +208,3 @@ def _report(result: dict[str, Any], seconds: float) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def as_json(result: dict[str, Any]) -> str:
-    return json.dumps(result)
