@@ -10,7 +10,6 @@ engines' and the gateway's real /metrics and what the clients saw.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import secrets
 import time
@@ -27,7 +26,7 @@ from rich.table import Table
 
 from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.signals import parse_metrics
-from kvfleet_sim.bench.common import engines
+from kvfleet_sim.bench.common import engines, stream_chat
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.procs import free_port, running_process
 
@@ -90,37 +89,18 @@ async def _request(
     session: aiohttp.ClientSession, gw: str, key: str, body: dict[str, Any], stats: TenantStats
 ) -> None:
     stats.sent += 1
-    t0 = time.perf_counter()
-    first = None
-    try:
-        async with session.post(
-            f"{gw}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        ) as r:
-            stats.budget_left = r.headers.get(
-                "x-kvfleet-budget-remaining-tokens", stats.budget_left
-            )
-            if r.status != 200:
-                err = (await r.json()).get("error", {})
-                code = err.get("code") or str(r.status)
-                stats.rejected[code] = stats.rejected.get(code, 0) + 1
-                return
-            async for line in r.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if first is None and chunk.get("choices"):
-                    first = time.perf_counter() - t0
-                    stats.ttft.append((time.monotonic(), first))
-                if chunk.get("usage"):
-                    u = chunk["usage"]
-                    stats.prompt_tokens += u["prompt_tokens"]
-                    stats.completion_tokens += u["completion_tokens"]
-                    stats.cached_tokens += (u.get("prompt_tokens_details") or {}).get(
-                        "cached_tokens"
-                    ) or 0
-            stats.ok += 1
-    except aiohttp.ClientError:
-        stats.rejected["connection"] = stats.rejected.get("connection", 0) + 1
+    out = await stream_chat(session, gw, body, {"Authorization": f"Bearer {key}"})
+    stats.budget_left = out.headers.get("x-kvfleet-budget-remaining-tokens", stats.budget_left)
+    if out.status != 200:
+        code = out.error_code or str(out.status)
+        stats.rejected[code] = stats.rejected.get(code, 0) + 1
+        return
+    if out.ttft is not None and out.first_token_at is not None:
+        stats.ttft.append((out.first_token_at, out.ttft))
+    stats.prompt_tokens += out.prompt_tokens
+    stats.completion_tokens += out.completion_tokens
+    stats.cached_tokens += out.cached_tokens
+    stats.ok += 1
 
 
 def _support_body(rng: random.Random) -> dict[str, Any]:

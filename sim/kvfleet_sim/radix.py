@@ -107,15 +107,19 @@ class RadixCache:
             return node, pos, child, m - m % self.page_size
         return node, pos, None, 0
 
-    def match_prefix(self, key: Sequence[int]) -> Match:
-        """Longest cached prefix of key; touches the path (LRU) and splits at the boundary."""
-        key = self._aligned(key)
-        tick = next(self._tick)
+    def _descend(self, key: Sequence[int], tick: int) -> tuple[Node, int]:
+        """Walk key down the tree, splitting a partly matched edge so a node ends exactly
+        where the match does (what match_prefix and insert both need)."""
         node, pos, partial, m = self._walk(key, tick)
         if partial is not None and m > 0:
             node = self._split(partial, m)
             node.last_access = tick
             pos += m
+        return node, pos
+
+    def match_prefix(self, key: Sequence[int]) -> Match:
+        """Longest cached prefix of key; touches the path (LRU) and splits at the boundary."""
+        node, pos = self._descend(self._aligned(key), next(self._tick))
         return Match(pos, node)
 
     def peek(self, key: Sequence[int]) -> int:
@@ -127,11 +131,7 @@ class RadixCache:
         """Add key to the tree; return how many of its leading tokens were already cached."""
         key = self._aligned(key)
         tick = next(self._tick)
-        node, pos, partial, m = self._walk(key, tick)
-        if partial is not None and m > 0:
-            node = self._split(partial, m)
-            node.last_access = tick
-            pos += m
+        node, pos = self._descend(key, tick)
         matched, n = pos, len(key)
         if pos < n:
             leaf = Node(list(key[pos:]), node)

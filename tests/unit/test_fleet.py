@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvfleet_gateway.routing import Candidate, RouteRequest, make_policy
+from kvfleet_gateway.routing.base import Stateless
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
@@ -68,20 +69,11 @@ def test_multi_turn_follow_ups_reuse_their_history() -> None:
 
 
 def test_imbalance_is_zero_when_even_and_high_when_one_replica_gets_everything() -> None:
-    class AlwaysFirst:
+    class AlwaysFirst(Stateless):
         name = "first"
 
         def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
             return min(c.key for c in candidates)
-
-        def on_first_token(self, req: RouteRequest, key: str) -> None:
-            return None
-
-        def on_finished(self, req: RouteRequest, key: str) -> None:
-            return None
-
-        def on_removed(self, key: str) -> None:
-            return None
 
     assert run(n=200, router=make_policy("least_load")).summary.imbalance < 0.1
     assert run(n=200, router=AlwaysFirst()).summary.imbalance > 0.7

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import time
@@ -161,3 +162,57 @@ def kvfleet_gateway(
     url = f"http://127.0.0.1:{port}"
     with running_process(argv, ready_url=f"{url}/readyz", log_path=workdir / log_name, timeout=30):
         yield url
+
+
+@dataclass
+class ChatOutcome:
+    """What a client saw of one streaming chat completion."""
+
+    status: int
+    error_code: str | None = None
+    ttft: float | None = None
+    first_token_at: float | None = None
+    """time.monotonic() when the first token arrived."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> ChatOutcome:
+    """POST a streaming chat completion (with include_usage) and read it to the end."""
+    t0 = time.perf_counter()
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+            out = ChatOutcome(r.status, headers=dict(r.headers))
+            if r.status != 200:
+                try:
+                    err = (await r.json()).get("error") or {}
+                except (ValueError, aiohttp.ContentTypeError):
+                    err = {}
+                out.error_code = (err.get("code") if isinstance(err, dict) else None) or str(
+                    r.status
+                )
+                return out
+            async for line in r.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if out.ttft is None and chunk.get("choices"):
+                    out.ttft = time.perf_counter() - t0
+                    out.first_token_at = time.monotonic()
+                usage = chunk.get("usage")
+                if usage:
+                    out.prompt_tokens += usage["prompt_tokens"]
+                    out.completion_tokens += usage["completion_tokens"]
+                    out.cached_tokens += (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens"
+                    ) or 0
+            return out
+    except aiohttp.ClientError:
+        return ChatOutcome(0, error_code="connection")

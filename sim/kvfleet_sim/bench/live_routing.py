@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 import urllib.request
@@ -16,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_sim.bench.common import engines, kvfleet_gateway
+from kvfleet_sim.bench.common import engines, kvfleet_gateway, stream_chat
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.procs import sglang_router_process
 
@@ -59,32 +58,15 @@ async def _replay(
 
     async def one(session: aiohttp.ClientSession, body: dict[str, Any]) -> None:
         nonlocal prompt, cached, completion, errors
-        t0 = time.perf_counter()
-        first = None
-        try:
-            async with session.post(f"{url}/v1/chat/completions", json=body) as r:
-                if r.status != 200:
-                    errors += 1
-                    await r.read()
-                    return
-                async for line in r.content:
-                    if not line.startswith(b"data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if first is None and chunk.get("choices"):
-                        first = time.perf_counter() - t0
-                    usage = chunk.get("usage")
-                    if usage:
-                        prompt += usage["prompt_tokens"]
-                        completion += usage["completion_tokens"]
-                        cached += (usage.get("prompt_tokens_details") or {}).get(
-                            "cached_tokens", 0
-                        ) or 0
-        except aiohttp.ClientError:
+        out = await stream_chat(session, url, body)
+        if out.status != 200:
             errors += 1
             return
-        if first is not None:
-            ttft.append(first)
+        prompt += out.prompt_tokens
+        completion += out.completion_tokens
+        cached += out.cached_tokens
+        if out.ttft is not None:
+            ttft.append(out.ttft)
 
     start = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:

@@ -190,49 +190,45 @@ def check_goals(cells: list[Cell]) -> list[dict[str, Any]]:
     """The issue's goals, cell by cell: what holds and what does not."""
     by = {(c.workload, c.load, c.policy): c for c in cells}
     out: list[dict[str, Any]] = []
+
+    def check(goal: str, w: str, load: float, value: float, met: bool) -> None:
+        out.append({"goal": goal, "workload": w, "load": load, "value": value, "met": met})
+
     for (w, load, p), ours in by.items():
         if p != "kvfleet":
             continue
         ref = by.get((w, load, "sglang_cache_aware"))
         if ref is not None:
-            out.append(
-                {
-                    "goal": "throughput ≥ sglang_cache_aware",
-                    "workload": w,
-                    "load": load,
-                    "value": ours.output_throughput / ref.output_throughput,
-                    "met": ours.output_throughput >= ref.output_throughput * 0.99,
-                }
+            check(
+                "throughput ≥ sglang_cache_aware",
+                w,
+                load,
+                ours.output_throughput / ref.output_throughput,
+                ours.output_throughput >= ref.output_throughput * 0.99,
             )
-            out.append(
-                {
-                    "goal": "p99 TTFT ≤ sglang_cache_aware",
-                    "workload": w,
-                    "load": load,
-                    "value": ref.ttft_p99 / ours.ttft_p99,
-                    "met": ours.ttft_p99 <= ref.ttft_p99 * 1.01,
-                }
+            check(
+                "p99 TTFT ≤ sglang_cache_aware",
+                w,
+                load,
+                ref.ttft_p99 / ours.ttft_p99,
+                ours.ttft_p99 <= ref.ttft_p99 * 1.01,
             )
             if w in ("hot-tenant", "bursty"):
-                out.append(
-                    {
-                        "goal": "p99 TTFT 1.3× lower than sglang_cache_aware",
-                        "workload": w,
-                        "load": load,
-                        "value": ref.ttft_p99 / ours.ttft_p99,
-                        "met": ref.ttft_p99 >= 1.3 * ours.ttft_p99,
-                    }
+                check(
+                    "p99 TTFT 1.3× lower than sglang_cache_aware",
+                    w,
+                    load,
+                    ref.ttft_p99 / ours.ttft_p99,
+                    ref.ttft_p99 >= 1.3 * ours.ttft_p99,
                 )
         oracle = by.get((w, load, "oracle"))
         if oracle is not None:
-            out.append(
-                {
-                    "goal": "throughput ≥ 0.9× oracle",
-                    "workload": w,
-                    "load": load,
-                    "value": ours.output_throughput / oracle.output_throughput,
-                    "met": ours.output_throughput >= 0.9 * oracle.output_throughput,
-                }
+            check(
+                "throughput ≥ 0.9× oracle",
+                w,
+                load,
+                ours.output_throughput / oracle.output_throughput,
+                ours.output_throughput >= 0.9 * oracle.output_throughput,
             )
     return out
 
