@@ -228,6 +228,11 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     except GatewayError as err:
         ex.status = err.status
         return err.response(headers)
+    except asyncio.CancelledError:
+        # The handler is cancelled when its client goes away (or the gateway stops): account
+        # it as a client disconnect, whatever status the stream had started with.
+        ex.client_gone, ex.status = True, 499
+        raise
     finally:
         heartbeat.cancel()
         # Settle exactly once, even if this handler is being cancelled right now.

@@ -346,3 +346,38 @@ async def test_slow_client_body_gets_408_and_nothing_is_charged(
     await writer.wait_closed()
     assert b" 408 " in status_line
     assert (await call(gw, "/v1/chat/completions", CHAT))[0] == 200
+
+
+async def test_a_cancelled_handler_counts_as_a_client_disconnect(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Whether the stream sees a reset or its handler is cancelled, the request is a 499."""
+    engine = await sim_server(time_scale=2.0)
+    gw = await gateway_server(config([engine], keys_file(tmp_path)))
+    state = gateway_server.state(gw)
+    handlers: list[asyncio.Task[Any]] = []
+    original = state.proxy.forward
+
+    async def tracked(*args: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        return await original(*args)
+
+    state.proxy.forward = tracked
+    body = {**CHAT, "max_tokens": 500, "stream": True, "ignore_eos": True}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            f"{gw}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY_A}"}
+        ) as r,
+    ):
+        await r.content.readuntil(b"\n\n")
+        handlers[0].cancel()  # what aiohttp does to a handler whose client went away
+        for _ in range(50):
+            if state.metrics.requests.labels("team-a", "llama-3.1-8b", "499")._value.get():
+                break
+            await asyncio.sleep(0.02)
+    assert state.metrics.requests.labels("team-a", "llama-3.1-8b", "499")._value.get() == 1
+    assert state.metrics.requests.labels("team-a", "llama-3.1-8b", "200")._value.get() == 0
+    assert await state.store.active_leases("team-a", time.time()) == 0
