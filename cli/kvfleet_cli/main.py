@@ -7,6 +7,7 @@ import click
 from kvfleet_cli.bench_cmds import bench
 from kvfleet_cli.demo import demo
 from kvfleet_cli.gateway_cmds import gateway, keys
+from kvfleet_cli.operator_cmds import crds, operator, render
 from kvfleet_cli.sim_cmds import sim
 
 
@@ -21,3 +22,6 @@ cli.add_command(bench)
 cli.add_command(demo)
 cli.add_command(gateway)
 cli.add_command(keys)
+cli.add_command(render)
+cli.add_command(crds)
+cli.add_command(operator)

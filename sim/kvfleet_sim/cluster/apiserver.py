@@ -50,6 +50,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.store = Store()
         self.store.listeners.append(self._on_event)
         self._changed = asyncio.Event()
+        self.request_log: list[tuple[str, str, str]] = []
+        """(method, path, User-Agent) of every request: what a client cost."""
 
     # ---- resources ------------------------------------------------------------------------
     def load_resources(self) -> None:
@@ -139,6 +141,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
 
     # ---- HTTP -----------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        self.request_log.append((raw.method, raw.path, raw.headers.get("User-Agent", "")))
         # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
         # fails; namespaces are objects like any other here.
         m = _NAMESPACES.match(raw.path)

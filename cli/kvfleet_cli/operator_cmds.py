@@ -1,0 +1,163 @@
+"""`kvfleet render`, `kvfleet crds` and `kvfleet operator`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from kvfleet_gateway.config import ConfigError
+from kvfleet_operator.crd import CRD_FILE, crd_yaml, write_crds
+from kvfleet_operator.render import owner_of, render_children
+from kvfleet_operator.render.engine import engine_args
+from kvfleet_operator.schema import SpecError
+from kvfleet_operator.spec import KIND
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.ClickException(f"cannot read {path}: {exc}") from exc
+    for doc in docs:
+        if not isinstance(doc, dict):
+            raise click.ClickException(f"{path}: every document must be a mapping")
+    return docs
+
+
+def sglang_rejections(args: list[str]) -> str | None:
+    """Parse an engine command line with SGLang's own argument parser (the `sglang` extra)."""
+    import argparse
+    import contextlib
+    import io
+
+    try:
+        from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise click.ClickException("--check needs SGLang: pip install 'kvfleet[sglang]'") from exc
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(args)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        return err.getvalue().strip() or str(exc)
+    return None
+
+
+@click.command("render")
+@click.option(
+    "-f",
+    "--filename",
+    "path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML with InferenceServices ('-' for stdin).",
+)
+@click.option("--check", is_flag=True, help="Parse each engine command line with SGLang's parser.")
+def render(path: Path, check: bool) -> None:
+    """Print the child manifests of every InferenceService in FILE, as YAML."""
+    out: list[dict[str, Any]] = []
+    failed = False
+    for doc in _documents(path):
+        if doc.get("kind") != KIND:
+            click.echo(
+                f"# skipped {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}", err=True
+            )
+            continue
+        doc.setdefault("metadata", {}).setdefault("uid", PLACEHOLDER_UID)
+        name = doc["metadata"].get("name", "?")
+        try:
+            owner = owner_of(doc)
+            children = render_children(owner)
+        except (SpecError, ConfigError, KeyError) as exc:
+            click.echo(f"error: {KIND} {name}: {exc}", err=True)
+            failed = True
+            continue
+        if check:
+            problem = sglang_rejections(engine_args(owner.spec))
+            if problem:
+                click.echo(
+                    f"error: {KIND} {name}: SGLang rejects the command line: {problem}", err=True
+                )
+                failed = True
+            else:
+                click.echo(f"# {name}: SGLang accepts the engine command line", err=True)
+        out += children
+    click.echo(yaml.safe_dump_all(out, sort_keys=False), nl=False)
+    if failed:
+        sys.exit(1)
+
+
+@click.command("crds")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=Path("crds"), show_default=True
+)
+@click.option("--check", is_flag=True, help="Exit 1 if the files differ from the spec model.")
+def crds(out_dir: Path, check: bool) -> None:
+    """Write the InferenceService CRD generated from the spec model."""
+    target = out_dir / CRD_FILE
+    if check:
+        if not target.exists() or target.read_text() != crd_yaml():
+            raise click.ClickException(f"{target} is stale: run `make crds`")
+        click.echo(f"{target} is current")
+        return
+    click.echo(f"wrote {write_crds(out_dir)}")
+
+
+@click.command("operator")
+@click.option(
+    "--namespace",
+    "-n",
+    "namespaces",
+    multiple=True,
+    help="Watch only these (repeatable); default: all.",
+)
+@click.option("--server", default=None, help="API server URL without auth (the local cluster).")
+@click.option("--kubeconfig", default=None, type=click.Path(exists=True), help="Outside a cluster.")
+@click.option(
+    "--resync",
+    "resync_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between full reconciles.",
+)
+@click.option("--log-level", default="info", show_default=True)
+def operator(
+    namespaces: tuple[str, ...],
+    server: str | None,
+    kubeconfig: str | None,
+    resync_s: float,
+    log_level: str,
+) -> None:
+    """Run the operator: reconcile InferenceServices into SGLang fleets and gateways."""
+    import kopf
+
+    from kvfleet_operator.handlers import Controller, OperatorConfig, run
+    from kvfleet_operator.kube import Kube, api_client
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    config = OperatorConfig(
+        namespaces=namespaces, resync_s=resync_s, server=server, kubeconfig=kubeconfig
+    )
+    kube = Kube(api_client(server, kubeconfig))
+    login = None
+    if server:
+
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=server, insecure=True)
+
+    elif kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig  # kopf's own login reads it too
+
+    run(Controller(kube, config), login=login)

@@ -1,0 +1,78 @@
+"""Pure comparison of what the operator renders with what the cluster holds.
+
+A child needs a write only when some field the operator renders differs from the live
+object. Fields the API server or other controllers add (defaults, status, clusterIP,
+annotations of other tools) are ignored, so a second reconcile of an unchanged world writes
+nothing; lists the operator renders (containers, env, volumes, ports) are compared whole,
+so a container edited or added by hand is put back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfleet_operator.schema import Json
+from kvfleet_operator.status import ROLE_LABEL, pod_ready
+
+OWNED_METADATA = ("labels", "annotations", "ownerReferences")
+
+
+def _quantity_equal(want: Any, have: Any) -> bool:
+    # The API server may return 4 for "4"; the values we render are canonical otherwise.
+    return isinstance(want, str | int) and isinstance(have, str | int) and str(want) == str(have)
+
+
+def covers(have: Any, want: Any) -> bool:
+    """True when `have` holds everything `want` says (dicts: a superset; lists: same length,
+    element by element)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(
+            k in have and covers(have[k], v) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(have) == len(want)
+            and all(covers(h, w) for h, w in zip(have, want, strict=True))
+        )
+    return want == have or (type(want) is not type(have) and _quantity_equal(want, have))
+
+
+def owned_part(obj: Json) -> Json:
+    """The part of a rendered object the operator owns: everything but identity."""
+    out = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+    meta = obj.get("metadata") or {}
+    out["metadata"] = {k: meta[k] for k in OWNED_METADATA if k in meta}
+    return out
+
+
+def repair_patch(desired: Json, live: Json | None) -> Json | None:
+    """The merge patch that makes `live` hold `desired` (None: nothing to do; live None:
+    create instead)."""
+    want = owned_part(desired)
+    if live is not None and covers(live, want):
+        return None
+    return want
+
+
+def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> dict[str, str]:
+    """Which ready engine pods are warm spares: pods beyond `active_target`, up to
+    `warm_target`, preferring pods already warm (no churn), then the newest. Traffic comes
+    first: while fewer than `active_target` are ready, every ready pod is active.
+    Returns pod name → role for every ready pod."""
+    ready = [p for p in pods if pod_ready(p)]
+    warm_count = max(0, min(warm_target, len(ready) - active_target))
+
+    def rank(p: Json) -> tuple[int, str]:
+        already = (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "warm"
+        return (0 if already else 1, _invert(p["metadata"].get("creationTimestamp", "")))
+
+    warm = {p["metadata"]["name"] for p in sorted(ready, key=rank)[:warm_count]}
+    return {
+        p["metadata"]["name"]: "warm" if p["metadata"]["name"] in warm else "active" for p in ready
+    }
+
+
+def _invert(text: str) -> str:
+    """Sort key that orders strings descending (newest timestamp first)."""
+    return "".join(chr(0x10FFFF - ord(c)) for c in text)

@@ -1,0 +1,194 @@
+"""kopf wiring: watch InferenceServices and their children, reconcile through a work queue.
+
+Only watching handlers (`@kopf.on.event`) are registered, so kopf itself never writes to the
+objects (no finalizers, no progress annotations): an operator restart costs reads, not
+writes. Every event — of an InferenceService or of anything labelled as one of its children
+— queues that InferenceService; a single worker reconciles queued keys one at a time (a key
+queued twice while waiting is reconciled once), retries failures with backoff, and resyncs
+every known object periodically so drift is repaired even if an event is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvfleet_operator.kube import Kube
+from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
+from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
+from kvfleet_operator.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger("kvfleet.operator")
+
+CHILD_KINDS = [
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "pods"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+]
+"""Children whose edits or deletion bring the owner back to its reconcile."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty: the whole cluster."""
+    resync_s: float = 60.0
+    """Every known InferenceService is reconciled at least this often."""
+    max_backoff_s: float = 60.0
+    """Longest wait before retrying a reconcile that failed."""
+    server: str | None = None
+    """API server URL without auth (the local cluster); None: in-cluster or kubeconfig."""
+    kubeconfig: str | None = None
+
+
+@dataclass
+class Controller:
+    """The work queue between kopf's watch events and `reconcile`."""
+
+    kube: Kube
+    config: OperatorConfig
+    options: ReconcileOptions = field(default_factory=ReconcileOptions)
+    on_outcome: Callable[[str, Outcome], None] | None = None
+    known: set[tuple[str, str]] = field(default_factory=set)
+    _queued: set[tuple[str, str]] = field(default_factory=set)
+    _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
+    _failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def enqueue(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.known.discard((namespace, name))
+        self._failures.pop((namespace, name), None)
+
+    def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
+        with self._lock:
+            return reconcile(self.kube, namespace, name, self.options)
+
+    async def _retry_later(self, key: tuple[str, str], delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.enqueue(*key)
+
+    async def work(self) -> None:
+        retries: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                key = await self._queue.get()
+                self._queued.discard(key)
+                try:
+                    outcome = await asyncio.to_thread(self._reconcile_sync, *key)
+                except Exception as exc:
+                    n = self._failures.get(key, 0) + 1
+                    self._failures[key] = n
+                    delay = min(self.config.max_backoff_s, 0.5 * 2**n)
+                    log.warning("reconcile %s/%s failed (%s); retry in %.1fs", *key, exc, delay)
+                    task = asyncio.create_task(self._retry_later(key, delay))
+                    retries.add(task)
+                    task.add_done_callback(retries.discard)
+                    continue
+                self._failures.pop(key, None)
+                if outcome.created or outcome.patched or outcome.relabelled:
+                    log.info(
+                        "%s/%s: created %s, repaired %s, roles %s",
+                        *key,
+                        outcome.created,
+                        outcome.patched,
+                        outcome.relabelled,
+                    )
+                if self.on_outcome is not None:
+                    self.on_outcome(f"{key[0]}/{key[1]}", outcome)
+        finally:
+            for task in retries:
+                task.cancel()
+
+    async def resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_s)
+            for key in sorted(self.known):
+                self.enqueue(*key)
+
+
+def make_registry(controller: Controller) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    tasks: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(registry=registry)
+    async def _start(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # we post our own Events, only on transitions
+        settings.watching.server_timeout = 300
+        settings.scanning.disabled = True  # watch the resources named here only
+        controller.options = ReconcileOptions(
+            pod_monitors=await asyncio.to_thread(controller.kube.served, "monitoring.coreos.com/v1")
+        )
+        tasks.extend(
+            [asyncio.create_task(controller.work()), asyncio.create_task(controller.resync())]
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def _stop(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def _isvc(*, type: str, name: str, namespace: str | None, **_: Any) -> None:
+        if namespace is None:
+            return
+        if type == "DELETED":
+            controller.forget(namespace, name)
+            return
+        controller.known.add((namespace, name))
+        controller.enqueue(namespace, name)
+
+    def child_handler(group: str, version: str, plural: str) -> None:
+        @kopf.on.event(group, version, plural, labels=MANAGED_BY, registry=registry)
+        async def _child(*, labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+            owner = labels.get(ISVC_LABEL)
+            if owner and namespace and (namespace, owner) in controller.known:
+                controller.enqueue(namespace, owner)
+
+    for group, version, plural in CHILD_KINDS:
+        child_handler(group, version, plural)
+    return registry
+
+
+def run(
+    controller: Controller,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    login: Callable[..., Any] | None = None,
+) -> None:
+    """Run the operator in this thread until `stop_flag` is set (or a signal arrives)."""
+    registry = make_registry(controller)
+    if login is not None:
+        kopf.on.login(registry=registry)(login)
+    namespaces = list(controller.config.namespaces)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    )

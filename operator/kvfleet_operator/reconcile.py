@@ -1,0 +1,183 @@
+"""One reconcile of one InferenceService: read, compare, write only what differs.
+
+Synchronous (the `kubernetes` client is); the handlers call it from a worker thread, one
+reconcile at a time per object. Steps: parse the spec (a bad one becomes `Ready=False` with
+the field's name), apply each child (create when missing, merge-patch when a rendered field
+differs), assign warm/active roles to ready engine pods, then write the status — only when
+it changed — and post an Event for each condition that flipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kubernetes.client.exceptions import ApiException
+
+from kvfleet_gateway.config import ConfigError
+from kvfleet_operator.diff import repair_patch, warm_assignment
+from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Kube, resource_of
+from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
+from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner
+from kvfleet_operator.schema import Json, SpecError
+from kvfleet_operator.status import Observed, compute_status, status_changed
+
+log = logging.getLogger("kvfleet.operator")
+
+
+@dataclass(frozen=True)
+class ReconcileOptions:
+    pod_monitors: bool = True
+    """Render PodMonitors (only when the API server serves monitoring.coreos.com/v1)."""
+    component: str = "kvfleet-operator"
+    """Event source name."""
+
+
+@dataclass
+class Outcome:
+    created: list[str] = field(default_factory=list)
+    patched: list[str] = field(default_factory=list)
+    relabelled: list[str] = field(default_factory=list)
+    status_written: bool = False
+    error: str | None = None
+
+
+def _key(obj: Json) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) -> Outcome:
+    out = Outcome()
+    body = kube.get(ISVC, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return out  # children go with it through their ownerReferences
+    try:
+        owner = owner_of(body)
+        engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
+        current = ((engine_live or {}).get("spec") or {}).get("replicas")
+        replicas = desired_engine_replicas(owner, current)
+        children = render_children(owner, replicas)
+    except (SpecError, ConfigError) as exc:
+        out.error = str(exc)
+        _write_status(kube, body, None, out, options)
+        return out
+    for child in children:
+        if child["kind"] == "PodMonitor" and not options.pod_monitors:
+            continue
+        _apply(kube, child, out)
+    pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
+    _assign_roles(kube, owner, pods, replicas, out)
+    _write_status(kube, body, (owner, replicas, pods), out, options)
+    return out
+
+
+def _apply(kube: Kube, desired: Json, out: Outcome) -> None:
+    res = resource_of(desired)
+    meta = desired["metadata"]
+    live = kube.get(res, meta["namespace"], meta["name"])
+    if live is None:
+        kube.create(desired)
+        out.created.append(_key(desired))
+        return
+    patch = repair_patch(desired, live)
+    if patch is None:
+        return
+    try:
+        kube.patch(res, meta["namespace"], meta["name"], patch)
+        out.patched.append(_key(desired))
+    except ApiException as exc:
+        if exc.status != 422:  # e.g. an immutable PVC field: report, keep going
+            raise
+        log.warning("cannot repair %s: %s", _key(desired), exc.body)
+
+
+def _assign_roles(kube: Kube, owner: Owner, pods: list[Json], replicas: int, out: Outcome) -> None:
+    a = owner.spec.autoscaling
+    warm_target = a.warm_replicas if a else 0
+    roles = warm_assignment(pods, warm_target, max(0, replicas - warm_target))
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        role = roles.get(name)
+        if role is None or (pod["metadata"].get("labels") or {}).get(ROLE_LABEL) == role:
+            continue
+        pod = kube.patch(POD, owner.namespace, name, {"metadata": {"labels": {ROLE_LABEL: role}}})
+        out.relabelled.append(f"{name}={role}")
+    if out.relabelled:
+        pods[:] = kube.list(POD, owner.namespace, owner.selector_string(ENGINE))
+
+
+def _write_status(
+    kube: Kube,
+    body: Json,
+    world: tuple[Owner, int, list[Json]] | None,
+    out: Outcome,
+    options: ReconcileOptions,
+) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    selector = f"{ISVC_LABEL}={name},app.kubernetes.io/component={ENGINE}"
+    if world is None:
+        status = compute_status(body, 0, selector, None, Observed(None, [], None), out.error)
+    else:
+        owner, replicas, pods = world
+        engine = kube.get(DEPLOYMENT, ns, owner.engine_name)
+        gateway = (
+            kube.get(DEPLOYMENT, ns, owner.gateway_name) if owner.spec.gateway.enabled else None
+        )
+        observed = Observed(engine, pods, gateway)
+        status = compute_status(body, replicas, selector, owner.gateway_url(), observed)
+    old = body.get("status") or {}
+    if not status_changed(old, status):
+        return
+    kube.patch(ISVC, ns, name, {"status": status}, "status")
+    out.status_written = True
+    before = {c["type"]: c for c in old.get("conditions") or []}
+    for cond in status["conditions"]:
+        prev = before.get(cond["type"])
+        if (
+            prev is None
+            or prev.get("status") != cond["status"]
+            or prev.get("reason") != cond["reason"]
+        ):
+            bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
+            if cond["type"] in ("Ready", "Degraded"):
+                post_event(
+                    kube,
+                    body,
+                    "Warning" if bad else "Normal",
+                    cond["reason"],
+                    cond["message"],
+                    options,
+                )
+
+
+def post_event(
+    kube: Kube, body: Json, type_: str, reason: str, message: str, options: ReconcileOptions
+) -> None:
+    meta = body["metadata"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": options.component},
+        "reportingComponent": options.component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        kube.create(event)
+    except ApiException as exc:  # events are best-effort, as in every controller
+        log.warning("cannot post event %s: %s", reason, exc.reason)

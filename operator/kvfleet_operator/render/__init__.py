@@ -1,0 +1,75 @@
+"""Pure renderers: an InferenceService in, the Kubernetes objects it owns out.
+
+Nothing here reads the cluster; `render_children` is what `kvfleet render` prints and what
+the operator applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfleet_operator.render.common import Owner
+from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
+from kvfleet_operator.render.gateway import (
+    gateway_configmap,
+    gateway_deployment,
+    gateway_rbac,
+    gateway_service,
+)
+from kvfleet_operator.render.network import (
+    engine_network_policy,
+    engine_pdb,
+    engine_pod_monitor,
+    engine_service,
+)
+from kvfleet_operator.schema import Json
+from kvfleet_operator.spec import parse_spec
+
+__all__ = ["Owner", "desired_engine_replicas", "owner_of", "render_children"]
+
+
+def desired_engine_replicas(owner: Owner, current: int | None = None) -> int:
+    """Engine pods to run. Manual: spec.replicas. Autoscaled: the autoscaler's last decision
+    (`current`, the Deployment's replicas) kept within [min + warm, max]."""
+    a = owner.spec.autoscaling
+    if a is None:
+        return owner.spec.manual_replicas
+    floor = min(a.min_replicas + a.warm_replicas, a.max_replicas)
+    return max(floor, min(a.max_replicas, current if current is not None else floor))
+
+
+def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Json]:
+    """Every child object, in apply order (config before the pods that read it)."""
+    replicas = desired_engine_replicas(owner) if engine_replicas is None else engine_replicas
+    out: list[Json] = []
+    pvc = model_cache_pvc(owner)
+    if pvc is not None:
+        out.append(pvc)
+    out += [
+        engine_service(owner),
+        engine_deployment(owner, replicas),
+        engine_pdb(owner),
+        engine_network_policy(owner),
+        engine_pod_monitor(owner),
+    ]
+    if owner.spec.gateway.enabled:
+        config = gateway_configmap(owner)
+        out += [
+            *gateway_rbac(owner),
+            config,
+            gateway_deployment(owner, config),
+            gateway_service(owner),
+        ]
+    return out
+
+
+def owner_of(body: dict[str, Any]) -> Owner:
+    """An InferenceService object (dict) → Owner, parsing its spec (raises SpecError)."""
+    meta = body.get("metadata") or {}
+    return Owner(
+        name=meta["name"],
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid") or "",
+        spec=parse_spec(body.get("spec")),
+        generation=int(meta.get("generation") or 1),
+    )

@@ -1,0 +1,92 @@
+"""Names, labels and metadata every child of an InferenceService shares (DESIGN §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvfleet_operator.schema import Json
+from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
+
+ENGINE, GATEWAY = "engine", "gateway"
+ENGINE_PORT, GATEWAY_PORT = 30000, 8080
+ISVC_LABEL = "kvfleet.dev/inferenceservice"
+ROLE_LABEL = "kvfleet.dev/role"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kvfleet"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService the children belong to, as the renderers need it."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: InferenceServiceSpec
+    generation: int = 1
+
+    @property
+    def engine_name(self) -> str:
+        return f"{self.name}-engine"
+
+    @property
+    def gateway_name(self) -> str:
+        return f"{self.name}-gateway"
+
+    @property
+    def gateway_service(self) -> str:
+        """Clients' address: `http://<isvc>.<namespace>.svc:8080/v1`."""
+        return self.name
+
+    def selector(self, component: str) -> dict[str, str]:
+        return {ISVC_LABEL: self.name, COMPONENT_LABEL: component}
+
+    def selector_string(self, component: str) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.selector(component).items())
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "kvfleet",
+            "app.kubernetes.io/instance": self.name,
+            COMPONENT_LABEL: component,
+            **MANAGED_BY,
+            ISVC_LABEL: self.name,
+        }
+
+    def metadata(self, name: str, component: str, **extra: Json) -> Json:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": self.labels(component),
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": self.name,
+                    "uid": self.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            **extra,
+        }
+
+    def gateway_url(self) -> str | None:
+        if not self.spec.gateway.enabled:
+            return None
+        return f"http://{self.gateway_service}.{self.namespace}.svc:{GATEWAY_PORT}/v1"
+
+
+def merge_resources(base: Json, requests: dict[str, str], limits: dict[str, str]) -> Json:
+    """The default requests/limits with the spec's overrides on top."""
+    return {
+        "requests": {**base.get("requests", {}), **requests},
+        "limits": {**base.get("limits", {}), **limits},
+    }
+
+
+RESTRICTED_CONTAINER: Json = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""The container hardening every image here can live with."""

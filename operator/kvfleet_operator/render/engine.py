@@ -1,0 +1,255 @@
+"""The engine: one Deployment whose every pod is one SGLang replica, and its command line.
+
+Each pod asks for `tensorParallel` GPUs, runs `python3 -m sglang.launch_server` with flags
+from the spec (always `--host 0.0.0.0 --port 30000 --enable-metrics`), is gated by a startup
+probe sized for minutes of model load, and drains for `terminationGracePeriodSeconds`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvfleet_operator.render.common import (
+    ENGINE,
+    ENGINE_PORT,
+    RESTRICTED_CONTAINER,
+    ROLE_LABEL,
+    Owner,
+    merge_resources,
+)
+from kvfleet_operator.schema import Json
+from kvfleet_operator.spec import GPU_PRODUCT_LABEL, GPU_PRODUCTS, EngineSpec, InferenceServiceSpec
+
+MODEL_MOUNT = "/models"
+CACHE_MOUNT = "/cache"
+"""Hugging Face cache (HF_HOME): the shared model-cache PVC, or a per-pod emptyDir."""
+STARTUP_PERIOD_S = 10
+PRE_STOP_S = 10
+"""Time for gateways to see the pod leave before the engine stops taking requests."""
+
+
+def model_path(spec: InferenceServiceSpec) -> str:
+    src = spec.model.source
+    if src.hugging_face:
+        return src.hugging_face
+    if src.pvc:
+        return f"{MODEL_MOUNT}/{src.pvc.path.strip('/')}".rstrip("/")
+    assert src.uri is not None  # the spec's CEL rule: exactly one source
+    return src.uri
+
+
+def engine_args(spec: InferenceServiceSpec) -> list[str]:
+    """SGLang server flags for one replica (`python3 -m sglang.launch_server ARGS`)."""
+    e: EngineSpec = spec.engine
+    args = [
+        "--model-path",
+        model_path(spec),
+        "--served-model-name",
+        spec.model.name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ENGINE_PORT),
+        "--enable-metrics",
+        "--tp-size",
+        str(e.tensor_parallel),
+        "--schedule-policy",
+        e.schedule_policy,
+        "--kv-cache-dtype",
+        e.kv_cache_dtype,
+    ]
+    optional = [
+        ("--revision", spec.model.revision),
+        ("--context-length", e.context_length),
+        ("--mem-fraction-static", e.mem_fraction_static),
+        ("--max-running-requests", e.max_running_requests),
+        ("--chunked-prefill-size", e.chunked_prefill_size),
+        ("--quantization", e.quantization),
+    ]
+    if e.speculative:
+        s = e.speculative
+        optional += [
+            ("--speculative-algorithm", s.algorithm),
+            ("--speculative-draft-model-path", s.draft_model),
+            ("--speculative-num-steps", s.num_steps),
+            ("--speculative-eagle-topk", s.eagle_topk),
+            ("--speculative-num-draft-tokens", s.num_draft_tokens),
+        ]
+    for flag, value in optional:
+        if value is not None:
+            args += [flag, str(value)]
+    if not e.radix_cache:
+        args.append("--disable-radix-cache")
+    if spec.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    return args + list(e.extra_args)
+
+
+def _env(spec: InferenceServiceSpec) -> list[Json]:
+    env: list[Json] = [{"name": "HF_HOME", "value": CACHE_MOUNT}]
+    if spec.model.hf_token_secret:
+        ref = spec.model.hf_token_secret
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    for var in spec.engine.env:
+        item: Json = {"name": var.name}
+        if var.value_from is not None:
+            item["valueFrom"] = var.value_from
+        else:
+            item["value"] = var.value or ""
+        env.append(item)
+    return env
+
+
+def _volumes(owner: Owner) -> tuple[list[Json], list[Json]]:
+    spec = owner.spec
+    volumes: list[Json] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shm_size}}
+    ]
+    mounts: list[Json] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    cache = spec.model_cache
+    if cache is None:
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+    else:
+        claim = cache.claim_name or f"{owner.name}-model-cache"
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}})
+    mounts.append({"name": "model-cache", "mountPath": CACHE_MOUNT})
+    if spec.model.source.pvc:
+        pvc = spec.model.source.pvc
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _probe(path: str, period: int, failures: int, timeout: int) -> Json:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+        "successThreshold": 1,
+    }
+
+
+def engine_pod_spec(owner: Owner) -> Json:
+    spec = owner.spec
+    e = spec.engine
+    tp = str(e.tensor_parallel)
+    volumes, mounts = _volumes(owner)
+    resources = merge_resources(
+        {
+            "requests": {
+                "cpu": str(4 * e.tensor_parallel),
+                "memory": f"{32 * e.tensor_parallel}Gi",
+                "nvidia.com/gpu": tp,
+            },
+            "limits": {"nvidia.com/gpu": tp},
+        },
+        e.resources.requests,
+        e.resources.limits,
+    )
+    resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = tp
+    container: Json = {
+        "name": "sglang",
+        "image": e.image,
+        "imagePullPolicy": e.image_pull_policy,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": engine_args(spec),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": resources,
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            "/health", STARTUP_PERIOD_S, math.ceil(e.startup_timeout_seconds / STARTUP_PERIOD_S), 5
+        ),
+        "readinessProbe": _probe("/health", 5, 3, 5),
+        "livenessProbe": _probe("/health", 15, 4, 10),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
+        # The SGLang image runs as root (Triton/NCCL caches under $HOME): harden what we can.
+        "securityContext": RESTRICTED_CONTAINER,
+    }
+    node_selector = dict(spec.scheduling.node_selector)
+    if e.gpu_type:
+        node_selector[GPU_PRODUCT_LABEL] = GPU_PRODUCTS[e.gpu_type]
+    pod: Json = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": e.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *spec.scheduling.tolerations,
+        ],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": owner.selector(ENGINE)},
+            }
+        ],
+    }
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if spec.scheduling.affinity:
+        pod["affinity"] = spec.scheduling.affinity
+    if spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = spec.scheduling.priority_class_name
+    return pod
+
+
+def engine_deployment(owner: Owner, replicas: int) -> Json:
+    e = owner.spec.engine
+    labels = {**owner.labels(ENGINE), ROLE_LABEL: "active"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": owner.selector(ENGINE)},
+            # One new replica before an old one goes: no capacity dip, one spare GPU set.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "progressDeadlineSeconds": e.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 5,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ENGINE_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": engine_pod_spec(owner),
+            },
+        },
+    }
+
+
+def model_cache_pvc(owner: Owner) -> Json | None:
+    cache = owner.spec.model_cache
+    if cache is None or cache.size is None:
+        return None
+    spec: Json = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": owner.metadata(f"{owner.name}-model-cache", ENGINE),
+        "spec": spec,
+    }

@@ -1,0 +1,192 @@
+"""The gateway: config (the `kvfleet_gateway.config` contract), Deployment, Service, RBAC.
+
+The ConfigMap is built by parsing the document with `GatewayConfig.from_dict` and writing
+back its `to_dict()`, so the operator can only render a config the gateway accepts; a
+`ConfigError` becomes the InferenceService's `Ready=False` condition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import yaml
+
+from kvfleet_gateway.config import GatewayConfig
+from kvfleet_operator.render.common import (
+    ENGINE,
+    ENGINE_PORT,
+    GATEWAY,
+    GATEWAY_PORT,
+    RESTRICTED_CONTAINER,
+    ROLE_LABEL,
+    Owner,
+    merge_resources,
+)
+from kvfleet_operator.schema import Json, to_json
+
+CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
+CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
+CONFIG_HASH = "kvfleet.dev/config-hash"
+RUN_AS = 10001
+
+
+def gateway_config(owner: Owner) -> GatewayConfig:
+    """The gateway's config document for this service (raises ConfigError)."""
+    spec, g = owner.spec, owner.spec.gateway
+    limits: Json = {
+        "store": g.limits_store,
+        "defaults": to_json(g.default_limits),
+        "tenants": [{"name": t.name, "limits": to_json(t.limits)} for t in g.tenants],
+        "redisOutage": {"gatewayReplicas": g.replicas},
+    }
+    model: Json = {"name": spec.model.name}
+    if spec.engine.context_length:
+        model["contextLength"] = spec.engine.context_length
+    auth: Json = {"insecureNoAuth": g.insecure_no_auth}
+    if g.api_keys_secret:
+        auth["keysFile"] = f"{KEYS_DIR}/{KEYS_KEY}"
+    doc = {
+        "listen": {"host": "0.0.0.0", "port": GATEWAY_PORT},
+        "models": [model],
+        "backends": {
+            "kubernetes": {
+                "namespace": owner.namespace,
+                "selector": f"{owner.selector_string(ENGINE)},{ROLE_LABEL}=active",
+                "port": ENGINE_PORT,
+            }
+        },
+        "routing": {"policy": g.routing_policy},
+        "auth": auth,
+        "limits": limits,
+        "cost": {
+            "gpuHourlyPrice": spec.cost.gpu_hourly_price,
+            "gpusPerReplica": spec.engine.tensor_parallel,
+        },
+    }
+    return GatewayConfig.from_dict(doc)
+
+
+def gateway_configmap(owner: Owner) -> Json:
+    text = yaml.safe_dump(gateway_config(owner).to_dict(), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.metadata(owner.gateway_name, GATEWAY),
+        "data": {CONFIG_KEY: text},
+    }
+
+
+def gateway_deployment(owner: Owner, config: Json) -> Json:
+    g = owner.spec.gateway
+    config_hash = hashlib.sha256(config["data"][CONFIG_KEY].encode()).hexdigest()[:16]
+    volumes: list[Json] = [
+        {"name": "config", "configMap": {"name": owner.gateway_name}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[Json] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if g.api_keys_secret:
+        # The gateway polls the file: a rotated Secret takes effect without a restart.
+        volumes.append({"name": "keys", "secret": {"secretName": g.api_keys_secret}})
+        mounts.append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+    probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
+    container: Json = {
+        "name": "gateway",
+        "image": g.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["kvfleet"],
+        "args": ["gateway", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "resources": merge_resources(
+            {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            g.resources.requests,
+            g.resources.limits,
+        ),
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, **probe},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, **probe},
+        "volumeMounts": mounts,
+        "securityContext": {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(owner.gateway_name, GATEWAY),
+        "spec": {
+            "replicas": g.replicas,
+            "selector": {"matchLabels": owner.selector(GATEWAY)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": owner.labels(GATEWAY),
+                    # A new config rolls the gateway (it reads its config once at start).
+                    "annotations": {
+                        CONFIG_HASH: config_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(GATEWAY_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": owner.gateway_name,
+                    "containers": [container],
+                    "volumes": volumes,
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": RUN_AS,
+                        "runAsGroup": RUN_AS,
+                        "fsGroup": RUN_AS,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def gateway_service(owner: Owner) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(owner.gateway_service, GATEWAY),
+        "spec": {
+            "type": owner.spec.gateway.service_type,
+            "selector": owner.selector(GATEWAY),
+            "ports": [
+                {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def gateway_rbac(owner: Owner) -> list[Json]:
+    """The gateway may only get, list and watch pods in its own namespace."""
+    name = owner.gateway_name
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": owner.metadata(name, GATEWAY),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": owner.metadata(name, GATEWAY),
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": owner.metadata(name, GATEWAY),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]

@@ -1,0 +1,83 @@
+"""Around the engine pods: headless Service, PodMonitor, PodDisruptionBudget, NetworkPolicy."""
+
+from __future__ import annotations
+
+from kvfleet_operator.render.common import ENGINE, ENGINE_PORT, GATEWAY, Owner
+from kvfleet_operator.schema import Json
+
+SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
+"""Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""
+MONITORING_NAMESPACE = "monitoring"
+
+
+def engine_service(owner: Owner) -> Json:
+    """Headless: one DNS record per ready replica, no virtual IP (the gateway routes)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "spec": {
+            "clusterIP": "None",
+            "selector": owner.selector(ENGINE),
+            "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def engine_pod_monitor(owner: Owner) -> Json:
+    """For the Prometheus Operator; plain Prometheus uses the pods' prometheus.io/* annotations."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "spec": {
+            "selector": {"matchLabels": owner.selector(ENGINE)},
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+            ],
+        },
+    }
+
+
+def engine_pdb(owner: Owner) -> Json:
+    """Voluntary disruptions (node drains) take one replica at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": owner.selector(ENGINE)}},
+    }
+
+
+def engine_network_policy(owner: Owner) -> Json:
+    """Only this service's gateway (and metrics scrapers) reach the engine port."""
+    port = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "spec": {
+            "podSelector": {"matchLabels": owner.selector(ENGINE)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
+                    "ports": port,
+                },
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+                            }
+                        },
+                        {"namespaceSelector": {"matchLabels": {SCRAPER_NAMESPACE_LABEL: "true"}}},
+                    ],
+                    "ports": port,
+                },
+            ],
+        },
+    }

@@ -1,0 +1,349 @@
+"""The InferenceService spec: one typed model the CRD schema and the operator both come from.
+
+Every field has exactly one default, declared here; `crd.py` renders this model as the
+CRD's OpenAPI schema and `schema.parse` reads a custom resource back into it. Field docs
+become the schema's descriptions (`kubectl explain kis.spec.engine`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from kvfleet_operator.schema import Json, Rule, fld, parse
+
+GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
+ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
+"""The SGLang release whose server flags SGLANG.md records; pin a digest in production."""
+KVFLEET_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
+"""The kvfleet image (gateway, operator); the same version as this package."""
+
+GPU_PRODUCTS = {
+    "h100": "NVIDIA-H100-80GB-HBM3",
+    "h200": "NVIDIA-H200",
+    "a100-80g": "NVIDIA-A100-SXM4-80GB",
+    "l40s": "NVIDIA-L40S",
+}
+"""`gpuType` → the `nvidia.com/gpu.product` node label NVIDIA's GPU feature discovery sets."""
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+MANAGED_FLAGS = (
+    "model-path",
+    "model",
+    "served-model-name",
+    "host",
+    "port",
+    "tp-size",
+    "tp",
+    "enable-metrics",
+    "mem-fraction-static",
+    "context-length",
+    "max-running-requests",
+    "chunked-prefill-size",
+    "schedule-policy",
+    "disable-radix-cache",
+    "quantization",
+    "kv-cache-dtype",
+    "revision",
+    "trust-remote-code",
+    "download-dir",
+    "api-key",
+    "speculative-algorithm",
+    "speculative-draft-model-path",
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
+)
+"""SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
+_MANAGED_RE = "^--(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
+Quantization = Literal["fp8", "awq", "gptq", "marlin", "gguf", "bitsandbytes", "w8a8_fp8"]
+SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
+RoutingPolicy = Literal["kvfleet", "round_robin", "least_load", "sglang_cache_aware"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PvcSource:
+    """Weights already on a PersistentVolumeClaim."""
+
+    claim_name: str = fld(doc="PVC holding the weights (mounted read-only).")
+    path: str = fld("/", "Directory of the model inside the claim.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource:
+    """Where the weights come from: exactly one of huggingFace, pvc, uri."""
+
+    RULES: ClassVar = (
+        Rule(
+            "[has(self.huggingFace), has(self.pvc), has(self.uri)].filter(x, x).size() == 1",
+            "exactly one of huggingFace, pvc, uri must be set",
+        ),
+    )
+    hugging_face: str | None = fld(
+        None,
+        "Hugging Face model id, e.g. meta-llama/Llama-3.1-8B-Instruct.",
+        pattern=r"^[\w.-]+/[\w.-]+$",
+    )
+    pvc: PvcSource | None = fld(None, "Weights on a PersistentVolumeClaim.")
+    uri: str | None = fld(
+        None,
+        "Weights at a URI the engine image can read (s3://, gs://, https://).",
+        pattern=r"^(s3|gs|https?|oci)://\S+$",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecretKey:
+    name: str = fld(doc="Secret name (same namespace).")
+    key: str = fld("token", "Key inside the Secret.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str = fld(
+        doc="Served model name: what clients put in `model` (SGLang --served-model-name).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        max_length=128,
+    )
+    source: ModelSource = fld(doc="Where the weights come from.")
+    revision: str | None = fld(None, "Model revision (branch, tag or commit) to load.")
+    trust_remote_code: bool = fld(False, "Allow custom modelling code from the model repo.")
+    hf_token_secret: SecretKey | None = fld(
+        None, "Secret with a Hugging Face token (HF_TOKEN) for gated models."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceOverrides:
+    requests: dict[str, str] = fld(dict, "Extra or overriding resource requests (cpu, memory).")
+    limits: dict[str, str] = fld(dict, "Extra or overriding limits; nvidia.com/gpu is managed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speculative:
+    """Speculative decoding (SGLang --speculative-*)."""
+
+    RULES: ClassVar = (
+        Rule(
+            "self.algorithm == 'NGRAM' || has(self.draftModel)",
+            "EAGLE and EAGLE3 need a draftModel",
+            ".draftModel",
+        ),
+    )
+    algorithm: Literal["EAGLE", "EAGLE3", "NGRAM"] = fld(doc="Speculative algorithm.")
+    draft_model: str | None = fld(None, "Draft model path or Hugging Face id (EAGLE/EAGLE3).")
+    num_steps: int = fld(3, "Draft steps per verification.", minimum=1, maximum=16)
+    eagle_topk: int = fld(1, "Branching factor of the draft tree.", minimum=1, maximum=16)
+    num_draft_tokens: int = fld(4, "Draft tokens verified per step.", minimum=1, maximum=64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    name: str = fld(doc="Variable name.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str | None = fld(None, "Literal value.")
+    value_from: Json | None = fld(None, "A Kubernetes EnvVarSource (secretKeyRef, ...).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    RULES: ClassVar = (
+        Rule(
+            f"self.extraArgs.all(a, !a.matches('{_MANAGED_RE}'))",
+            "extraArgs may not set flags the operator manages (see the field's description)",
+            ".extraArgs",
+        ),
+    )
+    image: str = fld(ENGINE_IMAGE, "SGLang engine image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = fld(
+        "IfNotPresent", "Pull policy of the engine image."
+    )
+    tensor_parallel: Literal[1, 2, 4, 8] = fld(
+        1, "GPUs per replica (SGLang --tp-size); also the pod's nvidia.com/gpu."
+    )
+    gpu_type: Literal["h100", "h200", "a100-80g", "l40s"] | None = fld(
+        None, "GPU model; selects nodes by the nvidia.com/gpu.product label."
+    )
+    resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
+    context_length: int | None = fld(None, "SGLang --context-length.", minimum=1)
+    mem_fraction_static: float | None = fld(
+        None, "SGLang --mem-fraction-static (weights + KV pool).", minimum=0.1, maximum=0.98
+    )
+    max_running_requests: int | None = fld(None, "SGLang --max-running-requests.", minimum=1)
+    chunked_prefill_size: int | None = fld(
+        None, "SGLang --chunked-prefill-size; -1 disables chunking.", minimum=-1
+    )
+    schedule_policy: SchedulePolicy = fld("fcfs", "SGLang --schedule-policy.")
+    radix_cache: bool = fld(True, "Prefix caching; false adds --disable-radix-cache.")
+    quantization: Quantization | None = fld(None, "SGLang --quantization.")
+    kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3"] = fld("auto", "--kv-cache-dtype.")
+    speculative: Speculative | None = fld(None, "Speculative decoding.")
+    env: tuple[EnvVar, ...] = fld((), "Extra environment variables for the engine.", max_items=64)
+    extra_args: tuple[str, ...] = fld(
+        (),
+        "Extra SGLang flags. Managed flags are rejected: " + ", ".join(MANAGED_FLAGS) + ".",
+        max_items=64,
+        max_length=512,
+    )
+    startup_timeout_seconds: int = fld(
+        1800, "Longest model load before the pod is restarted (startup probe).", minimum=60
+    )
+    termination_grace_period_seconds: int = fld(
+        120, "Time a stopping replica has to finish its running requests.", minimum=5
+    )
+    shm_size: str = fld("16Gi", "Size of the /dev/shm memory volume (NCCL, tensor parallel).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Autoscaling:
+    """The operator owns the engine replica count; the spec holds only the bounds."""
+
+    RULES: ClassVar = (
+        Rule(
+            "self.minReplicas <= self.maxReplicas",
+            "minReplicas must not exceed maxReplicas",
+            ".minReplicas",
+        ),
+    )
+    min_replicas: int = fld(1, "Fewest active replicas.", minimum=0)
+    max_replicas: int = fld(doc="Most replicas (active + warm).", minimum=1, maximum=1000)
+    warm_replicas: int = fld(
+        0, "Loaded-but-idle spares kept beside the active ones.", minimum=0, maximum=100
+    )
+    target_queue_depth: float = fld(
+        4.0, "Waiting requests per active replica above which to scale up.", minimum=0.1
+    )
+    target_kv_cache_usage: float = fld(
+        0.85, "KV-cache usage (0..1) above which to scale up.", minimum=0.05, maximum=1.0
+    )
+    scale_up_stabilization_seconds: int = fld(15, "Window of scale-up decisions.", minimum=0)
+    scale_down_stabilization_seconds: int = fld(300, "Window of scale-down.", minimum=0)
+    cold_start_seconds: int = fld(
+        300, "Expected time from a new pod to a ready replica (planning horizon).", minimum=1
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenBudgetSpec:
+    tokens: int = fld(doc="Tokens (prompt + completion) per period.", minimum=1)
+    period: str = fld("30d", "Period, e.g. 1h, 1d, 30d.", pattern=r"^\d+(\.\d+)?[smhd]$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitSpec:
+    RULES: ClassVar = (
+        Rule(
+            "!has(self.maxTokens) || !has(self.defaultMaxTokens)"
+            " || self.defaultMaxTokens <= self.maxTokens",
+            "defaultMaxTokens must not exceed maxTokens",
+            ".defaultMaxTokens",
+        ),
+    )
+    requests_per_minute: int | None = fld(None, "Requests per minute.", minimum=1)
+    tokens_per_minute: int | None = fld(
+        None, "Tokens per minute (reserved, then settled).", minimum=1
+    )
+    max_concurrent: int | None = fld(None, "Requests in flight at once.", minimum=1)
+    max_tokens: int | None = fld(None, "Cap on a request's max_tokens.", minimum=1)
+    default_max_tokens: int | None = fld(None, "max_tokens when a request sets none.", minimum=1)
+    token_budget: TokenBudgetSpec | None = fld(None, "Tokens per period (the GPU-cost budget).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLimits:
+    name: str = fld(doc="Tenant name (as in the API-key Secret).")
+    limits: LimitSpec = fld(doc="Overrides of the defaults for this tenant.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySpec:
+    RULES: ClassVar = (
+        Rule(
+            "!self.enabled || self.insecureNoAuth || has(self.apiKeysSecret)",
+            "an enabled gateway needs apiKeysSecret (or insecureNoAuth: true)",
+            ".apiKeysSecret",
+        ),
+    )
+    enabled: bool = fld(True, "Deploy the routing gateway.")
+    replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)
+    image: str = fld(KVFLEET_IMAGE, "The kvfleet image.")
+    api_keys_secret: str | None = fld(
+        None, "Secret with `keys.yaml` (tenants and sha256 key hashes; see kvfleet keys)."
+    )
+    insecure_no_auth: bool = fld(False, "Serve without API keys. Never in production.")
+    routing_policy: RoutingPolicy = fld("kvfleet", "How the gateway picks a replica.")
+    limits_store: str = fld(
+        "memory",
+        "memory (one gateway replica) or a redis:// URL shared by all replicas.",
+        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+    )
+    default_limits: LimitSpec = fld(LimitSpec, "Limits of every tenant.")
+    tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
+    service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = fld(
+        "ClusterIP", "Type of the gateway Service."
+    )
+    resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostSpec:
+    gpu_hourly_price: float = fld(
+        0.0, "Price of one GPU-hour; 0 reports GPU-seconds only.", minimum=0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulingSpec:
+    node_selector: dict[str, str] = fld(dict, "Extra node labels engine pods require.")
+    tolerations: tuple[Json, ...] = fld(
+        (), "Tolerations (e.g. for tainted GPU nodes).", max_items=64
+    )
+    affinity: Json | None = fld(None, "Pod affinity rules, as in a pod spec.")
+    priority_class_name: str | None = fld(None, "PriorityClass of the engine pods.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCache:
+    """A PVC shared by all replicas for downloaded weights (a restart does not download again)."""
+
+    RULES: ClassVar = (
+        Rule(
+            "has(self.claimName) != has(self.size)",
+            "give exactly one of claimName (an existing PVC) or size (a PVC the operator creates)",
+        ),
+    )
+    claim_name: str | None = fld(None, "An existing ReadWriteMany PVC.")
+    size: str | None = fld(None, "Size of a PVC the operator creates, e.g. 200Gi.")
+    storage_class_name: str | None = fld(None, "StorageClass of the created PVC (RWX).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceServiceSpec:
+    """An SGLang model server fleet with its routing gateway."""
+
+    RULES: ClassVar = (
+        Rule(
+            "!(has(self.replicas) && has(self.autoscaling))",
+            "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
+            " owns the replica count",
+            ".replicas",
+        ),
+    )
+    model: ModelSpec = fld(doc="The model to serve.")
+    engine: EngineSpec = fld(EngineSpec, "The SGLang engine of each replica.")
+    replicas: int | None = fld(
+        None, "Engine replicas when autoscaling is absent (default 1).", minimum=0, maximum=1000
+    )
+    autoscaling: Autoscaling | None = fld(None, "Bounds for the operator's autoscaler.")
+    gateway: GatewaySpec = fld(GatewaySpec, "The routing gateway.")
+    cost: CostSpec = fld(CostSpec, "Cost accounting.")
+    scheduling: SchedulingSpec = fld(SchedulingSpec, "Where engine pods may run.")
+    model_cache: ModelCache | None = fld(None, "Shared cache of downloaded weights.")
+
+    @property
+    def manual_replicas(self) -> int:
+        return 1 if self.replicas is None else self.replicas
+
+
+def parse_spec(spec: Any) -> InferenceServiceSpec:
+    """The custom resource's `.spec`, defaulted and validated (raises SpecError)."""
+    return parse(InferenceServiceSpec, spec, "spec")

@@ -1,0 +1,189 @@
+"""The InferenceService status: its schema (for the CRD) and its pure computation.
+
+`compute_status` reads what the cluster reports — the engine Deployment, the engine pods,
+the gateway Deployment — and returns the status document and conditions. Conditions keep
+their `lastTransitionTime` while their status does not change, so an unchanged world gives
+an identical status and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kvfleet_operator.schema import Json, fld
+
+ROLE_LABEL = "kvfleet.dev/role"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str = fld(doc="Ready, Progressing or Degraded.")
+    status: str = fld(doc="True, False or Unknown.")
+    reason: str = fld(doc="CamelCase reason.")
+    message: str = fld(doc="Human-readable detail; names the spec field when one is at fault.")
+    last_transition_time: str = fld(doc="When status last changed.")
+    observed_generation: int | None = fld(None, "Generation the condition was computed for.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveMetrics:
+    """Fleet signals read from Prometheus by the autoscaler."""
+
+    queue_depth: float | None = fld(None, "Waiting requests summed over active replicas.")
+    kv_cache_usage: float | None = fld(None, "Mean KV-cache usage of active replicas (0..1).")
+    ttft_p99: float | None = fld(None, "p99 time to first token over the last 5 minutes, s.")
+    cost_per_request: float | None = fld(None, "GPU cost per finished request.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceServiceStatus:
+    observed_generation: int | None = fld(None, "metadata.generation last reconciled.")
+    conditions: tuple[Condition, ...] = fld((), "Ready, Progressing, Degraded.")
+    replicas: int | None = fld(None, "Engine pods (active + warm): the scale subresource.")
+    desired_replicas: int | None = fld(None, "Engine pods the operator asks for.")
+    active_replicas: int | None = fld(None, "Ready pods taking traffic.")
+    warm_replicas: int | None = fld(None, "Ready spares (loaded, no traffic).")
+    ready_replicas: int | None = fld(None, "Ready engine pods.")
+    selector: str | None = fld(None, "Label selector of the engine pods (scale subresource).")
+    gateway_url: str | None = fld(
+        None, "In-cluster URL of the gateway's OpenAI API.", name="gatewayURL"
+    )
+    metrics: LiveMetrics | None = fld(None, "Live fleet signals.")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the cluster reports about an InferenceService's children."""
+
+    engine: Json | None
+    pods: list[Json]
+    gateway: Json | None
+
+
+def pod_ready(pod: Json) -> bool:
+    status = pod.get("status") or {}
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    previous: list[Json], type_: str, ok: bool, reason: str, message: str, generation: int
+) -> Json:
+    status = "True" if ok else "False"
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == status else _now()
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
+
+
+def compute_status(
+    body: Json,
+    desired_replicas: int,
+    selector: str,
+    gateway_url: str | None,
+    observed: Observed,
+    error: str | None = None,
+) -> Json:
+    """The status document for `body`, given its children; `error` is a spec problem."""
+    old = dict(body.get("status") or {})
+    previous = list(old.get("conditions") or [])
+    generation = int(body["metadata"].get("generation") or 1)
+    ready_pods = [p for p in observed.pods if pod_ready(p)]
+    roles = [(p["metadata"].get("labels") or {}).get(ROLE_LABEL) for p in ready_pods]
+    warm = sum(1 for r in roles if r == "warm")
+    active = len(ready_pods) - warm
+    dep_status = (observed.engine or {}).get("status") or {}
+    dep_gen_ok = (observed.engine is None) or (
+        dep_status.get("observedGeneration") == observed.engine["metadata"].get("generation")
+    )
+    updated = int(dep_status.get("updatedReplicas") or 0)
+    rolling = not dep_gen_ok or updated < desired_replicas or len(observed.pods) > desired_replicas
+    gw_ready = (
+        observed.gateway is None
+        or int(((observed.gateway.get("status") or {}).get("readyReplicas")) or 0) >= 1
+    )
+    if error is not None:
+        conds = [
+            condition(previous, "Ready", False, "InvalidSpec", error, generation),
+            condition(previous, "Progressing", False, "InvalidSpec", error, generation),
+            condition(previous, "Degraded", True, "InvalidSpec", error, generation),
+        ]
+    else:
+        serving = active >= 1 and gw_ready
+        want = f"{len(ready_pods)}/{desired_replicas} engine replicas ready"
+        if desired_replicas == 0:
+            ready_c = condition(
+                previous, "Ready", False, "ScaledToZero", "no replicas requested", generation
+            )
+        elif serving:
+            ready_c = condition(previous, "Ready", True, "Serving", want, generation)
+        elif not gw_ready:
+            ready_c = condition(
+                previous,
+                "Ready",
+                False,
+                "GatewayUnavailable",
+                "no gateway pod is ready",
+                generation,
+            )
+        else:
+            ready_c = condition(previous, "Ready", False, "NoReadyReplicas", want, generation)
+        progressing = rolling or len(ready_pods) < desired_replicas
+        prog_msg = (
+            f"rolling out: {updated}/{desired_replicas} replicas updated"
+            if rolling
+            else (want if progressing else "all replicas are current and ready")
+        )
+        degraded = 0 < len(ready_pods) < desired_replicas and not rolling
+        conds = [
+            ready_c,
+            condition(
+                previous,
+                "Progressing",
+                progressing,
+                "RollingOut" if rolling else ("Scaling" if progressing else "Stable"),
+                prog_msg,
+                generation,
+            ),
+            condition(
+                previous,
+                "Degraded",
+                degraded,
+                "ReplicasUnavailable" if degraded else "AsExpected",
+                want,
+                generation,
+            ),
+        ]
+    status: Json = {
+        "observedGeneration": generation,
+        "conditions": conds,
+        "replicas": len(observed.pods),
+        "desiredReplicas": desired_replicas,
+        "activeReplicas": active,
+        "warmReplicas": warm,
+        "readyReplicas": len(ready_pods),
+        "selector": selector,
+    }
+    if gateway_url:
+        status["gatewayURL"] = gateway_url
+    if old.get("metrics"):
+        status["metrics"] = old["metrics"]  # written by the autoscaler, kept here
+    return status
+
+
+def status_changed(old: Any, new: Json) -> bool:
+    return {k: v for k, v in (old or {}).items() if k in new} != new
