@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from aiohttp import web
 
 from kvfleet_sim.catalog import BUILTIN
@@ -135,14 +136,17 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
     binary = require_binary("prometheus")
     with ExitStack() as stack:
 
-        def start(targets: list[str]) -> str:
+        def start(targets: list[str], labels: dict[str, str] | None = None) -> str:
             port = free_port()
             cfg = tmp_path / f"prometheus-{port}.yml"
+            static = {"targets": targets, **({"labels": labels} if labels else {})}
             cfg.write_text(
-                "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                "scrape_configs:\n"
-                "  - job_name: sglang\n"
-                f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n"
+                yaml.safe_dump(
+                    {
+                        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                        "scrape_configs": [{"job_name": "sglang", "static_configs": [static]}],
+                    }
+                )
             )
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(

@@ -12,7 +12,7 @@ import click
 import yaml
 
 from kvfleet_gateway.config import ConfigError
-from kvfleet_operator.crd import CRD_FILE, crd_yaml, write_crds
+from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.schema import SpecError
@@ -105,13 +105,14 @@ def render(path: Path, check: bool) -> None:
 @click.option("--check", is_flag=True, help="Exit 1 if the files differ from the spec model.")
 def crds(out_dir: Path, check: bool) -> None:
     """Write the InferenceService CRD generated from the spec model."""
-    target = out_dir / CRD_FILE
     if check:
-        if not target.exists() or target.read_text() != crd_yaml():
-            raise click.ClickException(f"{target} is stale: run `make crds`")
-        click.echo(f"{target} is current")
+        stale = stale_files(out_dir)
+        if stale:
+            raise click.ClickException(f"stale in {out_dir}: {', '.join(stale)}; run `make crds`")
+        click.echo(f"{out_dir} is current")
         return
-    click.echo(f"wrote {write_crds(out_dir)}")
+    for path in write_crds(out_dir):
+        click.echo(f"wrote {path}")
 
 
 @click.command("operator")

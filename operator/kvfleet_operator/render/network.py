@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from kvfleet_operator.render.common import ENGINE, ENGINE_PORT, GATEWAY, Owner
+from kvfleet_operator.render.common import (
+    ENGINE,
+    ENGINE_PORT,
+    GATEWAY,
+    ISVC_LABEL,
+    ROLE_LABEL,
+    Owner,
+)
 from kvfleet_operator.schema import Json
 
 SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
 """Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""
 MONITORING_NAMESPACE = "monitoring"
+
+
+def _prom(label: str) -> str:
+    """A Kubernetes label as Prometheus service discovery names it."""
+    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def engine_service(owner: Owner) -> Json:
@@ -36,7 +48,23 @@ def engine_pod_monitor(owner: Owner) -> Json:
         "spec": {
             "selector": {"matchLabels": owner.selector(ENGINE)},
             "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "scrapeTimeout": "10s",
+                    # The labels alerts, dashboard and autoscaler group by.
+                    "relabelings": [
+                        {
+                            "sourceLabels": [f"__meta_kubernetes_pod_label_{_prom(ISVC_LABEL)}"],
+                            "targetLabel": "inferenceservice",
+                        },
+                        {
+                            "sourceLabels": [f"__meta_kubernetes_pod_label_{_prom(ROLE_LABEL)}"],
+                            "targetLabel": "role",
+                        },
+                    ],
+                }
             ],
         },
     }

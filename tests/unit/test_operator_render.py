@@ -1,0 +1,244 @@
+"""Pure renderers: every example renders to objects the real Kubernetes schemas accept, and
+each child says what a production SGLang fleet needs."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvfleet_cli.main import cli
+from kvfleet_gateway.config import GatewayConfig
+from kvfleet_operator.diff import covers, repair_patch, warm_assignment
+from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
+from kvfleet_operator.render.gateway import CONFIG_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml"))
+K8S = "1.31.0"
+
+
+def services(path: Path) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for d in docs:
+        d["metadata"].setdefault("uid", "5f0c2b9e-0000-4000-8000-000000000001")
+    return [d for d in docs if d["kind"] == "InferenceService"]
+
+
+def by_kind(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for o in objs:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_renders_valid_objects(path: Path) -> None:
+    for doc in services(path):
+        owner = owner_of(doc)
+        objs = render_children(owner)
+        kinds = by_kind(objs)
+        assert set(kinds) >= {
+            "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor",
+            "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
+        }  # fmt: skip
+        for obj in objs:
+            ref = obj["metadata"]["ownerReferences"][0]
+            assert (ref["kind"], ref["name"], ref["controller"]) == (
+                "InferenceService",
+                owner.name,
+                True,
+            )
+            assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvfleet"
+            assert obj["metadata"]["labels"]["kvfleet.dev/inferenceservice"] == owner.name
+            if obj["kind"] == "PodMonitor":  # a CRD of the Prometheus Operator: no bundled schema
+                endpoint = obj["spec"]["podMetricsEndpoints"][0]
+                assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+                continue
+            kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def _engine(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-engine")
+    )
+
+
+def test_engine_pod_for_llama_70b_tp4_on_h200() -> None:
+    (doc,) = services(ROOT / "examples" / "llama-3.1-70b-tp4-h200.yaml")
+    owner = owner_of(doc)
+    dep = _engine(render_children(owner))
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["python3", "-m", "sglang.launch_server"]
+    args = " ".join(c["args"])
+    for flag in (
+        "--model-path meta-llama/Llama-3.1-70B-Instruct", "--served-model-name llama-3.1-70b",
+        "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--tp-size 4",
+        "--context-length 65536", "--mem-fraction-static 0.88", "--chunked-prefill-size 8192",
+    ):  # fmt: skip
+        assert flag in args, flag
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "4"
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert c["ports"][0]["containerPort"] == 30000
+    # 2400 s of model load allowed before the kubelet gives up, then /health gates traffic.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 2400
+    assert (
+        c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/health"
+    )
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert vols["model-cache"]["persistentVolumeClaim"]["claimName"] == "model-weights-rwx"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert pod["priorityClassName"] == "inference-high"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["kvfleet.dev/role"] == "active"
+    assert labels["app.kubernetes.io/component"] == "engine"
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "30000"
+
+
+def test_flags_follow_the_spec() -> None:
+    (doc,) = services(ROOT / "examples" / "qwen2.5-72b-fp8.yaml")
+    doc["spec"]["engine"] |= {"radixCache": False, "extraArgs": ["--enable-torch-compile"],
+                              "speculative": {"algorithm": "NGRAM"}}  # fmt: skip
+    args = _engine(render_children(owner_of(doc)))["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    line = shlex.join(args)
+    assert "--quantization fp8" in line and "--kv-cache-dtype fp8_e4m3" in line
+    assert "--disable-radix-cache" in args and args[-1] == "--enable-torch-compile"
+    assert "--speculative-algorithm NGRAM" in line
+
+
+def test_gateway_config_round_trips_through_the_gateway_parser() -> None:
+    (doc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    objs = render_children(owner_of(doc))
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    parsed = GatewayConfig.from_dict(yaml.safe_load(cm["data"][CONFIG_KEY]))
+    assert GatewayConfig.from_dict(parsed.to_dict()) == parsed
+    assert parsed.backends.kubernetes is not None
+    assert parsed.backends.kubernetes.selector == (
+        "kvfleet.dev/inferenceservice=llama-8b,app.kubernetes.io/component=engine,kvfleet.dev/role=active"
+    )
+    assert parsed.store == "redis://redis.ai.svc:6379/0"
+    assert parsed.gateway_replicas == 2
+    assert parsed.limits_for("search-team").max_concurrent == 128
+    assert parsed.limits_for("other").max_concurrent == 32
+    assert parsed.cost.gpu_hourly_price == 2.49
+    assert parsed.models[0].name == "llama-3.1-8b" and parsed.models[0].context_length == 32768
+    assert parsed.keys_file is not None and str(parsed.keys_file).endswith("keys.yaml")
+    gw = next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    )
+    pod = gw["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["containers"][0]["args"] == [
+        "gateway",
+        "--config",
+        "/etc/kvfleet/config/gateway.yaml",
+    ]
+    role = next(o for o in objs if o["kind"] == "Role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def test_network_policy_admits_only_the_gateway_and_scrapers() -> None:
+    (doc,) = services(ROOT / "examples" / "mistral-7b-manual.yaml")
+    np = next(o for o in render_children(owner_of(doc)) if o["kind"] == "NetworkPolicy")
+    gateway_peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert gateway_peer == {
+        "kvfleet.dev/inferenceservice": "mistral",
+        "app.kubernetes.io/component": "gateway",
+    }
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_autoscaled_replicas_stay_within_bounds() -> None:
+    (doc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    owner = owner_of(doc)  # min 2, warm 1, max 8
+    assert desired_engine_replicas(owner) == 3
+    assert desired_engine_replicas(owner, current=6) == 6
+    assert desired_engine_replicas(owner, current=1) == 3
+    assert desired_engine_replicas(owner, current=50) == 8
+    pvc = next(o for o in render_children(owner) if o["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def _pod(
+    name: str, ready: bool, role: str = "active", created: str = "2026-01-01T00:00:00Z"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"kvfleet.dev/role": role},
+            "creationTimestamp": created,
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_warm_assignment_prefers_traffic_then_stability() -> None:
+    pods = [_pod("a", True, created="2026-01-01T00:00:01Z"), _pod("b", True, created="2026-01-01T00:00:02Z"),  # noqa: E501
+            _pod("c", True, created="2026-01-01T00:00:03Z")]  # fmt: skip
+    assert warm_assignment(pods, warm_target=1, active_target=2) == {
+        "a": "active",
+        "b": "active",
+        "c": "warm",
+    }
+    pods[0]["metadata"]["labels"]["kvfleet.dev/role"] = "warm"  # already warm: keep it
+    assert warm_assignment(pods, 1, 2)["a"] == "warm"
+    assert warm_assignment(pods[:2], 1, 2) == {"a": "active", "b": "active"}  # traffic first
+    assert warm_assignment([_pod("x", False)], 1, 0) == {}
+
+
+def test_diff_ignores_server_fields_but_repairs_ours() -> None:
+    want = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"a": "1"}},
+            "spec": {"ports": [{"port": 1}], "selector": {"x": "y"}}}  # fmt: skip
+    live = {
+        "metadata": {"name": "s", "labels": {"a": "1", "other": "2"}, "resourceVersion": "9"},
+        "spec": {
+            "ports": [{"port": 1, "protocol": "TCP"}],
+            "selector": {"x": "y"},
+            "clusterIP": "10.0.0.1",
+        },
+    }
+    assert repair_patch(want, live) is None
+    live["spec"]["ports"].append({"port": 2})
+    assert repair_patch(want, live) == {"metadata": {"labels": {"a": "1"}}, "spec": want["spec"]}
+    assert covers({"cpu": 4}, {"cpu": "4"})
+
+
+def test_render_command_prints_yaml_and_rejects_bad_specs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["render", "-f", str(ROOT / "examples" / "mistral-7b-manual.yaml")]
+    )
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap"}
+    bad = tmp_path / "bad.yaml"
+    doc = services(ROOT / "examples" / "mistral-7b-manual.yaml")[0]
+    doc["spec"]["engine"]["tensorParallel"] = 3
+    bad.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(cli, ["render", "-f", str(bad)])
+    assert result.exit_code == 1
+    assert "spec.engine.tensorParallel: 3 is not one of 1, 2, 4, 8" in result.stderr
+
+
+def test_render_check_with_sglangs_own_parser() -> None:
+    pytest.importorskip(
+        "sglang.srt.server_args", reason="the kvfleet[sglang] extra is not installed"
+    )
+    for path in EXAMPLES:
+        result = CliRunner().invoke(cli, ["render", "--check", "-f", str(path)])
+        assert result.exit_code == 0, result.stderr
