@@ -1,7 +1,7 @@
 """Talk to an InferenceService's gateway with the OpenAI SDK.
 
-    kubectl -n ai port-forward svc/llama-8b 8080:8080 &
-    KVFLEET_API_KEY=... python examples/openai_client.py
+kubectl -n ai port-forward svc/llama-8b 8080:8080 &
+KVFLEET_API_KEY=... python examples/openai_client.py
 """
 
 import os

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import sys
@@ -28,7 +29,11 @@ from kvfleet_gateway.routing import POLICIES
 @click.option(
     "--backend", "backends", multiple=True, help="Quick mode: an engine URL (repeatable)."
 )
-@click.option("--host", default=default_of(GatewayConfig, "host"), show_default=True)
+@click.option(
+    "--host",
+    default=None,
+    help=f"Listen address (default {default_of(GatewayConfig, 'host')}); overrides listen.host.",
+)
 @click.option("--port", type=int, default=None, help="Overrides the config's listen.port.")
 @click.option(
     "--policy",
@@ -48,7 +53,7 @@ from kvfleet_gateway.routing import POLICIES
 def gateway(
     config_file: Path | None,
     backends: tuple[str, ...],
-    host: str,
+    host: str | None,
     port: int | None,
     policy: str,
     keys_file: Path | None,
@@ -63,11 +68,10 @@ def gateway(
             if backends:
                 raise click.UsageError("give --config or --backend, not both")
             config = load_config(config_file)
-            if port is not None:
-                config = GatewayConfig(**{**config.__dict__, "port": port})
+            config = dataclasses.replace(config, host=host or config.host, port=port or config.port)
         elif backends:
             config = GatewayConfig(
-                host=host,
+                host=host or default_of(GatewayConfig, "host"),
                 port=port or default_of(GatewayConfig, "port"),
                 backends=Backends(static=tuple(b.rstrip("/") for b in backends)),
                 routing_policy=policy,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from kvfleet_cli.bench_cmds import bench
+from kvfleet_cli.cluster_cmds import cluster
 from kvfleet_cli.demo import demo
 from kvfleet_cli.gateway_cmds import gateway, keys
 from kvfleet_cli.operator_cmds import crds, operator, render
@@ -25,3 +26,4 @@ cli.add_command(keys)
 cli.add_command(render)
 cli.add_command(crds)
 cli.add_command(operator)
+cli.add_command(cluster)

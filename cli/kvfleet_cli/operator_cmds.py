@@ -148,6 +148,8 @@ def operator(
     from kvfleet_operator.kube import Kube, api_client
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if log_level.lower() != "debug":  # kopf reports every handled event at INFO
+        logging.getLogger("kopf").setLevel(logging.WARNING)
     config = OperatorConfig(
         namespaces=namespaces, resync_s=resync_s, server=server, kubeconfig=kubeconfig
     )

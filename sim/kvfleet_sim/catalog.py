@@ -85,6 +85,11 @@ ALIASES: dict[str, str] = {
     "meta-llama/meta-llama-3.1-8b-instruct": "llama-3.1-8b",
     "meta-llama/meta-llama-3-8b-instruct": "llama-3.1-8b",
     "meta-llama/meta-llama-3.1-70b-instruct": "llama-3.1-70b",
+    # NVIDIA GPU feature discovery's `nvidia.com/gpu.product` node labels
+    "nvidia-h100-80gb-hbm3": "h100",
+    "nvidia-h200": "h200",
+    "nvidia-a100-sxm4-80gb": "a100-80g",
+    "nvidia-l40s": "l40s",
 }
 
 

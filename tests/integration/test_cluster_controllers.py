@@ -13,6 +13,7 @@ import pytest
 
 from kvfleet_sim.cluster.apiserver import ClusterAPI
 from kvfleet_sim.cluster.controllers import Cluster, deletion_order
+from kvfleet_sim.cluster.kubelet import KubeletConfig
 
 DEP = {
     "metadata": {"name": "engine", "labels": {"app": "engine"}},
@@ -64,7 +65,7 @@ def ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def http() -> AsyncIterator[Http]:
     async with ClusterAPI() as api, kmock.Server(api) as server:
         api.load_resources()
-        cluster = Cluster(api.store, ready_delay_s=0.05)
+        cluster = Cluster(api.store, KubeletConfig(run_processes=False, ready_delay_s=0.05))
         task = asyncio.create_task(cluster.run(resync_s=0.2))
         try:
             async with aiohttp.ClientSession() as s:

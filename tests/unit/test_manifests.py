@@ -35,9 +35,13 @@ def test_base_renders_and_validates() -> None:
     objs = kustomize(ROOT / "manifests")
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-        "Namespace", "ServiceAccount",
-    ]  # fmt: skip
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Namespace",
+        "ServiceAccount",
+    ]
     for obj in objs:
         kubernetes_validate.validate(obj, "1.31.0", strict=True)
         if obj["kind"] not in (
@@ -83,8 +87,12 @@ def test_monitoring_renders_and_rules_pass_promtool(tmp_path: Path) -> None:
     objs = kustomize(ROOT / "manifests" / "monitoring")
     rule = next(o for o in objs if o["kind"] == "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert {"KvfleetQueueBackingUp", "KvfleetKVCacheSaturated", "KvfleetNoReadyReplicas",
-            "KvfleetTokenBudgetExhausted"} <= alerts  # fmt: skip
+    assert {
+        "KvfleetQueueBackingUp",
+        "KvfleetKVCacheSaturated",
+        "KvfleetNoReadyReplicas",
+        "KvfleetTokenBudgetExhausted",
+    } <= alerts
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["kvfleet-dashboard.json"])

@@ -44,9 +44,16 @@ def test_every_example_renders_valid_objects(path: Path) -> None:
         objs = render_children(owner)
         kinds = by_kind(objs)
         assert set(kinds) >= {
-            "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor",
-            "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
-        }  # fmt: skip
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "PodMonitor",
+            "ConfigMap",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+        }
         for obj in objs:
             ref = obj["metadata"]["ownerReferences"][0]
             assert (ref["kind"], ref["name"], ref["controller"]) == (
@@ -78,10 +85,16 @@ def test_engine_pod_for_llama_70b_tp4_on_h200() -> None:
     assert c["command"] == ["python3", "-m", "sglang.launch_server"]
     args = " ".join(c["args"])
     for flag in (
-        "--model-path meta-llama/Llama-3.1-70B-Instruct", "--served-model-name llama-3.1-70b",
-        "--host 0.0.0.0", "--port 30000", "--enable-metrics", "--tp-size 4",
-        "--context-length 65536", "--mem-fraction-static 0.88", "--chunked-prefill-size 8192",
-    ):  # fmt: skip
+        "--model-path meta-llama/Llama-3.1-70B-Instruct",
+        "--served-model-name llama-3.1-70b",
+        "--host 0.0.0.0",
+        "--port 30000",
+        "--enable-metrics",
+        "--tp-size 4",
+        "--context-length 65536",
+        "--mem-fraction-static 0.88",
+        "--chunked-prefill-size 8192",
+    ):
         assert flag in args, flag
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "4"
@@ -108,8 +121,11 @@ def test_engine_pod_for_llama_70b_tp4_on_h200() -> None:
 
 def test_flags_follow_the_spec() -> None:
     (doc,) = services(ROOT / "examples" / "qwen2.5-72b-fp8.yaml")
-    doc["spec"]["engine"] |= {"radixCache": False, "extraArgs": ["--enable-torch-compile"],
-                              "speculative": {"algorithm": "NGRAM"}}  # fmt: skip
+    doc["spec"]["engine"] |= {
+        "radixCache": False,
+        "extraArgs": ["--enable-torch-compile"],
+        "speculative": {"algorithm": "NGRAM"},
+    }
     args = _engine(render_children(owner_of(doc)))["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
@@ -189,8 +205,11 @@ def _pod(
 
 
 def test_warm_assignment_prefers_traffic_then_stability() -> None:
-    pods = [_pod("a", True, created="2026-01-01T00:00:01Z"), _pod("b", True, created="2026-01-01T00:00:02Z"),  # noqa: E501
-            _pod("c", True, created="2026-01-01T00:00:03Z")]  # fmt: skip
+    pods = [
+        _pod("a", True, created="2026-01-01T00:00:01Z"),
+        _pod("b", True, created="2026-01-01T00:00:02Z"),
+        _pod("c", True, created="2026-01-01T00:00:03Z"),
+    ]
     assert warm_assignment(pods, warm_target=1, active_target=2) == {
         "a": "active",
         "b": "active",
@@ -203,8 +222,12 @@ def test_warm_assignment_prefers_traffic_then_stability() -> None:
 
 
 def test_diff_ignores_server_fields_but_repairs_ours() -> None:
-    want = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"a": "1"}},
-            "spec": {"ports": [{"port": 1}], "selector": {"x": "y"}}}  # fmt: skip
+    want = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s", "labels": {"a": "1"}},
+        "spec": {"ports": [{"port": 1}], "selector": {"x": "y"}},
+    }
     live = {
         "metadata": {"name": "s", "labels": {"a": "1", "other": "2"}, "resourceVersion": "9"},
         "spec": {

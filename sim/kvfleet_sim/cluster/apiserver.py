@@ -22,7 +22,9 @@ import aiohttp.web
 import kmock
 import yaml
 
+from kvfleet_sim.cluster.openapi import ServedKind, fix_resource_list, openapi_v3
 from kvfleet_sim.cluster.store import ApiError, Gone, Kind, PatchType, Store
+from kvfleet_sim.cluster.tables import to_table
 
 PATCH_TYPES: dict[str, PatchType] = {
     "application/merge-patch+json": "merge",
@@ -31,6 +33,14 @@ PATCH_TYPES: dict[str, PatchType] = {
     "application/apply-patch+yaml": "apply",
 }
 CRD_GROUP, CRD_PLURAL = "apiextensions.k8s.io", "customresourcedefinitions"
+
+
+def _wants_table(raw: aiohttp.web.BaseRequest) -> bool:
+    """kubectl get asks for `application/json;as=Table;g=meta.k8s.io;v=v1`."""
+    return "as=Table" in raw.headers.get("Accept", "")
+
+
+_DISCOVERY = re.compile(r"^/(api/v1|apis/[^/]+/[^/]+)/?$")
 _NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/([^/]+))?(?:/(status|finalize))?/?$")
 
 
@@ -50,6 +60,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.store = Store()
         self.store.listeners.append(self._on_event)
         self._changed = asyncio.Event()
+        self._closed = False
         self.request_log: list[tuple[str, str, str]] = []
         """(method, path, User-Agent) of every request: what a client cost."""
 
@@ -60,6 +71,27 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.resources.load_bundled()
         for res in [r for r in self.resources if r.group == "metrics.k8s.io"]:
             del self.resources[res]
+
+    def served_kinds(self) -> list[ServedKind]:
+        out = []
+        for res in self.resources:
+            info = self.resources[res]
+            if info.kind and res.plural and "/" not in res.plural:
+                out.append(
+                    ServedKind(
+                        res.group or "",
+                        res.version or "",
+                        res.plural,
+                        info.kind,
+                        bool(info.namespaced),
+                    )
+                )
+        return out
+
+    def close_watches(self) -> None:
+        """End every open watch (clients then see the stream close, as on a server restart)."""
+        self._closed = True
+        self._changed.set()
 
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
@@ -144,11 +176,22 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.request_log.append((raw.method, raw.path, raw.headers.get("User-Agent", "")))
         # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
         # fails; namespaces are objects like any other here.
+        if raw.path.startswith("/openapi/"):
+            crds, _ = self.store.list_objects(self.kind(CRD_GROUP, "v1", CRD_PLURAL), None)
+            doc = openapi_v3(self.served_kinds(), crds, raw.path)
+            if doc is None:
+                return aiohttp.web.json_response(
+                    ApiError(
+                        404, "NotFound", "the server could not find the requested resource"
+                    ).status(),
+                    status=404,
+                )
+            return aiohttp.web.json_response(doc)
         m = _NAMESPACES.match(raw.path)
         if m is None:
             response = await super().__call__(raw)
-            if raw.path.rstrip("/") == "/api/v1" and isinstance(response, aiohttp.web.Response):
-                return self._fix_core_discovery(response)
+            if _DISCOVERY.match(raw.path) and isinstance(response, aiohttp.web.Response):
+                return self._fix_discovery(response)
             return response
         body = await raw.read()
         try:
@@ -162,16 +205,14 @@ class ClusterAPI(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(err.status(), status=err.code)
 
     @staticmethod
-    def _fix_core_discovery(response: aiohttp.web.Response) -> aiohttp.web.Response:
-        """kmock renders the core group's version as "/v1"; clients (kubectl) need "v1"."""
+    def _fix_discovery(response: aiohttp.web.Response) -> aiohttp.web.Response:
         body = response.body
         try:
             data = json.loads(body) if isinstance(body, bytes) else None
         except ValueError:
             return response
-        if isinstance(data, dict) and data.get("groupVersion") == "/v1":
-            data["groupVersion"] = "v1"
-            return aiohttp.web.json_response(data, status=response.status)
+        if isinstance(data, dict) and data.get("kind") == "APIResourceList":
+            return aiohttp.web.json_response(fix_resource_list(data), status=response.status)
         return response
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
@@ -198,6 +239,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 items, rv = self.store.list_objects(
                     kind, ns, q.get("labelSelector"), q.get("fieldSelector")
                 )
+                if _wants_table(raw):
+                    return self._json(self._table(kind, items, rv))
                 return self._json(
                     {
                         "apiVersion": kind.api_version,
@@ -212,7 +255,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
         if method == "GET":
             if sub == "scale":
                 return self._json(self.store.get_scale(kind, ns, name))
-            return self._json(self.store.get(kind, ns, name))
+            obj = self.store.get(kind, ns, name)
+            if _wants_table(raw) and not sub:
+                return self._json(self._table(kind, [obj], obj["metadata"]["resourceVersion"]))
+            return self._json(obj)
         if method == "PUT":
             return self._json(self.store.replace(kind, ns, name, self._body(raw, request), sub))
         if method == "PATCH":
@@ -230,6 +276,16 @@ class ClusterAPI(kmock.KubernetesEmulator):
             )
             return self._json(self.store.delete(kind, ns, name, policy))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    def _table(self, kind: Kind, items: list[dict[str, Any]], rv: str) -> dict[str, Any]:
+        columns = None
+        for crd in self.store.list_objects(self.kind(CRD_GROUP, "v1", CRD_PLURAL), None)[0]:
+            spec = crd.get("spec") or {}
+            if (spec.get("group"), (spec.get("names") or {}).get("plural")) == kind.key:
+                for v in spec.get("versions") or []:
+                    if v.get("name") == kind.version:
+                        columns = v.get("additionalPrinterColumns")
+        return to_table(kind.kind, items, columns, rv)
 
     @staticmethod
     def _body(raw: aiohttp.web.BaseRequest, request: Any, required: bool = True) -> Any:
@@ -275,7 +331,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     seen = max(seen, int(obj["metadata"]["resourceVersion"]))
                 events = []
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or self._closed:
                     break
                 changed = self._changed
                 try:
@@ -291,6 +347,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
                             json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
                         )
                     continue
+                if self._closed:
+                    break
                 events, _ = self.store.events_since(kind, ns, str(seen), labels, fields)
         except (ConnectionResetError, Gone):
             pass

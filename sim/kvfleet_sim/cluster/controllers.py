@@ -7,10 +7,10 @@ ReplicaSet controller chooses: lowest `controller.kubernetes.io/pod-deletion-cos
 then not-ready before ready, then the newest. Deployment status reports replicas, ready,
 updated and available counts and observedGeneration.
 
-The kubelet here is the no-process mode: a pod becomes Running and Ready after a delay, with
-its own loopback IP (127.0.0.2, .3, ...), so every pod listens on the port its manifest says.
-Both act on the store directly, as in-cluster controllers act through the API: each write is
-a real write that watchers see.
+The kubelet (`kubelet.py`) runs each pod on its own loopback IP (127.0.0.2, .3, ...): as a
+local process for the images it knows, or — in the no-process mode of fast tests — as a pod
+that becomes Ready after a delay. Both act on the store directly, as in-cluster controllers
+act through the API: each write is a real write that watchers see.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import copy
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvfleet_sim.cluster.kubelet import KubeletConfig, PodRunner
 from kvfleet_sim.cluster.store import ApiError, Kind, Store
 
 log = logging.getLogger("kvfleet.cluster")
@@ -39,6 +39,10 @@ DEPLOYMENT = Kind(
     frozenset({"status", "scale"}),
     selector_path="spec.selector",
 )
+CONFIG_KINDS = {
+    "ConfigMap": Kind("", "v1", "configmaps", "ConfigMap", True, frozenset()),
+    "Secret": Kind("", "v1", "secrets", "Secret", True, frozenset()),
+}
 HASH_LABEL = "pod-template-hash"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -70,12 +74,13 @@ class Cluster:
     """The store's controllers, driven by its events and a periodic resync."""
 
     store: Store
-    ready_delay_s: float = 0.2
-    """No-process kubelet: how long a pod takes to become Ready."""
+    kubelet: KubeletConfig = field(default_factory=lambda: KubeletConfig(run_processes=False))
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _ips: dict[str, str] = field(default_factory=dict)
-    _next_ip: int = 2
-    _pending: set[str] = field(default_factory=set)
+    _next_ip: int = 1
+    """127.0.0.1 is the host; pods get 127.0.0.2, .3, ... (then 127.0.1.x)."""
+    _runners: dict[str, tuple[PodRunner, asyncio.Task[None]]] = field(default_factory=dict)
+    _stopping: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.store.kinds.setdefault(POD.key, POD)
@@ -150,60 +155,82 @@ class Cluster:
         with contextlib.suppress(ApiError):  # already gone
             self.store.delete(POD, ns, pod["metadata"]["name"])
 
-    # ---- kubelet (no processes) -----------------------------------------------------------
+    # ---- kubelet ------------------------------------------------------------------------
     def pod_ip(self, ns: str, name: str) -> str:
         key = f"{ns}/{name}"
         if key not in self._ips:
-            self._ips[key] = f"127.0.0.{self._next_ip}"
+            n = self._next_ip
+            self._ips[key] = f"127.0.{n // 254}.{n % 254 + 1}"
             self._next_ip += 1
         return self._ips[key]
 
-    async def _start_pod(self, ns: str, name: str) -> None:
-        await asyncio.sleep(self.ready_delay_s)
-        self._pending.discard(f"{ns}/{name}")
-        try:
-            pod = self.store.get(POD, ns, name)
-        except ApiError:
-            return
-        containers = (pod.get("spec") or {}).get("containers") or []
-        status = {
-            "phase": "Running",
-            "podIP": self.pod_ip(ns, name),
-            "hostIP": "127.0.0.1",
-            "conditions": [
-                {"type": "Ready", "status": "True"},
-                {"type": "ContainersReady", "status": "True"},
-            ],
-            "containerStatuses": [
-                {"name": c.get("name"), "ready": True, "restartCount": 0, "state": {"running": {}}}
-                for c in containers
-            ],
-        }
-        self.store.patch(POD, ns, name, "merge", {"status": status}, "status")
+    def _write_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        with contextlib.suppress(ApiError):  # the pod is gone
+            self.store.patch(POD, ns, name, "merge", {"status": status}, "status")
 
-    def _pods_to_start(self) -> Iterator[tuple[str, str]]:
+    def _read(self, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+        spec = CONFIG_KINDS[kind]
+        try:
+            return self.store.get(self.store.kinds.get(spec.key, spec), ns, name)
+        except ApiError:
+            return None
+
+    def _sync_pods(self) -> None:
         items, _ = self.store.list_objects(POD, None)
-        for p in items:
-            meta = p["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
-            if not p.get("status") and key not in self._pending:
-                self._pending.add(key)
-                yield meta["namespace"], meta["name"]
+        live = {
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+            for p in items
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        for key, pod in live.items():
+            if key in self._runners:
+                continue
+            ns, name = key.split("/", 1)
+            runner = PodRunner(
+                ns,
+                name,
+                self.pod_ip(ns, name),
+                pod.get("spec") or {},
+                self.kubelet,
+                lambda status, ns=ns, name=name: self._write_status(ns, name, status),
+                self._read,
+            )
+            self._runners[key] = (runner, asyncio.create_task(runner.run()))
+        for key in [k for k in self._runners if k not in live]:
+            runner, task = self._runners.pop(key)
+            self._ips.pop(key, None)
+            stopping = asyncio.create_task(self._stop_runner(runner, task))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+
+    @staticmethod
+    async def _stop_runner(runner: PodRunner, task: asyncio.Task[None]) -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await runner.stop()
+        runner.cleanup()
+
+    async def stop_pods(self) -> None:
+        """Stop every pod process (cluster shutdown): graceful, then forced."""
+        runners = list(self._runners.values())
+        self._runners.clear()
+        await asyncio.gather(*(self._stop_runner(r, t) for r, t in runners), *self._stopping)
 
     # ---- loop -----------------------------------------------------------------------------
-    def reconcile(self) -> list[tuple[str, str]]:
+    def reconcile(self) -> None:
         deployments, _ = self.store.list_objects(DEPLOYMENT, None)
         for dep in deployments:
             self.reconcile_deployment(dep)
-        return list(self._pods_to_start())
+        self._sync_pods()
 
     async def run(self, resync_s: float = 1.0) -> None:
-        starting: set[asyncio.Task[None]] = set()
-        while True:
-            self._dirty.clear()
-            for ns, name in self.reconcile():
-                task = asyncio.create_task(self._start_pod(ns, name))
-                starting.add(task)
-                task.add_done_callback(starting.discard)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=resync_s)
+        """Controllers until cancelled; then every pod process is stopped."""
+        try:
+            while True:
+                self._dirty.clear()
+                self.reconcile()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._dirty.wait(), timeout=resync_s)
+        finally:
+            await asyncio.shield(self.stop_pods())

@@ -10,6 +10,7 @@ resource so a watch can resume from a resourceVersion — or get 410 Gone when i
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
 import secrets
@@ -93,6 +94,15 @@ def _path_set(obj: dict[str, Any], path: str, value: Any) -> None:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
+
+
+def _secret_string_data(kind: Kind, obj: dict[str, Any]) -> None:
+    """A Secret's `stringData` is write-only: the API server folds it into `data` (base64)."""
+    if kind.kind == "Secret" and obj.get("stringData"):
+        data = obj.setdefault("data", {}) or {}
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
 
 
 def _body(obj: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +212,7 @@ class Store:
         if key in self.objects:
             raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+        _secret_string_data(kind, obj)
         meta.update(
             uid=str(uuid.uuid4()),
             creationTimestamp=_now(),
@@ -236,6 +247,7 @@ class Store:
             if meta_old.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = meta_old["deletionTimestamp"]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        _secret_string_data(kind, new)
         if new == old:
             return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
         new["metadata"]["resourceVersion"] = self._bump()

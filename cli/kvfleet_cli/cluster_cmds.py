@@ -1,0 +1,115 @@
+"""`kvfleet cluster up`: the local cluster (emulated API server, controllers, kubelet)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from pathlib import Path
+
+import click
+
+from kvfleet_cli.options import default_of
+from kvfleet_sim.cluster.kubelet import KubeletConfig
+from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """A local Kubernetes stand-in: pods run as processes on 127.0.0.x."""
+
+
+@cluster.command("up")
+@click.option(
+    "--kubeconfig",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the kubeconfig.",
+)
+@click.option("--no-processes", is_flag=True, help="Pods become Ready after a delay; nothing runs.")
+@click.option("--port", type=int, default=None, help="API server port (default: a free one).")
+@click.option(
+    "--namespace",
+    default=default_of(LocalClusterConfig, "namespace"),
+    show_default=True,
+    help="The kubeconfig's namespace.",
+)
+@click.option(
+    "--crds",
+    "crds_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Apply the CRDs in this directory at start (e.g. crds/).",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=default_of(KubeletConfig, "time_scale"),
+    show_default=True,
+    help="Kubelet timing (probes, backoff, grace) relative to a real node.",
+)
+@click.option(
+    "--engine-time-scale",
+    type=float,
+    default=default_of(KubeletConfig, "engine_time_scale"),
+    show_default=True,
+    help="Simulated engines' wall seconds per GPU second.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Pod volumes and logs (default: a temporary directory).",
+)
+@click.option("--log-level", default="info", show_default=True)
+def up(
+    kubeconfig: Path,
+    no_processes: bool,
+    port: int | None,
+    namespace: str,
+    crds_dir: Path | None,
+    time_scale: float,
+    engine_time_scale: float,
+    state_dir: Path | None,
+    log_level: str,
+) -> None:
+    """Start the local cluster and run it until Ctrl-C (or SIGTERM)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    config = LocalClusterConfig(
+        kubeconfig=kubeconfig.resolve(),
+        port=port,
+        namespace=namespace,
+        crds_dir=crds_dir,
+        kubelet=KubeletConfig(
+            run_processes=not no_processes,
+            time_scale=time_scale,
+            engine_time_scale=engine_time_scale,
+            state_dir=state_dir.resolve() if state_dir else None,
+        ),
+    )
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: LocalClusterConfig) -> None:
+    started = time.monotonic()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with LocalCluster(config) as local:
+        mode = "pods run as processes" if config.kubelet.run_processes else "no pod processes"
+        click.echo(f"kvfleet local cluster: API server {local.url} ({mode})")
+        click.echo(f"kubeconfig: {local.kubeconfig}")
+        click.echo(f"  kubectl --kubeconfig {local.kubeconfig} get pods -A")
+        click.echo(
+            f"ready in {time.monotonic() - started:.2f}s; Ctrl-C stops it and every pod", err=True
+        )
+        await stop.wait()
+        click.echo("stopping pods ...", err=True)
+    with contextlib.suppress(NotImplementedError):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    click.echo("stopped", err=True)

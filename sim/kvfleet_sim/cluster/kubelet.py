@@ -1,0 +1,422 @@
+"""The local cluster's kubelet: each pod a local process on its own loopback IP.
+
+What a node would do, without containers: a pod of a known image runs as a subprocess —
+`python3 -m sglang.launch_server FLAGS` as `kvfleet sim serve` with the same flags (those
+the simulator does not model are dropped and listed in the pod's log), `kvfleet ...`
+(the kvfleet image) as itself. Each pod gets its own address (127.0.0.2, .3, ... — all of
+127/8 is loopback on Linux), and the process binds it, so every pod listens on the port its
+manifest names. Startup, readiness and liveness probes are executed against the process and
+set the pod's conditions; a process that exits is restarted with the kubelet's doubling
+backoff; a deleted pod gets SIGTERM, then SIGKILL after its grace period.
+
+No mount namespaces exist here, so volumes are emulated: ConfigMaps and Secrets are written
+to a per-pod directory, and each mountPath is substituted by that directory in the command
+line, environment and mounted text files. Pods reach the API server through the cluster's
+kubeconfig (`KUBECONFIG`), standing in for their service-account token.
+Containers of other images run no process and become Ready after a delay (as in the
+no-process mode used by fast tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("kvfleet.cluster.kubelet")
+
+Json = dict[str, Any]
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+DEFAULT_GPU = "h100"
+SGLANG_COMMAND = ("-m", "sglang.launch_server")
+# Flags of `kvfleet sim serve` that mean what SGLang's mean: flag → takes a value.
+SIM_FLAGS: dict[str, bool] = {
+    "--model-path": True,
+    "--model": True,
+    "--served-model-name": True,
+    "--port": True,
+    "--tp-size": True,
+    "--tp": True,
+    "--mem-fraction-static": True,
+    "--context-length": True,
+    "--max-running-requests": True,
+    "--max-total-tokens": True,
+    "--max-queued-requests": True,
+    "--chunked-prefill-size": True,
+    "--max-prefill-tokens": True,
+    "--page-size": True,
+    "--kv-cache-dtype": True,
+    "--api-key": True,
+    "--disable-radix-cache": False,
+    "--enable-metrics": False,
+    "--quantization": True,
+    "--schedule-policy": True,
+}
+SIM_VALUES = {"--quantization": {"none", "fp8"}, "--schedule-policy": {"fcfs", "lpm"}}
+
+
+def _die_with_kubelet() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the pod process gets SIGTERM if the kubelet dies, even by SIGKILL (no leaks)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    run_processes: bool = True
+    """False: no process runs; every pod becomes Ready after `ready_delay_s` (fast tests)."""
+    ready_delay_s: float = 0.2
+    """No-process pods (and containers of unknown images): time to Ready."""
+    state_dir: Path | None = None
+    """Where pods' volumes and logs live (`<state_dir>/pods/<ns>_<pod>/`); None: a temporary
+    directory of the local cluster, removed when it stops."""
+    kubeconfig: Path | None = None
+    """Given to pods as KUBECONFIG: their way to the API server."""
+    time_scale: float = 0.1
+    """Multiplier on probe periods, restart backoff and grace periods: 0.1 makes a local
+    pod start, restart and stop ten times faster than on a real node; 1.0 = kubelet timing."""
+    engine_time_scale: float = 1.0
+    """`--time-scale` of simulated engines (wall seconds per simulated GPU second)."""
+    engine_startup_delay_s: float = 0.5
+    """Simulated model load: engines answer /health 503 this long."""
+
+
+def gpu_of(pod_spec: Json) -> str:
+    return (pod_spec.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL) or DEFAULT_GPU
+
+
+def sglang_to_sim(args: list[str]) -> tuple[list[str], list[str]]:
+    """SGLang server flags → `kvfleet sim serve` flags, and the flags dropped."""
+    out: list[str] = []
+    dropped: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, _, inline = arg.partition("=")
+        takes = SIM_FLAGS.get(flag)
+        has_next = i + 1 < len(args) and not args[i + 1].startswith("--")
+        value = inline or (args[i + 1] if has_next and not inline else "")
+        step = 2 if (has_next and not inline and takes is not False) else 1
+        if flag == "--host":
+            step = 2 if has_next else 1
+        elif takes is None or (flag in SIM_VALUES and value not in SIM_VALUES[flag]):
+            dropped.append(" ".join(args[i : i + step]))
+        else:
+            out += [flag, value] if takes else [flag]
+        i += step
+    return out, dropped
+
+
+def container_argv(
+    container: Json, pod_ip: str, gpu: str, config: KubeletConfig
+) -> tuple[list[str], list[str]] | None:
+    """The local command for a container, and the notes for its log (None: no process)."""
+    command = list(container.get("command") or []) + list(container.get("args") or [])
+    if (
+        len(command) >= 3
+        and Path(command[0]).name.startswith("python")
+        and tuple(command[1:3]) == SGLANG_COMMAND
+    ):
+        flags, dropped = sglang_to_sim(command[3:])
+        argv = [
+            sys.executable,
+            "-m",
+            "kvfleet_cli",
+            "sim",
+            "serve",
+            *flags,
+            "--host",
+            pod_ip,
+            "--gpu",
+            gpu,
+            "--time-scale",
+            str(config.engine_time_scale),
+            "--startup-delay",
+            str(config.engine_startup_delay_s),
+        ]
+        notes = [f"kubelet: dropped flags the simulator does not model: {d}" for d in dropped]
+        return argv, notes
+    if command and Path(command[0]).name == "kvfleet":
+        argv = [sys.executable, "-m", "kvfleet_cli", *command[1:]]
+        if command[1:2] == ["gateway"]:
+            argv += ["--host", pod_ip]
+        return argv, []
+    return None
+
+
+def substitute(text: str, mounts: dict[str, Path]) -> str:
+    """Mount paths → their local directories, in one pass (a replaced path is never
+    rewritten again), longest mount first, only at path boundaries."""
+    if not mounts:
+        return text
+    paths = sorted((m.rstrip("/") for m in mounts), key=len, reverse=True)
+    local = {m.rstrip("/"): str(d) for m, d in mounts.items()}
+    pattern = re.compile("(" + "|".join(map(re.escape, paths)) + r")(?=/|$|[\s\"',])")
+    return pattern.sub(lambda m: local[m.group(1)], text)
+
+
+@dataclass
+class PodRunner:
+    """One pod's life on this node: volumes, its process, probes, restarts, stop."""
+
+    ns: str
+    name: str
+    pod_ip: str
+    spec: Json
+    config: KubeletConfig
+    status_writer: Any
+    """Callable(status_patch: Json) writing the pod's status through the API."""
+    secrets: Any
+    """Callable(ns, kind, name) -> object | None, reading ConfigMaps and Secrets."""
+    restarts: int = 0
+    ready: bool = False
+    proc: asyncio.subprocess.Process | None = None
+    _started: str = field(default_factory=now)
+
+    @property
+    def pod_dir(self) -> Path:
+        base = self.config.state_dir or Path(tempfile.gettempdir()) / "kvfleet-cluster"
+        return base / "pods" / f"{self.ns}_{self.name}"
+
+    def _scaled(self, seconds: float) -> float:
+        return max(0.05, seconds * self.config.time_scale)
+
+    # ---- volumes --------------------------------------------------------------------------
+    def _materialize(self, container: Json) -> dict[str, Path]:
+        volumes = {v["name"]: v for v in self.spec.get("volumes") or []}
+        mounts: dict[str, Path] = {}
+        for m in container.get("volumeMounts") or []:
+            vol = volumes.get(m["name"], {})
+            local = self.pod_dir / "volumes" / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            files: dict[str, bytes] = {}
+            if "configMap" in vol:
+                cm = self.secrets(self.ns, "ConfigMap", vol["configMap"]["name"]) or {}
+                files = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
+            elif "secret" in vol:
+                sec = self.secrets(self.ns, "Secret", vol["secret"]["secretName"]) or {}
+                files = {k: base64.b64decode(v) for k, v in (sec.get("data") or {}).items()}
+                files |= {k: v.encode() for k, v in (sec.get("stringData") or {}).items()}
+            for key, data in files.items():
+                (local / key).write_bytes(data)
+            mounts[m["mountPath"]] = local
+        for m in container.get("volumeMounts") or []:  # mounted text refers to other mounts
+            if "configMap" in volumes.get(m["name"], {}):
+                for f in mounts[m["mountPath"]].iterdir():
+                    f.write_text(substitute(f.read_text(), mounts))
+        return mounts
+
+    def _env(self, container: Json, mounts: dict[str, Path]) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.config.kubeconfig:
+            env["KUBECONFIG"] = str(self.config.kubeconfig)
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        for var in container.get("env") or []:
+            if "value" in var:
+                env[var["name"]] = substitute(str(var["value"]), mounts)
+            elif ref := (var.get("valueFrom") or {}).get("secretKeyRef"):
+                sec = self.secrets(self.ns, "Secret", ref["name"]) or {}
+                raw = (sec.get("data") or {}).get(ref["key"])
+                if raw is not None:
+                    env[var["name"]] = base64.b64decode(raw).decode()
+        return env
+
+    # ---- status ---------------------------------------------------------------------------
+    def _write(self, container: Json, state: Json, ready: bool, started: bool) -> None:
+        self.ready = ready
+        cond = "True" if ready else "False"
+        self.status_writer(
+            {
+                "phase": "Running",
+                "podIP": self.pod_ip,
+                "podIPs": [{"ip": self.pod_ip}],
+                "hostIP": "127.0.0.1",
+                "startTime": self._started,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "ContainersReady", "status": cond, "lastTransitionTime": now()},
+                    {"type": "Ready", "status": cond, "lastTransitionTime": now()},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": container.get("name"),
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "ready": ready,
+                        "started": started,
+                        "restartCount": self.restarts,
+                        "state": state,
+                    }
+                ],
+            }
+        )
+
+    # ---- probes ---------------------------------------------------------------------------
+    def _probe_url(self, probe: Json, container: Json) -> str | None:
+        http = probe.get("httpGet")
+        if not http:
+            return None
+        port = http.get("port")
+        if isinstance(port, str) and not port.isdigit():
+            port = next(
+                (p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port),
+                None,
+            )
+        return f"http://{self.pod_ip}:{port}{http.get('path', '/')}"
+
+    async def _probe(self, s: aiohttp.ClientSession, probe: Json, container: Json) -> bool:
+        url = self._probe_url(probe, container)
+        if url is None:
+            return True  # exec / tcpSocket probes: the process being up is the signal here
+        try:
+            timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))
+            async with s.get(url, timeout=timeout) as r:
+                return 200 <= r.status < 400
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    # ---- life -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        container = (self.spec.get("containers") or [{}])[0]
+        argv_notes = container_argv(container, self.pod_ip, gpu_of(self.spec), self.config)
+        if argv_notes is None or not self.config.run_processes:
+            await asyncio.sleep(self.config.ready_delay_s)
+            self._write(container, {"running": {"startedAt": now()}}, True, True)
+            await asyncio.Event().wait()  # a pause container: nothing to do until deleted
+            return
+        argv, notes = argv_notes
+        self.pod_dir.mkdir(parents=True, exist_ok=True)
+        backoff = 10.0
+        async with aiohttp.ClientSession() as session:
+            while True:
+                mounts = self._materialize(container)
+                exit_code = await self._run_once(
+                    session, container, [substitute(a, mounts) for a in argv], notes, mounts
+                )
+                self.restarts += 1
+                reason = "Completed" if exit_code == 0 else "Error"
+                waiting = {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"exited with {exit_code} ({reason}); back-off {backoff:.0f}s",
+                    }
+                }
+                self._write(container, waiting, False, False)
+                log.info(
+                    "pod %s/%s exited with %s; restart in %.1fs",
+                    self.ns,
+                    self.name,
+                    exit_code,
+                    self._scaled(backoff),
+                )
+                await asyncio.sleep(self._scaled(backoff))
+                backoff = min(300.0, backoff * 2)
+
+    async def _run_once(
+        self,
+        session: aiohttp.ClientSession,
+        container: Json,
+        argv: list[str],
+        notes: list[str],
+        mounts: dict[str, Path],
+    ) -> int:
+        logfile = self.pod_dir / f"{container.get('name', 'main')}.log"
+        with logfile.open("ab") as out:
+            for note in notes:
+                out.write(note.encode() + b"\n")
+            out.flush()
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env(container, mounts),
+                start_new_session=True,
+                preexec_fn=_die_with_kubelet,
+            )
+        self._write(container, {"running": {"startedAt": now()}}, False, False)
+        prober = asyncio.create_task(self._probe_loop(session, container))
+        try:
+            return await self.proc.wait()
+        finally:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
+
+    async def _probe_loop(self, session: aiohttp.ClientSession, container: Json) -> None:
+        startup, readiness, liveness = (
+            container.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe")
+        )
+        if startup:
+            failures = 0
+            while not await self._probe(session, startup, container):
+                failures += 1
+                if failures >= int(startup.get("failureThreshold", 3)):
+                    log.warning(
+                        "pod %s/%s failed its startup probe: restarting", self.ns, self.name
+                    )
+                    self._signal(signal.SIGKILL)
+                    return
+                await asyncio.sleep(self._scaled(float(startup.get("periodSeconds", 10))))
+        running = {"running": {"startedAt": self._started}}
+        ready_fail = live_fail = 0
+        while True:
+            if readiness:
+                ok = await self._probe(session, readiness, container)
+                ready_fail = 0 if ok else ready_fail + 1
+                now_ready = ok or (
+                    self.ready and ready_fail < int(readiness.get("failureThreshold", 3))
+                )
+            else:
+                now_ready = True
+            if now_ready != self.ready:
+                self._write(container, running, now_ready, True)
+            if liveness:
+                live_fail = 0 if await self._probe(session, liveness, container) else live_fail + 1
+                if live_fail >= int(liveness.get("failureThreshold", 3)):
+                    log.warning(
+                        "pod %s/%s failed its liveness probe: restarting", self.ns, self.name
+                    )
+                    self._signal(signal.SIGKILL)
+                    return
+            period = (readiness or liveness or {}).get("periodSeconds", 10)
+            await asyncio.sleep(self._scaled(float(period)))
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    async def stop(self) -> None:
+        """Graceful: SIGTERM, then SIGKILL after terminationGracePeriodSeconds."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        grace = self._scaled(float(self.spec.get("terminationGracePeriodSeconds", 30)))
+        self._signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout=grace)
+        except TimeoutError:
+            self._signal(signal.SIGKILL)
+            await self.proc.wait()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)

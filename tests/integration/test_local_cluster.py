@@ -1,0 +1,205 @@
+"""`kvfleet cluster up` with pods as processes, driven like a real cluster: the CRD and an
+InferenceService applied with kubectl, the real operator (`kvfleet operator`) reconciling,
+engine pods running as simulator processes on distinct 127.0.0.x addresses, the gateway pod
+discovering them through the API, a deleted pod replaced, a scale to 3; then the cluster
+stops and no pod process is left — within 30 seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvfleet_sim.procs import free_port, running_process
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+ISVC = """
+apiVersion: kvfleet.dev/v1alpha1
+kind: InferenceService
+metadata: {name: llama, namespace: default}
+spec:
+  model: {name: llama-3.1-8b, source: {huggingFace: meta-llama/Llama-3.1-8B-Instruct}}
+  engine: {gpuType: h100, contextLength: 8192}
+  replicas: 2
+  gateway: {insecureNoAuth: true}
+"""
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 3.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw.startswith(b"{") else raw
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def refused(ip: str, port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://{ip}:{port}/health", timeout=1)
+    except urllib.error.URLError as exc:
+        return isinstance(exc.reason, ConnectionRefusedError)
+    except OSError:
+        return True
+    return False
+
+
+def until(check: Callable[[], Any], limit_s: float, what: str) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {limit_s}s waiting for {what}")
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path) -> None:
+        here = Path(sys.executable).parent / "kubectl"
+        self.binary = str(here) if here.exists() else require_binary("kubectl")
+        self.base = [
+            self.binary,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--cache-dir",
+            str(kubeconfig.parent / "cache"),
+        ]
+
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        out = subprocess.run(
+            [*self.base, *args], input=stdin, capture_output=True, text=True, timeout=20
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        out = self("get", "pods", "-l", f"app.kubernetes.io/component={component}", "-o", "json")
+        return json.loads(out)["items"]  # type: ignore[no-any-return]
+
+
+def ready_ips(pods: list[dict[str, Any]]) -> list[str]:
+    return [
+        p["status"]["podIP"]
+        for p in pods
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+    ]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[str, Kubectl, ExitStack]]:
+    with ExitStack() as processes:
+        yield str(tmp_path), Kubectl(tmp_path / "kubeconfig"), processes
+
+
+def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
+    started = time.monotonic()
+    tmp, kubectl, processes = stack
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cluster = processes.enter_context(
+        running_process(
+            [
+                sys.executable,
+                "-m",
+                "kvfleet_cli",
+                "cluster",
+                "up",
+                "--kubeconfig",
+                f"{tmp}/kubeconfig",
+                "--port",
+                str(port),
+                "--state-dir",
+                f"{tmp}/state",
+            ],
+            ready_url=f"{url}/api",
+            log_path=Path(tmp) / "cluster.log",
+        )
+    )
+    startup_s = time.monotonic() - started
+    assert startup_s < 3.0, f"the cluster took {startup_s:.1f}s to start"
+
+    assert "created" in kubectl(
+        "apply", "-f", str(ROOT / "crds" / "kvfleet.dev_inferenceservices.yaml")
+    )
+    processes.enter_context(
+        running_process(
+            [sys.executable, "-m", "kvfleet_cli", "operator", "--server", url, "--resync", "5"],
+            log_path=Path(tmp) / "operator.log",
+        )
+    )
+    assert "created" in kubectl("apply", "-f", "-", stdin=ISVC)
+
+    # Two engine processes on distinct loopback addresses, answering /health.
+    ips = until(
+        lambda: (ips := ready_ips(kubectl.pods("engine"))) and len(ips) == 2 and ips,
+        15,
+        "2 ready engines",
+    )
+    assert len(set(ips)) == 2 and all(ip.startswith("127.0.") and ip != "127.0.0.1" for ip in ips)
+    assert all(http(f"http://{ip}:30000/health")[0] == 200 for ip in ips)
+    # The gateway pod found them through the API and serves the model.
+    gw = until(lambda: ready_ips(kubectl.pods("gateway")), 10, "a ready gateway")[0]
+    chat = {
+        "model": "llama-3.1-8b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
+    _, body = until(
+        lambda: (r := http(f"http://{gw}:8080/v1/chat/completions", chat))[0] == 200 and r,
+        10,
+        "a completion",
+    )
+    assert body["usage"]["completion_tokens"] == 4
+    status_doc = json.loads(kubectl("get", "kis", "llama", "-o", "json"))["status"]
+    assert status_doc["readyReplicas"] == 2
+
+    # Delete a pod: its process stops, a new pod (new process, new address) replaces it.
+    victim = kubectl.pods("engine")[0]
+    victim_ip = victim["status"]["podIP"]
+    kubectl("delete", "pod", victim["metadata"]["name"])
+    until(lambda: refused(victim_ip, 30000), 5, "the deleted pod's process to stop")
+    ips = until(
+        lambda: (
+            (ips := ready_ips(kubectl.pods("engine")))
+            and len(ips) == 2
+            and victim_ip not in ips
+            and ips
+        ),
+        10,
+        "a replacement",
+    )
+    assert all(http(f"http://{ip}:30000/health")[0] == 200 for ip in ips)
+
+    # Scale to 3: a third process.
+    kubectl("scale", "kis", "llama", "--replicas=3")
+    ips = until(
+        lambda: (ips := ready_ips(kubectl.pods("engine"))) and len(ips) == 3 and ips,
+        10,
+        "3 ready engines",
+    )
+    assert len(set(ips)) == 3 and all(http(f"http://{ip}:30000/health")[0] == 200 for ip in ips)
+
+    # Stop the cluster: every pod process goes with it.
+    processes.close()
+    for ip, port_ in [(ip, 30000) for ip in ips] + [(gw, 8080)]:
+        until(lambda ip=ip, port_=port_: refused(ip, port_), 5, f"{ip}:{port_} to stop")
+    assert cluster.returncode == 0
+    total = time.monotonic() - started
+    assert total < 30, f"the scenario took {total:.1f}s"
+    print(f"cluster start {startup_s:.2f}s, whole scenario {total:.1f}s")

@@ -1,0 +1,96 @@
+"""The kubelet's pure parts: SGLang's command line as the simulator's, mounts as paths."""
+
+from pathlib import Path
+
+from kvfleet_sim.cluster.kubelet import KubeletConfig, container_argv, sglang_to_sim, substitute
+from kvfleet_sim.cluster.tables import age, jsonpath
+
+
+def test_sglang_flags_map_to_the_simulator_and_unknown_ones_are_reported() -> None:
+    flags, dropped = sglang_to_sim(
+        [
+            "--model-path",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "30000",
+            "--enable-metrics",
+            "--tp-size",
+            "2",
+            "--schedule-policy",
+            "lof",
+            "--quantization=fp8",
+            "--trust-remote-code",
+            "--revision",
+            "main",
+            "--disable-radix-cache",
+        ]
+    )
+    assert flags == [
+        "--model-path",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--port",
+        "30000",
+        "--enable-metrics",
+        "--tp-size",
+        "2",
+        "--quantization",
+        "fp8",
+        "--disable-radix-cache",
+    ]
+    assert dropped == ["--schedule-policy lof", "--trust-remote-code", "--revision main"]
+
+
+def test_engine_container_becomes_a_simulator_on_the_pod_ip() -> None:
+    container = {
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": ["--model-path", "m/x", "--host", "0.0.0.0", "--port", "30000"],
+    }
+    argv, notes = container_argv(container, "127.0.0.7", "NVIDIA-H200", KubeletConfig()) or ([], [])
+    i = argv.index("serve")
+    assert argv[i + 1 :][:4] == ["--model-path", "m/x", "--port", "30000"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.7"
+    assert argv[argv.index("--gpu") + 1] == "NVIDIA-H200"
+    assert notes == []
+    gateway = container_argv(
+        {"command": ["kvfleet"], "args": ["gateway", "--config", "/c/g.yaml"]},
+        "127.0.0.9",
+        "h100",
+        KubeletConfig(),
+    )
+    assert gateway is not None and gateway[0][-4:] == [
+        "--config",
+        "/c/g.yaml",
+        "--host",
+        "127.0.0.9",
+    ]
+    assert container_argv({"image": "nginx"}, "127.0.0.3", "h100", KubeletConfig()) is None
+
+
+def test_mount_paths_are_substituted_once_at_path_boundaries() -> None:
+    mounts = {"/tmp": Path("/var/k/pod/tmp"), "/etc/kvfleet/config/": Path("/var/k/pod/config")}
+    assert (
+        substitute("/etc/kvfleet/config/gateway.yaml", mounts) == "/var/k/pod/config/gateway.yaml"
+    )
+    assert (
+        substitute("keysFile: /tmp/k.yaml\nx: /tmpfile", mounts)
+        == "keysFile: /var/k/pod/tmp/k.yaml\nx: /tmpfile"
+    )
+
+
+def test_printer_column_jsonpath_and_age() -> None:
+    obj = {
+        "spec": {"model": {"name": "m"}},
+        "status": {
+            "conditions": [
+                {"type": "Progressing", "status": "False"},
+                {"type": "Ready", "status": "True"},
+            ]
+        },
+    }
+    assert jsonpath(obj, ".spec.model.name") == "m"
+    assert jsonpath(obj, '.status.conditions[?(@.type=="Ready")].status') == "True"
+    assert jsonpath(obj, ".status.conditions[0].type") == "Progressing"
+    assert jsonpath(obj, ".status.metrics.queueDepth") is None
+    assert age(None) == "<unknown>"
