@@ -62,6 +62,21 @@ POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
 EVENT = RESOURCES[("v1", "Event")]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+PRUNABLE = [
+    RESOURCES[k]
+    for k in [
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("v1", "ConfigMap"),
+        ("v1", "ServiceAccount"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        ("policy/v1", "PodDisruptionBudget"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
+        ("monitoring.coreos.com/v1", "PodMonitor"),
+    ]
+]
+"""Children deleted when a new spec stops rendering them (never pods, PVCs or the CR)."""
 
 
 def resource_of(obj: Json) -> Resource:
@@ -129,6 +144,17 @@ class Kube:
         return self.request(
             "PATCH", res.path(namespace, name, sub), patch, "application/merge-patch+json"
         )
+
+    def delete(self, res: Resource, namespace: str | None, name: str) -> None:
+        try:
+            self.request(
+                "DELETE",
+                res.path(namespace, name),
+                {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # already gone is what we wanted
+                raise
 
     def served(self, api_version: str) -> bool:
         """Whether the API server serves a group/version (e.g. the Prometheus Operator's)."""

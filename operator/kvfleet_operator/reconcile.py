@@ -17,11 +17,11 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_gateway.config import ConfigError
 from kvfleet_operator.diff import repair_patch, warm_assignment
-from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Kube, resource_of
+from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner
 from kvfleet_operator.schema import Json, SpecError
-from kvfleet_operator.status import Observed, compute_status, status_changed
+from kvfleet_operator.status import Observed, compute_status, status_patch
 
 log = logging.getLogger("kvfleet.operator")
 
@@ -39,6 +39,7 @@ class Outcome:
     created: list[str] = field(default_factory=list)
     patched: list[str] = field(default_factory=list)
     relabelled: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
     status_written: bool = False
     error: str | None = None
 
@@ -62,10 +63,13 @@ def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) 
         out.error = str(exc)
         _write_status(kube, body, None, out, options)
         return out
+    children = [c for c in children if c["kind"] != "PodMonitor" or options.pod_monitors]
     for child in children:
-        if child["kind"] == "PodMonitor" and not options.pod_monitors:
-            continue
         _apply(kube, child, out)
+    spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
+    if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
+        _prune(kube, owner, children, out, options)
+    _report(kube, body, out, spec_changed, options)
     pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
     _assign_roles(kube, owner, pods, replicas, out)
     _write_status(kube, body, (owner, replicas, pods), out, options)
@@ -90,6 +94,37 @@ def _apply(kube: Kube, desired: Json, out: Outcome) -> None:
         if exc.status != 422:  # e.g. an immutable PVC field: report, keep going
             raise
         log.warning("cannot repair %s: %s", _key(desired), exc.body)
+
+
+def _prune(
+    kube: Kube, owner: Owner, children: list[Json], out: Outcome, options: ReconcileOptions
+) -> None:
+    """Delete children this InferenceService owns but no longer renders (a disabled gateway).
+    The model-cache PVC is kept: it holds downloaded weights."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
+    for res in PRUNABLE:
+        if res.kind == "PodMonitor" and not options.pod_monitors:
+            continue
+        for obj in kube.list(res, owner.namespace, f"{ISVC_LABEL}={owner.name}"):
+            meta = obj["metadata"]
+            owned = any(r.get("uid") == owner.uid for r in meta.get("ownerReferences") or [])
+            if owned and (res.kind, meta["name"]) not in wanted:
+                kube.delete(res, owner.namespace, meta["name"])
+                out.pruned.append(f"{res.kind}/{meta['name']}")
+
+
+def _report(
+    kube: Kube, body: Json, out: Outcome, spec_changed: bool, options: ReconcileOptions
+) -> None:
+    """Events for what this reconcile changed in the cluster."""
+    if out.created:
+        post_event(kube, body, "Normal", "Created", "created " + ", ".join(out.created), options)
+    if out.patched:
+        # Without a spec change, a difference means someone edited a managed object.
+        reason, kind = ("Updated", "Normal") if spec_changed else ("DriftRepaired", "Warning")
+        post_event(kube, body, kind, reason, "updated " + ", ".join(out.patched), options)
+    if out.pruned:
+        post_event(kube, body, "Normal", "Pruned", "deleted " + ", ".join(out.pruned), options)
 
 
 def _assign_roles(kube: Kube, owner: Owner, pods: list[Json], replicas: int, out: Outcome) -> None:
@@ -128,28 +163,26 @@ def _write_status(
         observed = Observed(engine, pods, gateway)
         status = compute_status(body, replicas, selector, owner.gateway_url(), observed)
     old = body.get("status") or {}
-    if not status_changed(old, status):
+    patch = status_patch(old, status)
+    if patch is None:
         return
-    kube.patch(ISVC, ns, name, {"status": status}, "status")
+    kube.patch(ISVC, ns, name, {"status": patch}, "status")
     out.status_written = True
     before = {c["type"]: c for c in old.get("conditions") or []}
     for cond in status["conditions"]:
+        if cond["type"] not in ("Ready", "Degraded"):
+            continue
         prev = before.get(cond["type"])
-        if (
-            prev is None
-            or prev.get("status") != cond["status"]
-            or prev.get("reason") != cond["reason"]
-        ):
-            bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
-            if cond["type"] in ("Ready", "Degraded"):
-                post_event(
-                    kube,
-                    body,
-                    "Warning" if bad else "Normal",
-                    cond["reason"],
-                    cond["message"],
-                    options,
-                )
+        bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
+        changed = prev is not None and (prev.get("status"), prev.get("reason")) != (
+            cond["status"],
+            cond["reason"],
+        )
+        # Transitions only (a start says nothing a `Created` event has not), and a spec
+        # that is invalid from the first reconcile.
+        if changed or (prev is None and cond["reason"] == "InvalidSpec"):
+            kind = "Warning" if bad else "Normal"
+            post_event(kube, body, kind, cond["reason"], cond["message"], options)
 
 
 def post_event(

@@ -185,5 +185,24 @@ def compute_status(
     return status
 
 
-def status_changed(old: Any, new: Json) -> bool:
-    return {k: v for k, v in (old or {}).items() if k in new} != new
+OWNED_STATUS = (
+    "observedGeneration",
+    "conditions",
+    "replicas",
+    "desiredReplicas",
+    "activeReplicas",
+    "warmReplicas",
+    "readyReplicas",
+    "selector",
+    "gatewayURL",
+)
+"""Status fields this module writes (others, like `metrics`, belong to the autoscaler)."""
+
+
+def status_patch(old: Any, new: Json) -> Json | None:
+    """The merge patch from `old` to `new` status (None when equal); fields we own that
+    `new` lacks are removed (null), fields others own are left alone."""
+    old = old or {}
+    patch: Json = {k: v for k, v in new.items() if old.get(k) != v}
+    patch |= {k: None for k in OWNED_STATUS if k in old and k not in new}
+    return patch or None

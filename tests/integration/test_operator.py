@@ -208,6 +208,10 @@ async def test_lifecycle(
         ].startswith("lmsysorg/sglang"),
         what="the engine image repaired",
     )
+    events = await asyncio.to_thread(k.list, EVENTS, NS)
+    assert any(
+        e["reason"] == "DriftRepaired" and "Deployment/llama-engine" in e["message"] for e in events
+    )
 
     # A spec change rolls the engine Deployment: new pods replace the old ones.
     old_pods = {
@@ -245,6 +249,16 @@ async def test_lifecycle(
         "application/merge-patch+json",
     )
     await until(lambda: k.get(ISVC, NS, "llama")["status"]["readyReplicas"] == 3, what="3 ready")
+
+    # Disabling the gateway deletes its children (and only those).
+    await asyncio.to_thread(k.patch, ISVC, NS, "llama", {"spec": {"gateway": {"enabled": False}}})
+    await until(lambda: k.get(DEPLOYMENT, NS, "llama-gateway") is None, what="the gateway pruned")
+    await until(lambda: k.get(CONFIGMAP, NS, "llama-gateway") is None, what="its config pruned")
+    assert await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    body = await until(
+        lambda: (b := k.get(ISVC, NS, "llama")) and "gatewayURL" not in b["status"] and b,
+        what="status without a gateway URL",
+    )
 
     # An invalid spec (CEL would reject it; the emulator does not) becomes a condition.
     await asyncio.to_thread(

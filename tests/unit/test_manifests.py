@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from kvfleet_operator.kube import RESOURCES
+from kvfleet_operator.kube import PRUNABLE, RESOURCES
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,18 +60,20 @@ def test_base_renders_and_validates() -> None:
     assert c["resources"]["requests"]
 
 
-def test_cluster_role_grants_what_the_operator_uses_and_no_delete() -> None:
+def test_cluster_role_grants_what_the_operator_uses() -> None:
     role = next(o for o in kustomize(ROOT / "manifests") if o["kind"] == "ClusterRole")
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         for group in rule["apiGroups"]:
             for res in rule["resources"]:
                 granted.setdefault((group, res), set()).update(rule["verbs"])
-    assert not any("delete" in v or "*" in v for v in granted.values())
+    assert not any("*" in v for v in granted.values())
+    prunable = {r.plural for r in PRUNABLE}
     for r in RESOURCES.values():
         group = "" if r.api_version == "v1" else r.api_version.rsplit("/", 1)[0]
         verbs = granted.get((group, r.plural))
         assert verbs, f"the ClusterRole misses {group}/{r.plural}"
+        assert ("delete" in verbs) == (r.plural in prunable), r.plural
         if r.kind == "InferenceService":
             assert verbs == {"get", "list", "watch"}
             assert granted[(group, "inferenceservices/status")] == {"patch"}
@@ -81,6 +83,8 @@ def test_cluster_role_grants_what_the_operator_uses_and_no_delete() -> None:
             assert verbs == {"get", "list", "watch", "patch"}
         else:
             assert {"get", "create", "patch"} <= verbs, r.kind
+        if r.plural in prunable:
+            assert "list" in verbs, r.plural
 
 
 def test_monitoring_renders_and_rules_pass_promtool(tmp_path: Path) -> None:

@@ -104,6 +104,13 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
             g.resources.requests,
             g.resources.limits,
         ),
+        # Liveness starts once the process answers: a slow start is not a hang.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 2,
+            "failureThreshold": 60,
+        },
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, **probe},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, **probe},
         "volumeMounts": mounts,

@@ -187,6 +187,15 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     status=404,
                 )
             return aiohttp.web.json_response(doc)
+        ctype = raw.headers.get("Content-Type", "")
+        if raw.method in ("POST", "PUT", "PATCH") and "protobuf" in ctype:
+            # No protobuf here: 415 makes client-go (kubectl) fall back to JSON.
+            return aiohttp.web.json_response(
+                ApiError(
+                    415, "UnsupportedMediaType", f"the body of type {ctype} is not supported"
+                ).status(),
+                status=415,
+            )
         m = _NAMESPACES.match(raw.path)
         if m is None:
             response = await super().__call__(raw)

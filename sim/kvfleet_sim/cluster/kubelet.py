@@ -366,6 +366,11 @@ class PodRunner:
         startup, readiness, liveness = (
             container.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe")
         )
+        first = max(
+            float((p or {}).get("initialDelaySeconds", 0)) for p in (startup, readiness, liveness)
+        )
+        if first:
+            await asyncio.sleep(self._scaled(first))
         if startup:
             failures = 0
             while not await self._probe(session, startup, container):

@@ -100,6 +100,19 @@ def _deployment_cells(d: Json) -> list[Any]:
     ]
 
 
+def _event_cells(e: Json) -> list[Any]:
+    obj = e.get("involvedObject") or {}
+    last = e.get("lastTimestamp") or e["metadata"].get("creationTimestamp")
+    return [
+        e["metadata"]["name"],
+        age(last),
+        e.get("type", ""),
+        e.get("reason", ""),
+        f"{(obj.get('kind') or '').lower()}/{obj.get('name', '')}",
+        e.get("message", ""),
+    ]
+
+
 BUILTIN_COLUMNS: dict[str, tuple[list[Json], Callable[[Json], list[Any]]]] = {
     "Pod": (
         [
@@ -112,6 +125,17 @@ BUILTIN_COLUMNS: dict[str, tuple[list[Json], Callable[[Json], list[Any]]]] = {
             _column("Node", priority=1),
         ],
         _pod_cells,
+    ),
+    "Event": (
+        [
+            _column("Name", priority=1),
+            _column("Last Seen"),
+            _column("Type"),
+            _column("Reason"),
+            _column("Object"),
+            _column("Message"),
+        ],
+        _event_cells,
     ),
     "Deployment": (
         [

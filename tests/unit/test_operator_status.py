@@ -1,0 +1,87 @@
+"""Status and conditions computed from what the cluster reports: stable when nothing
+changes (so the operator writes nothing), and each condition says why."""
+
+from typing import Any
+
+from kvfleet_operator.status import Observed, compute_status, status_patch
+
+SELECTOR = "kvfleet.dev/inferenceservice=x,app.kubernetes.io/component=engine"
+
+
+def body(generation: int = 1, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "x", "generation": generation}, "status": status or {}}
+
+
+def pod(name: str, ready: bool, role: str = "active") -> dict[str, Any]:
+    cond = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {
+        "metadata": {"name": name, "labels": {"kvfleet.dev/role": role}},
+        "status": {"conditions": cond},
+    }
+
+
+def deployment(generation: int, observed: int, updated: int) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "status": {"observedGeneration": observed, "updatedReplicas": updated},
+    }
+
+
+GATEWAY_READY = {"status": {"readyReplicas": 1}}
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_serving_and_stable_status_is_unchanged_on_recompute() -> None:
+    seen = Observed(deployment(2, 2, 2), [pod("a", True), pod("b", True, "warm")], GATEWAY_READY)
+    first = compute_status(body(), 2, SELECTOR, "http://x.ns.svc:8080/v1", seen)
+    assert conditions(first) == {
+        "Ready": ("True", "Serving"),
+        "Progressing": ("False", "Stable"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert (first["activeReplicas"], first["warmReplicas"], first["readyReplicas"]) == (1, 1, 2)
+    again = compute_status(body(status=first), 2, SELECTOR, "http://x.ns.svc:8080/v1", seen)
+    assert again == first and status_patch(first, again) is None
+
+
+def test_rollout_unready_and_invalid_spec() -> None:
+    rolling = Observed(
+        deployment(3, 3, 1), [pod("a", True), pod("b", True), pod("c", False)], GATEWAY_READY
+    )
+    st = compute_status(body(3), 2, SELECTOR, None, rolling)
+    assert conditions(st)["Progressing"] == ("True", "RollingOut")
+    assert conditions(st)["Ready"] == ("True", "Serving")
+    down = Observed(deployment(1, 1, 2), [pod("a", False), pod("b", False)], GATEWAY_READY)
+    assert conditions(compute_status(body(), 2, SELECTOR, None, down))["Ready"] == (
+        "False",
+        "NoReadyReplicas",
+    )
+    no_gw = Observed(deployment(1, 1, 1), [pod("a", True)], {"status": {}})
+    assert conditions(compute_status(body(), 1, SELECTOR, None, no_gw))["Ready"] == (
+        "False",
+        "GatewayUnavailable",
+    )
+    degraded = Observed(deployment(1, 1, 2), [pod("a", True), pod("b", False)], GATEWAY_READY)
+    assert conditions(compute_status(body(), 2, SELECTOR, None, degraded))["Degraded"] == (
+        "True",
+        "ReplicasUnavailable",
+    )
+    bad = compute_status(
+        body(4), 0, SELECTOR, None, Observed(None, [], None), "spec.replicas: nope"
+    )
+    ready = next(c for c in bad["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "InvalidSpec",
+        "spec.replicas: nope",
+    )
+    assert ready["observedGeneration"] == 4
+
+
+def test_status_patch_removes_only_what_we_own() -> None:
+    old = {"gatewayURL": "http://x", "replicas": 2, "metrics": {"queueDepth": 3}}
+    assert status_patch(old, {"replicas": 2}) == {"gatewayURL": None}
+    assert status_patch(old, {"replicas": 3, "gatewayURL": "http://x"}) == {"replicas": 3}
