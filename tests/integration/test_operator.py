@@ -279,6 +279,12 @@ async def test_lifecycle(
     # ... and nothing was torn down.
     assert len(await asyncio.to_thread(k.list, POD, NS, "app.kubernetes.io/component=engine")) == 3
 
+    # Deleting the InferenceService takes its children with it (ownerReferences, no finalizer).
+    assert not body["metadata"].get("finalizers")
+    await asyncio.to_thread(k.request, "DELETE", ISVC.path(NS, "llama"))
+    await until(lambda: not _children(env), what="the children garbage-collected")
+    await until(lambda: not k.list(POD, NS, "kvfleet.dev/inferenceservice=llama"), what="pods gone")
+
 
 def _children(env: Env) -> list[dict[str, Any]]:
     from kvfleet_operator.kube import RESOURCES

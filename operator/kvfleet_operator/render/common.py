@@ -90,3 +90,17 @@ RESTRICTED_CONTAINER: Json = {
     "capabilities": {"drop": ["ALL"]},
 }
 """The container hardening every image here can live with."""
+
+
+def service(owner: Owner, name: str, component: str, port: int, **spec: Json | str | bool) -> Json:
+    """A Service for `component`'s pods, its one port named `http` as the pods' port is."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(name, component),
+        "spec": {
+            **spec,
+            "selector": owner.selector(component),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

@@ -21,6 +21,7 @@ from kvfleet_operator.render.common import (
     ROLE_LABEL,
     Owner,
     merge_resources,
+    service,
 )
 from kvfleet_operator.schema import Json, to_json
 
@@ -157,18 +158,9 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
 
 
 def gateway_service(owner: Owner) -> Json:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owner.metadata(owner.gateway_service, GATEWAY),
-        "spec": {
-            "type": owner.spec.gateway.service_type,
-            "selector": owner.selector(GATEWAY),
-            "ports": [
-                {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
-        },
-    }
+    return service(
+        owner, owner.gateway_service, GATEWAY, GATEWAY_PORT, type=owner.spec.gateway.service_type
+    )
 
 
 def gateway_rbac(owner: Owner) -> list[Json]:

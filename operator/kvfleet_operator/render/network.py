@@ -9,6 +9,7 @@ from kvfleet_operator.render.common import (
     ISVC_LABEL,
     ROLE_LABEL,
     Owner,
+    service,
 )
 from kvfleet_operator.schema import Json
 
@@ -24,19 +25,14 @@ def _prom(label: str) -> str:
 
 def engine_service(owner: Owner) -> Json:
     """Headless: one DNS record per ready replica, no virtual IP (the gateway routes)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owner.metadata(owner.engine_name, ENGINE),
-        "spec": {
-            "clusterIP": "None",
-            "selector": owner.selector(ENGINE),
-            "ports": [
-                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
-            "publishNotReadyAddresses": False,
-        },
-    }
+    return service(
+        owner,
+        owner.engine_name,
+        ENGINE,
+        ENGINE_PORT,
+        clusterIP="None",
+        publishNotReadyAddresses=False,
+    )
 
 
 def engine_pod_monitor(owner: Owner) -> Json:
