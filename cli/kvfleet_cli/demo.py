@@ -122,17 +122,37 @@ def run_demo(
     help="Show the fleet simulator (virtual time) instead of the live stack.",
 )
 @click.option(
+    "--on-cluster",
+    is_flag=True,
+    help="The Kubernetes path: operator, InferenceService and pods on the local cluster.",
+)
+@click.option(
     "--replicas", type=int, default=4, show_default=True, help="Replicas of the simulated fleet."
 )
-def demo(duration: float, simulated_fleet: bool, replicas: int) -> None:
+def demo(duration: float, simulated_fleet: bool, on_cluster: bool, replicas: int) -> None:
     """Run the whole stack locally: engines, gateway, tenants' traffic — live."""
     if duration <= 0 or replicas < 1:
         raise click.UsageError("--duration must be > 0 and --replicas >= 1")
+    if simulated_fleet and on_cluster:
+        raise click.UsageError("choose one of --simulated-fleet and --on-cluster")
     if simulated_fleet:
         run_demo(duration, replicas)
         return
     import tempfile
     from pathlib import Path
+
+    if on_cluster:
+        from kvfleet_cli.demo_cluster import run_cluster_demo
+
+        with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
+            result = run_cluster_demo(duration, Path(work))
+        failed = sum(result["failed"].values())
+        click.echo(
+            f"{result['ok']}/{result['sent']} served, {failed} failed; TTFT p50 "
+            f"{result['ttft_p50_ms'] or 0:.0f} ms; {result['ready_replicas']} ready replicas; "
+            f"events: {', '.join(dict.fromkeys(result['events']))}"
+        )
+        return
 
     from kvfleet_cli.demo_stack import run_stack_demo
 

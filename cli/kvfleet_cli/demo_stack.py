@@ -85,7 +85,7 @@ def _configs(work: Path, backends: list[str], port: int) -> tuple[Path, dict[str
     return path, raw
 
 
-async def _request(
+async def send_chat(
     session: aiohttp.ClientSession, gw: str, key: str, body: dict[str, Any], stats: TenantStats
 ) -> None:
     stats.sent += 1
@@ -103,7 +103,7 @@ async def _request(
     stats.ok += 1
 
 
-def _support_body(rng: random.Random) -> dict[str, Any]:
+def support_body(rng: random.Random) -> dict[str, Any]:
     question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30)))
     return {
         "model": "llama-3.1-8b",
@@ -203,7 +203,7 @@ async def _drive(gw: str, urls: list[str], keys: dict[str, str], duration: float
         async def traffic(name: str, body: Any, rate: Any) -> None:
             while (elapsed := time.monotonic() - start) < duration:
                 task = asyncio.create_task(
-                    _request(session, gw, keys[name], body(rng), tenants[name])
+                    send_chat(session, gw, keys[name], body(rng), tenants[name])
                 )
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -213,7 +213,7 @@ async def _drive(gw: str, urls: list[str], keys: dict[str, str], duration: float
             return 30.0 if duration / 3 <= t < 2 * duration / 3 else 10.0
 
         loads = [
-            asyncio.create_task(traffic("support-chat", _support_body, spike)),
+            asyncio.create_task(traffic("support-chat", support_body, spike)),
             asyncio.create_task(traffic("doc-search", _search_body, lambda t: 3.0)),
         ]
         cost = 0.0

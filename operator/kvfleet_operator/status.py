@@ -70,6 +70,28 @@ def pod_ready(pod: Json) -> bool:
     )
 
 
+FAILING_REASONS = frozenset(
+    {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"}
+)
+
+
+def failing_pods(pods: list[Json]) -> list[str]:
+    """Engine pods that are not starting but failing: crash loops, pull errors, restarts
+    while unready. A pod that is merely new (scale-up, replacement) is Progressing, not this."""
+    out = []
+    for p in pods:
+        if pod_ready(p):
+            continue
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            restarts = int(cs.get("restartCount") or 0)
+            if waiting.get("reason") in FAILING_REASONS or restarts > 0:
+                why = waiting.get("reason") or "restarting"
+                out.append(f"{p['metadata']['name']}: {why} ({restarts} restarts)")
+                break
+    return out
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -148,7 +170,9 @@ def compute_status(
             if rolling
             else (want if progressing else "all replicas are current and ready")
         )
-        degraded = 0 < len(ready_pods) < desired_replicas and not rolling
+        failing = failing_pods(observed.pods)
+        degraded = bool(failing)
+        degraded_msg = "; ".join(failing[:3]) if failing else want
         conds = [
             ready_c,
             condition(
@@ -163,8 +187,8 @@ def compute_status(
                 previous,
                 "Degraded",
                 degraded,
-                "ReplicasUnavailable" if degraded else "AsExpected",
-                want,
+                "ReplicasFailing" if degraded else "AsExpected",
+                degraded_msg,
                 generation,
             ),
         ]

@@ -18,3 +18,13 @@ def test_live_stack_demo_serves_both_tenants(tmp_path: Path) -> None:
 def test_simulated_fleet_demo_reports_a_summary() -> None:
     summary = run_demo(1.0, replicas=2)
     assert summary["requests"] > 0 and summary["ttft_p50"] > 0
+
+
+def test_cluster_demo_scales_and_heals_without_losing_requests(tmp_path: Path) -> None:
+    from kvfleet_cli.demo_cluster import run_cluster_demo
+
+    result = run_cluster_demo(8.0, tmp_path)
+    assert result["sent"] > 20 and result["ok"] == result["sent"], result["failed"]
+    assert result["ready_replicas"] == 3
+    assert len([p for p in result["pods"] if "-engine-" in p]) == 3
+    assert {"Created", "Serving", "Updated"} <= set(result["events"])

@@ -64,11 +64,24 @@ def test_rollout_unready_and_invalid_spec() -> None:
         "False",
         "GatewayUnavailable",
     )
-    degraded = Observed(deployment(1, 1, 2), [pod("a", True), pod("b", False)], GATEWAY_READY)
-    assert conditions(compute_status(body(), 2, SELECTOR, None, degraded))["Degraded"] == (
-        "True",
-        "ReplicasUnavailable",
+    new_pod = Observed(deployment(1, 1, 2), [pod("a", True), pod("b", False)], GATEWAY_READY)
+    st = compute_status(body(), 2, SELECTOR, None, new_pod)
+    assert conditions(st)["Degraded"] == ("False", "AsExpected")  # starting is not failing
+    assert conditions(st)["Progressing"] == ("True", "Scaling")
+    crashing = pod("b", False)
+    crashing["status"]["containerStatuses"] = [
+        {"restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+    ]
+    st = compute_status(
+        body(),
+        2,
+        SELECTOR,
+        None,
+        Observed(deployment(1, 1, 2), [pod("a", True), crashing], GATEWAY_READY),
     )
+    assert conditions(st)["Degraded"] == ("True", "ReplicasFailing")
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"] == "b: CrashLoopBackOff (3 restarts)"
     bad = compute_status(
         body(4), 0, SELECTOR, None, Observed(None, [], None), "spec.replicas: nope"
     )
