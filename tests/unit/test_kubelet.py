@@ -94,3 +94,15 @@ def test_printer_column_jsonpath_and_age() -> None:
     assert jsonpath(obj, ".status.conditions[0].type") == "Progressing"
     assert jsonpath(obj, ".status.metrics.queueDepth") is None
     assert age(None) == "<unknown>"
+
+
+def test_mounts_rewrite_the_containers_arguments_not_the_local_interpreter() -> None:
+    import sys
+
+    top = "/" + sys.executable.split("/")[1]  # a mount over the interpreter's own top directory
+    container = {"command": ["kvfleet"], "args": ["gateway", "--config", f"{top}/cfg/g.yaml"]}
+    argv, _ = container_argv(
+        container, "127.0.0.9", "h100", KubeletConfig(), {top: Path("/pod/v")}
+    ) or ([], [])
+    assert argv[0] == sys.executable
+    assert argv[argv.index("--config") + 1] == "/pod/v/cfg/g.yaml"

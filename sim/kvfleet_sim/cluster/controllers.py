@@ -206,8 +206,12 @@ class Cluster:
     @staticmethod
     async def _stop_runner(runner: PodRunner, task: asyncio.Task[None]) -> None:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a pod's failure must not take the node down
+            log.exception("pod %s/%s failed", runner.ns, runner.name)
         await runner.stop()
         runner.cleanup()
 

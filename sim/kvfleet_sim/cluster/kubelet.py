@@ -127,10 +127,18 @@ def sglang_to_sim(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def container_argv(
-    container: Json, pod_ip: str, gpu: str, config: KubeletConfig
+    container: Json,
+    pod_ip: str,
+    gpu: str,
+    config: KubeletConfig,
+    mounts: dict[str, Path] | None = None,
 ) -> tuple[list[str], list[str]] | None:
-    """The local command for a container, and the notes for its log (None: no process)."""
-    command = list(container.get("command") or []) + list(container.get("args") or [])
+    """The local command for a container, and the notes for its log (None: no process).
+    Mount paths in the container's own command line become their local directories."""
+    command = [
+        substitute(str(a), mounts or {})
+        for a in [*(container.get("command") or []), *(container.get("args") or [])]
+    ]
     if (
         len(command) >= 3
         and Path(command[0]).name.startswith("python")
@@ -298,21 +306,25 @@ class PodRunner:
     # ---- life -----------------------------------------------------------------------------
     async def run(self) -> None:
         container = (self.spec.get("containers") or [{}])[0]
-        argv_notes = container_argv(container, self.pod_ip, gpu_of(self.spec), self.config)
-        if argv_notes is None or not self.config.run_processes:
+        gpu = gpu_of(self.spec)
+        if (
+            container_argv(container, self.pod_ip, gpu, self.config) is None
+            or not self.config.run_processes
+        ):
             await asyncio.sleep(self.config.ready_delay_s)
             self._write(container, {"running": {"startedAt": now()}}, True, True)
             await asyncio.Event().wait()  # a pause container: nothing to do until deleted
             return
-        argv, notes = argv_notes
         self.pod_dir.mkdir(parents=True, exist_ok=True)
         backoff = 10.0
         async with aiohttp.ClientSession() as session:
             while True:
                 mounts = self._materialize(container)
-                exit_code = await self._run_once(
-                    session, container, [substitute(a, mounts) for a in argv], notes, mounts
+                argv, notes = container_argv(container, self.pod_ip, gpu, self.config, mounts) or (
+                    [],
+                    [],
                 )
+                exit_code = await self._run_once(session, container, argv, notes, mounts)
                 self.restarts += 1
                 reason = "Completed" if exit_code == 0 else "Error"
                 waiting = {
@@ -345,14 +357,19 @@ class PodRunner:
             for note in notes:
                 out.write(note.encode() + b"\n")
             out.flush()
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self._env(container, mounts),
-                start_new_session=True,
-                preexec_fn=_die_with_kubelet,
-            )
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=self._env(container, mounts),
+                    start_new_session=True,
+                    preexec_fn=_die_with_kubelet,
+                )
+            except OSError as exc:  # the image's command cannot run: RunContainerError
+                out.write(f"kubelet: cannot start {argv[:1]}: {exc}\n".encode())
+                log.warning("pod %s/%s cannot start: %s", self.ns, self.name, exc)
+                return 128
         self._write(container, {"running": {"startedAt": now()}}, False, False)
         prober = asyncio.create_task(self._probe_loop(session, container))
         try:
