@@ -203,6 +203,11 @@ class Autoscaling:
             "minReplicas must not exceed maxReplicas",
             ".minReplicas",
         ),
+        Rule(
+            "self.minReplicas + self.warmReplicas <= self.maxReplicas",
+            "minReplicas + warmReplicas must fit within maxReplicas",
+            ".warmReplicas",
+        ),
     )
     min_replicas: int = fld(1, "Fewest active replicas.", minimum=0)
     max_replicas: int = fld(doc="Most replicas (active + warm).", minimum=1, maximum=1000)
@@ -261,6 +266,12 @@ class GatewaySpec:
             "!self.enabled || self.insecureNoAuth || has(self.apiKeysSecret)",
             "an enabled gateway needs apiKeysSecret (or insecureNoAuth: true)",
             ".apiKeysSecret",
+        ),
+        Rule(
+            "self.replicas == 1 || self.limitsStore != 'memory'",
+            "more than one gateway replica needs a shared limitsStore (redis://...): with"
+            " memory each replica would enforce the full limits",
+            ".limitsStore",
         ),
     )
     enabled: bool = fld(True, "Deploy the routing gateway.")

@@ -73,6 +73,24 @@ async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str
     return out.decode()
 
 
+async def kubectl_error(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    cache = kubeconfig.parent / "kube-cache"
+    proc = await asyncio.create_subprocess_exec(
+        kubectl_binary(),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--cache-dir",
+        str(cache),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate(stdin.encode() if stdin else None)
+    assert proc.returncode != 0
+    return err.decode()
+
+
 async def until_lines(kubeconfig: Path, n: int, *args: str) -> str:
     for _ in range(80):
         out = await kubectl(kubeconfig, *args)
@@ -144,5 +162,8 @@ async def test_kubectl_inference_services(kubeconfig: Path) -> None:
     assert "configured" in await kubectl(
         kubeconfig, "apply", "-f", "-", stdin=ISVC.replace("replicas: 1", "replicas: 2")
     )
+    invalid = ISVC.replace("replicas: 1", "replicas: 1\n  autoscaling: {maxReplicas: 4}")
+    error = await kubectl_error(kubeconfig, "apply", "-f", "-", stdin=invalid)
+    assert "is invalid" in error and "replicas and autoscaling are mutually exclusive" in error
     assert "deleted" in await kubectl(kubeconfig, "delete", "kis", "llama")
     assert (await kubectl(kubeconfig, "get", "kis", "-o", "name")).strip() == ""

@@ -16,6 +16,7 @@ from typing import Any
 import kmock
 import kopf
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Kube, Resource, api_client
@@ -260,7 +261,15 @@ async def test_lifecycle(
         what="status without a gateway URL",
     )
 
-    # An invalid spec (CEL would reject it; the emulator does not) becomes a condition.
+    # The API server rejects an invalid spec with the CRD's CEL rule ...
+    with pytest.raises(ApiException) as rejected:
+        await asyncio.to_thread(
+            k.patch, ISVC, NS, "llama", {"spec": {"autoscaling": {"maxReplicas": 4}}}
+        )
+    assert rejected.value.status == 422
+    assert "replicas and autoscaling are mutually exclusive" in rejected.value.body
+    # ... and where one lets it through (a server without CEL), it becomes a condition.
+    env.api.validate_custom_resources = False
     await asyncio.to_thread(
         k.patch, ISVC, NS, "llama", {"spec": {"autoscaling": {"maxReplicas": 4}}}
     )

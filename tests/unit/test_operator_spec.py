@@ -128,6 +128,12 @@ def test_defaults_applied() -> None:
             "match",
         ),
         ({"modelCache": {}}, "spec.modelCache", "exactly one"),
+        (
+            {"autoscaling": {"minReplicas": 3, "warmReplicas": 2, "maxReplicas": 4}},
+            "spec.autoscaling.warmReplicas",
+            "fit within",
+        ),
+        ({"gateway__replicas": 2}, "spec.gateway.limitsStore", "shared limitsStore"),
         ({"replicas": "2"}, "spec.replicas", "not an integer"),
         ({"replicas": True}, "spec.replicas", "not an integer"),
         ({"enginee": {}}, "spec.enginee", "unknown field"),

@@ -25,6 +25,7 @@ import yaml
 from kvfleet_sim.cluster.openapi import ServedKind, fix_resource_list, openapi_v3
 from kvfleet_sim.cluster.store import ApiError, Gone, Kind, PatchType, Store
 from kvfleet_sim.cluster.tables import to_table
+from kvfleet_sim.cluster.validation import apply_defaults, validate
 
 PATCH_TYPES: dict[str, PatchType] = {
     "application/merge-patch+json": "merge",
@@ -59,6 +60,11 @@ class ClusterAPI(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self.store = Store()
         self.store.listeners.append(self._on_event)
+        self.store.admission.append(self._admit_custom_resource)
+        self.validate_custom_resources = True
+        """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server
+        does; False stands in for one that lets anything through (an old, pre-CEL server)."""
+        self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._closed = False
         self.request_log: list[tuple[str, str, str]] = []
@@ -71,6 +77,27 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.resources.load_bundled()
         for res in [r for r in self.resources if r.group == "metrics.k8s.io"]:
             del self.resources[res]
+
+    def _admit_custom_resource(
+        self, kind: Kind, obj: dict[str, Any], subresource: str | None
+    ) -> None:
+        schema = self._schemas.get((kind.group, kind.version, kind.plural))
+        if schema is None or not self.validate_custom_resources:
+            return
+        errors: list[str] = []
+        # Main writes check the spec (status is carried over), status writes the status.
+        for part in ("status",) if subresource == "status" else ("spec",):
+            sub = (schema.get("properties") or {}).get(part)
+            if sub is not None and part in obj:
+                apply_defaults(sub, obj[part])
+                errors += validate(sub, obj[part], part)
+        if errors:
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{kind.kind}.{kind.group} "{name}" is invalid: ' + ", ".join(errors),
+            )
 
     def served_kinds(self) -> list[ServedKind]:
         out = []
@@ -137,6 +164,9 @@ class ClusterAPI(kmock.KubernetesEmulator):
             return
         namespaced = spec.get("scope", "Namespaced") == "Namespaced"
         for version in spec.get("versions") or []:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if schema:
+                self._schemas[(group, version["name"], plural)] = schema
             subs = version.get("subresources") or {}
             scale = subs.get("scale") or {}
             self.resources[kmock.resource(group, version["name"], plural)] = kmock.ResourceInfo(

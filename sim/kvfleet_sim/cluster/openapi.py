@@ -6,7 +6,7 @@ repeat their parent's short names and categories (kubectl otherwise warns that `
 ambiguous). `/openapi/v3` lists every served kind with the operations kubectl looks for, and the
 schemas of the CRDs applied, so `kubectl explain kis.spec` reads their descriptions. The
 PATCH/POST operations declare `fieldValidation`, so kubectl leaves field validation to the
-server — which here does not enforce schemas (the operator re-validates every spec).
+server, which checks custom resources against their CRD (`validation.py`).
 """
 
 from __future__ import annotations

@@ -119,6 +119,11 @@ class Store:
     )
     listeners: list[Callable[[Kind, str, dict[str, Any]], None]] = field(default_factory=list)
     kinds: dict[tuple[str, str], Kind] = field(default_factory=dict)
+    admission: list[Callable[[Kind, dict[str, Any], str | None], None]] = field(
+        default_factory=list
+    )
+    """Called with (kind, object, subresource) before every create and update is stored; may
+    default fields in place or raise ApiError (422) to refuse the write."""
     history_size: int = HISTORY
     """Events kept per resource for watches resuming from a resourceVersion."""
 
@@ -213,6 +218,8 @@ class Store:
             raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         _secret_string_data(kind, obj)
+        for admit in self.admission:
+            admit(kind, obj, None)
         meta.update(
             uid=str(uuid.uuid4()),
             creationTimestamp=_now(),
@@ -248,6 +255,8 @@ class Store:
                 meta["deletionTimestamp"] = meta_old["deletionTimestamp"]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         _secret_string_data(kind, new)
+        for admit in self.admission:
+            admit(kind, new, subresource)
         if new == old:
             return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
         new["metadata"]["resourceVersion"] = self._bump()

@@ -1,0 +1,99 @@
+"""The local cluster treats the InferenceService CRD as an API server does: defaults filled
+in, unknown fields pruned, types and bounds checked, CEL rules enforced — on create, on
+patch, and on `/scale` (which cannot set replicas on an autoscaled service)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kvfleet_sim.cluster.kubelet import KubeletConfig
+from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+ISVCS = "/apis/kvfleet.dev/v1alpha1/namespaces/default/inferenceservices"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+def isvc(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "m", "source": {"huggingFace": "org/model"}},
+            "gateway": {"insecureNoAuth": True},
+            **spec,
+        },
+    }
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    config = LocalClusterConfig(
+        kubeconfig=tmp_path / "kubeconfig",
+        crds_dir=ROOT / "crds",
+        kubelet=KubeletConfig(run_processes=False),
+    )
+    async with LocalCluster(config) as cluster, aiohttp.ClientSession() as s:
+        yield cluster.url, s
+
+
+async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]) -> None:
+    url, s = api
+    body = isvc("ok", replicas=2, notAField=1)
+    async with s.post(url + ISVCS, json=body) as r:
+        assert r.status == 201
+        created = await r.json()
+    spec = created["spec"]
+    assert "notAField" not in spec
+    assert spec["engine"]["tensorParallel"] == 1  # defaults from the schema
+    assert spec["engine"]["image"].startswith("lmsysorg/sglang:")
+    assert spec["gateway"]["routingPolicy"] == "kvfleet"
+
+    cases = [
+        (
+            isvc("a", replicas=2, autoscaling={"maxReplicas": 3}),
+            "replicas and autoscaling are mutually exclusive",
+        ),
+        (
+            isvc("b", engine={"tensorParallel": 3}),
+            "spec.engine.tensorParallel: Unsupported value: 3",
+        ),
+        (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs: Invalid value"),
+        (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
+        (
+            isvc("e", autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+            "spec.autoscaling.minReplicas",
+        ),
+        (
+            {**isvc("f"), "spec": {"gateway": {"insecureNoAuth": True}}},
+            "spec.model: Required value",
+        ),
+    ]
+    for obj, message in cases:
+        async with s.post(url + ISVCS, json=obj) as r:
+            assert r.status == 422, obj
+            assert message in (await r.json())["message"]
+
+    # Updates are admitted the same way; /scale writes spec.replicas through the rules.
+    async with s.patch(
+        f"{url}{ISVCS}/ok", json={"spec": {"engine": {"tensorParallel": 5}}}, headers=MERGE
+    ) as r:
+        assert r.status == 422
+    auto = isvc("auto", autoscaling={"minReplicas": 1, "maxReplicas": 4})
+    async with s.post(url + ISVCS, json=auto) as r:
+        assert r.status == 201
+    async with s.patch(
+        f"{url}{ISVCS}/auto/scale", json={"spec": {"replicas": 3}}, headers=MERGE
+    ) as r:
+        assert r.status == 422
+        assert "mutually exclusive" in (await r.json())["message"]
+    async with s.patch(
+        f"{url}{ISVCS}/ok/scale", json={"spec": {"replicas": 3}}, headers=MERGE
+    ) as r:
+        assert r.status == 200
