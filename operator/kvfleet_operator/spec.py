@@ -56,7 +56,11 @@ MANAGED_FLAGS = (
 )
 """SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
 _MANAGED_RE = "^--(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
-Quantization = Literal["fp8", "awq", "gptq", "marlin", "gguf", "bitsandbytes", "w8a8_fp8"]
+# Checked against sglang 0.5.23's `--quantization` and `--schedule-policy` choices (a subset).
+Quantization = Literal[
+    "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "gguf", "bitsandbytes", "w8a8_fp8",
+    "w8a8_int8", "modelopt_fp8", "modelopt_fp4", "compressed-tensors",
+]  # fmt: skip
 SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
 RoutingPolicy = Literal["kvfleet", "round_robin", "least_load", "sglang_cache_aware"]
 

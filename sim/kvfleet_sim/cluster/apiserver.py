@@ -6,7 +6,9 @@ a `Store` with real semantics: 201 on create, 409 on conflicts, 422 on failed pa
 PUT, merge / JSON / strategic-merge patches and single-manager server-side apply; status and
 scale subresources; label and field selectors on list and watch; watches that resume from a
 resourceVersion (410 when too old) and end at timeoutSeconds; generateName; namespaces;
-ownerReference garbage collection; CRDs that become servable resources when created.
+ownerReference garbage collection; CRDs that become servable resources when created, with
+their schemas applied to every write (`validation.py`); discovery, OpenAPI v3 and
+server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
 """
 
 from __future__ import annotations
