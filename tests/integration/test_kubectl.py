@@ -53,42 +53,30 @@ async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
         yield cluster.kubeconfig
 
 
-async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+async def run_kubectl(kubeconfig: Path, *args: str, stdin: str | None) -> tuple[int, str, str]:
     # Its own discovery cache: ~/.kube/cache outlives a run and is keyed by host:port only.
     cache = kubeconfig.parent / "kube-cache"
     proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(),
-        "--kubeconfig",
-        str(kubeconfig),
-        "--cache-dir",
-        str(cache),
-        *args,
+        kubectl_binary(), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache), *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-    )
+    )  # fmt: skip
     out, err = await proc.communicate(stdin.encode() if stdin else None)
-    assert proc.returncode == 0, err.decode()
-    assert "could also match" not in err.decode(), err.decode()  # no ambiguous short names
-    return out.decode()
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    code, out, err = await run_kubectl(kubeconfig, *args, stdin=stdin)
+    assert code == 0, err
+    assert "could also match" not in err, err  # no ambiguous short names
+    return out
 
 
 async def kubectl_error(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    cache = kubeconfig.parent / "kube-cache"
-    proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(),
-        "--kubeconfig",
-        str(kubeconfig),
-        "--cache-dir",
-        str(cache),
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate(stdin.encode() if stdin else None)
-    assert proc.returncode != 0
-    return err.decode()
+    code, _, err = await run_kubectl(kubeconfig, *args, stdin=stdin)
+    assert code != 0
+    return err
 
 
 async def until_lines(kubeconfig: Path, n: int, *args: str) -> str:
