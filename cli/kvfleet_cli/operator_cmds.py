@@ -133,12 +133,19 @@ def crds(out_dir: Path, check: bool) -> None:
     show_default=True,
     help="Seconds between full reconciles.",
 )
+@click.option(
+    "--liveness",
+    "liveness",
+    default=None,
+    help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def operator(
     namespaces: tuple[str, ...],
     server: str | None,
     kubeconfig: str | None,
     resync_s: float,
+    liveness: str | None,
     log_level: str,
 ) -> None:
     """Run the operator: reconcile InferenceServices into SGLang fleets and gateways."""
@@ -150,8 +157,13 @@ def operator(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if log_level.lower() != "debug":  # kopf reports every handled event at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes
     config = OperatorConfig(
-        namespaces=namespaces, resync_s=resync_s, server=server, kubeconfig=kubeconfig
+        liveness_endpoint=liveness,
+        namespaces=namespaces,
+        resync_s=resync_s,
+        server=server,
+        kubeconfig=kubeconfig,
     )
     kube = Kube(api_client(server, kubeconfig))
     login = None

@@ -49,6 +49,8 @@ class OperatorConfig:
     """Every known InferenceService is reconciled at least this often."""
     max_backoff_s: float = 60.0
     """Longest wait before retrying a reconcile that failed."""
+    liveness_endpoint: str | None = None
+    """kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz (None: none)."""
     server: str | None = None
     """API server URL without auth (the local cluster); None: in-cluster or kubeconfig."""
     kubeconfig: str | None = None
@@ -190,5 +192,6 @@ def run(
             namespaces=namespaces,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
+            liveness_endpoint=controller.config.liveness_endpoint,
         )
     )
