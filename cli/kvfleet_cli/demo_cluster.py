@@ -30,6 +30,7 @@ from kvfleet_gateway.keys import hash_key
 from kvfleet_operator.crd import crd
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube, api_client
+from kvfleet_operator.status import pod_ready
 from kvfleet_sim.cluster.kubelet import KubeletConfig
 from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_sim.fleet.collector import percentile
@@ -93,14 +94,9 @@ class ClusterView:
     def gateway_ip(self) -> str | None:
         for p in self.pods:
             labels = p["metadata"].get("labels") or {}
-            if labels.get("app.kubernetes.io/component") == "gateway" and _ready(p):
+            if labels.get("app.kubernetes.io/component") == "gateway" and pod_ready(p):
                 return str(p["status"]["podIP"])
         return None
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
 
 def _render(view: ClusterView, stats: TenantStats, elapsed: float, duration: float) -> Group:
@@ -132,7 +128,7 @@ def _render(view: ClusterView, stats: TenantStats, elapsed: float, duration: flo
             p["metadata"]["name"],
             (p.get("status") or {}).get("podIP", "-"),
             role,
-            "Ready" if _ready(p) else "starting",
+            "Ready" if pod_ready(p) else "starting",
             str(cs.get("restartCount", 0)),
         )
     now = time.monotonic()

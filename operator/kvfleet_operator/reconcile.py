@@ -19,7 +19,7 @@ from kvfleet_gateway.config import ConfigError
 from kvfleet_operator.diff import repair_patch, warm_assignment
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
-from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner
+from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner, selector_string
 from kvfleet_operator.schema import Json, SpecError
 from kvfleet_operator.status import Observed, compute_status, status_patch
 
@@ -136,7 +136,7 @@ def _assign_roles(kube: Kube, owner: Owner, pods: list[Json], replicas: int, out
         role = roles.get(name)
         if role is None or (pod["metadata"].get("labels") or {}).get(ROLE_LABEL) == role:
             continue
-        pod = kube.patch(POD, owner.namespace, name, {"metadata": {"labels": {ROLE_LABEL: role}}})
+        kube.patch(POD, owner.namespace, name, {"metadata": {"labels": {ROLE_LABEL: role}}})
         out.relabelled.append(f"{name}={role}")
     if out.relabelled:
         pods[:] = kube.list(POD, owner.namespace, owner.selector_string(ENGINE))
@@ -151,7 +151,7 @@ def _write_status(
 ) -> None:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    selector = f"{ISVC_LABEL}={name},app.kubernetes.io/component={ENGINE}"
+    selector = selector_string(name, ENGINE)
     if world is None:
         status = compute_status(body, 0, selector, None, Observed(None, [], None), out.error)
     else:

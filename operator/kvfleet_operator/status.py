@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kvfleet_operator.render.common import ROLE_LABEL
 from kvfleet_operator.schema import Json, fld
-
-ROLE_LABEL = "kvfleet.dev/role"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,15 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvfleet"}
 
 
+def selector_of(isvc: str, component: str) -> dict[str, str]:
+    """The labels that select an InferenceService's engine or gateway pods."""
+    return {ISVC_LABEL: isvc, COMPONENT_LABEL: component}
+
+
+def selector_string(isvc: str, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_of(isvc, component).items())
+
+
 @dataclass(frozen=True)
 class Owner:
     """The InferenceService the children belong to, as the renderers need it."""
@@ -39,10 +48,10 @@ class Owner:
         return self.name
 
     def selector(self, component: str) -> dict[str, str]:
-        return {ISVC_LABEL: self.name, COMPONENT_LABEL: component}
+        return selector_of(self.name, component)
 
     def selector_string(self, component: str) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.selector(component).items())
+        return selector_string(self.name, component)
 
     def labels(self, component: str) -> dict[str, str]:
         return {
