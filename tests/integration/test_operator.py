@@ -180,8 +180,14 @@ async def test_lifecycle(
         ("Role", "llama-gateway"),
         ("RoleBinding", "llama-gateway"),
     }
-    events = await asyncio.to_thread(k.list, EVENTS, NS)
-    assert any(e["reason"] == "Serving" and e["involvedObject"]["name"] == "llama" for e in events)
+    # Events are posted right after the write they report: wait for them, as for the rest.
+    await until(
+        lambda: any(
+            e["reason"] == "Serving" and e["involvedObject"]["name"] == "llama"
+            for e in k.list(EVENTS, NS)
+        ),
+        what="a Serving event",
+    )
 
     # Steady state: a reconcile reads and writes nothing.
     await settle(env, op)
@@ -209,9 +215,12 @@ async def test_lifecycle(
         ].startswith("lmsysorg/sglang"),
         what="the engine image repaired",
     )
-    events = await asyncio.to_thread(k.list, EVENTS, NS)
-    assert any(
-        e["reason"] == "DriftRepaired" and "Deployment/llama-engine" in e["message"] for e in events
+    await until(
+        lambda: any(
+            e["reason"] == "DriftRepaired" and "Deployment/llama-engine" in e["message"]
+            for e in k.list(EVENTS, NS)
+        ),
+        what="a DriftRepaired event",
     )
 
     # A spec change rolls the engine Deployment: new pods replace the old ones.
@@ -283,8 +292,12 @@ async def test_lifecycle(
     )
     assert condition(body, "Ready")["status"] == "False"
     assert "spec.replicas" in condition(body, "Ready")["message"]
-    events = await asyncio.to_thread(k.list, EVENTS, NS)
-    assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events)
+    await until(
+        lambda: any(
+            e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in k.list(EVENTS, NS)
+        ),
+        what="an InvalidSpec warning",
+    )
     # ... and nothing was torn down.
     assert len(await asyncio.to_thread(k.list, POD, NS, "app.kubernetes.io/component=engine")) == 3
 
