@@ -64,16 +64,15 @@ def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> d
     ready = [p for p in pods if pod_ready(p)]
     warm_count = max(0, min(warm_target, len(ready) - active_target))
 
-    def rank(p: Json) -> tuple[int, str]:
-        already = (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "warm"
-        return (0 if already else 1, _invert(p["metadata"].get("creationTimestamp", "")))
+    def created(p: Json) -> str:
+        return str(p["metadata"].get("creationTimestamp", ""))
 
-    warm = {p["metadata"]["name"] for p in sorted(ready, key=rank)[:warm_count]}
+    def not_warm(p: Json) -> bool:
+        return (p["metadata"].get("labels") or {}).get(ROLE_LABEL) != "warm"
+
+    # Newest first, then (stable) the pods already warm ahead of the rest.
+    ranked = sorted(sorted(ready, key=created, reverse=True), key=not_warm)
+    warm = {p["metadata"]["name"] for p in ranked[:warm_count]}
     return {
         p["metadata"]["name"]: "warm" if p["metadata"]["name"] in warm else "active" for p in ready
     }
-
-
-def _invert(text: str) -> str:
-    """Sort key that orders strings descending (newest timestamp first)."""
-    return "".join(chr(0x10FFFF - ord(c)) for c in text)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +67,6 @@ class Controller:
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def enqueue(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -81,8 +79,8 @@ class Controller:
         self._failures.pop((namespace, name), None)
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
-        with self._lock:
-            return reconcile(self.kube, namespace, name, self.options)
+        # One worker: reconciles never overlap, for one object or across objects.
+        return reconcile(self.kube, namespace, name, self.options)
 
     async def _retry_later(self, key: tuple[str, str], delay: float) -> None:
         await asyncio.sleep(delay)

@@ -64,36 +64,45 @@ def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) 
         _write_status(kube, body, None, out, options)
         return out
     children = [c for c in children if c["kind"] != "PodMonitor" or options.pod_monitors]
+    # What each child is after this reconcile (the engine Deployment was read above).
+    applied: dict[tuple[str, str], Json | None] = {("Deployment", owner.engine_name): engine_live}
     for child in children:
-        _apply(kube, child, out)
+        key = (child["kind"], child["metadata"]["name"])
+        applied[key] = _apply(kube, child, out, applied)
     spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
     _report(kube, body, out, spec_changed, options)
     pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
     _assign_roles(kube, owner, pods, replicas, out)
-    _write_status(kube, body, (owner, replicas, pods), out, options)
+    _write_status(kube, body, (owner, replicas, pods, applied), out, options)
     return out
 
 
-def _apply(kube: Kube, desired: Json, out: Outcome) -> None:
+def _apply(
+    kube: Kube, desired: Json, out: Outcome, known: dict[tuple[str, str], Json | None]
+) -> Json:
+    """Create or repair one child; returns it as the API server now holds it. `known` holds
+    children already read in this reconcile (no second GET)."""
     res = resource_of(desired)
     meta = desired["metadata"]
-    live = kube.get(res, meta["namespace"], meta["name"])
+    key = (desired["kind"], meta["name"])
+    live = known[key] if key in known else kube.get(res, meta["namespace"], meta["name"])
     if live is None:
-        kube.create(desired)
         out.created.append(_key(desired))
-        return
+        return kube.create(desired)
     patch = repair_patch(desired, live)
     if patch is None:
-        return
+        return live
     try:
-        kube.patch(res, meta["namespace"], meta["name"], patch)
-        out.patched.append(_key(desired))
+        repaired = kube.patch(res, meta["namespace"], meta["name"], patch)
     except ApiException as exc:
         if exc.status != 422:  # e.g. an immutable PVC field: report, keep going
             raise
         log.warning("cannot repair %s: %s", _key(desired), exc.body)
+        return live
+    out.patched.append(_key(desired))
+    return repaired
 
 
 def _prune(
@@ -145,7 +154,7 @@ def _assign_roles(kube: Kube, owner: Owner, pods: list[Json], replicas: int, out
 def _write_status(
     kube: Kube,
     body: Json,
-    world: tuple[Owner, int, list[Json]] | None,
+    world: tuple[Owner, int, list[Json], dict[tuple[str, str], Json | None]] | None,
     out: Outcome,
     options: ReconcileOptions,
 ) -> None:
@@ -155,11 +164,9 @@ def _write_status(
     if world is None:
         status = compute_status(body, 0, selector, None, Observed(None, [], None), out.error)
     else:
-        owner, replicas, pods = world
-        engine = kube.get(DEPLOYMENT, ns, owner.engine_name)
-        gateway = (
-            kube.get(DEPLOYMENT, ns, owner.gateway_name) if owner.spec.gateway.enabled else None
-        )
+        owner, replicas, pods, applied = world
+        engine = applied.get(("Deployment", owner.engine_name))
+        gateway = applied.get(("Deployment", owner.gateway_name))
         observed = Observed(engine, pods, gateway)
         status = compute_status(body, replicas, selector, owner.gateway_url(), observed)
     old = body.get("status") or {}

@@ -8,12 +8,13 @@ an identical status and the operator writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kvfleet_operator.render.common import ROLE_LABEL
-from kvfleet_operator.schema import Json, fld
+from kvfleet_operator.schema import Json, fld, json_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,16 +209,8 @@ def compute_status(
     return status
 
 
-OWNED_STATUS = (
-    "observedGeneration",
-    "conditions",
-    "replicas",
-    "desiredReplicas",
-    "activeReplicas",
-    "warmReplicas",
-    "readyReplicas",
-    "selector",
-    "gatewayURL",
+OWNED_STATUS = tuple(
+    json_name(f) for f in dataclasses.fields(InferenceServiceStatus) if f.name != "metrics"
 )
 """Status fields this module writes (others, like `metrics`, belong to the autoscaler)."""
 
