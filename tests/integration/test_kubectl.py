@@ -3,7 +3,6 @@ validation on, get (selectors, -o yaml, server-side tables with the CRD's printe
 describe, explain, scale, label, delete — for built-in kinds and for InferenceServices."""
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from kvfleet_sim.cluster.kubelet import KubeletConfig
 from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
-from tests.conftest import require_binary
+from tests.conftest import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = """
@@ -34,11 +33,6 @@ spec:
   replicas: 1
   gateway: {insecureNoAuth: true}
 """
-
-
-def kubectl_binary() -> str:
-    here = Path(sys.executable).parent / "kubectl"
-    return str(here) if here.exists() else require_binary("kubectl")
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from kvfleet_sim.procs import free_port, running_process
-from tests.conftest import require_binary
+from tests.conftest import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 ISVC = """
@@ -68,10 +68,8 @@ def until(check: Callable[[], Any], limit_s: float, what: str) -> Any:
 
 class Kubectl:
     def __init__(self, kubeconfig: Path) -> None:
-        here = Path(sys.executable).parent / "kubectl"
-        self.binary = str(here) if here.exists() else require_binary("kubectl")
         self.base = [
-            self.binary,
+            kubectl_binary(),
             "--kubeconfig",
             str(kubeconfig),
             "--cache-dir",

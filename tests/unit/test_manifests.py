@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,14 @@ import kubernetes_validate
 import yaml
 
 from kvfleet_operator.kube import PRUNABLE, RESOURCES
-from tests.conftest import require_binary
+from tests.conftest import kubectl_binary, require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def kubectl() -> str:
-    here = Path(sys.executable).parent / "kubectl"
-    return str(here) if here.exists() else require_binary("kubectl")
-
-
 def kustomize(path: Path) -> list[dict[str, Any]]:
     out = subprocess.run(
-        [kubectl(), "kustomize", str(path)], check=True, capture_output=True, text=True
+        [kubectl_binary(), "kustomize", str(path)], check=True, capture_output=True, text=True
     ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
