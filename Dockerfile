@@ -4,9 +4,10 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The product alone: no stand-in (sim/, localcluster/, bench/) and no extra is in the image.
+# .ci/run builds the same install (.ci/runtime_only.py) and runs it against the local cluster.
 COPY operator operator
 COPY gateway gateway
-COPY sim sim
 COPY cli cli
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

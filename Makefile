@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PACKAGES := operator/kvfleet_operator gateway/kvfleet_gateway sim/kvfleet_sim cli/kvfleet_cli
+PACKAGES := operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
 .PHONY: setup test lint unit integration demo bench crds clean
 
@@ -23,7 +23,7 @@ lint: setup  ## ruff, mypy --strict, import-linter
 	$(BIN)/lint-imports
 
 test: lint  ## the whole suite (what .ci/run calls)
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -rs -p no:cacheprovider
 
 unit: setup
 	$(BIN)/pytest -q tests/unit

@@ -252,3 +252,7 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
     for t in leaked:
         t.cancel()
     pytest.fail(f"leaked asyncio tasks: {[(t.get_name(), t.get_coro()) for t in leaked]}")
+
+
+# The shared test-support layer's fixtures (tests/support/).
+from tests.support.cluster import local_cluster, operator_factory  # noqa: E402, F401

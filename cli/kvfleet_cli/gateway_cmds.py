@@ -12,7 +12,7 @@ import click
 import yaml
 from aiohttp import web
 
-from kvfleet_cli.options import default_of, use_uvloop
+from kvfleet_cli.options import use_uvloop
 from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import Backends, ConfigError, GatewayConfig, load_config
 from kvfleet_gateway.keys import hash_key
@@ -32,19 +32,19 @@ from kvfleet_gateway.routing import POLICIES
 @click.option(
     "--host",
     default=None,
-    help=f"Listen address (default {default_of(GatewayConfig, 'host')}); overrides listen.host.",
+    help=f"Listen address (default {GatewayConfig.host}); overrides listen.host.",
 )
 @click.option("--port", type=int, default=None, help="Overrides the config's listen.port.")
 @click.option(
     "--policy",
     type=click.Choice(sorted(POLICIES)),
-    default=default_of(GatewayConfig, "routing_policy"),
+    default=GatewayConfig.routing_policy,
     show_default=True,
 )
 @click.option("--keys", "keys_file", type=click.Path(exists=True, path_type=Path), default=None)
 @click.option(
     "--store",
-    default=default_of(GatewayConfig, "store"),
+    default=GatewayConfig.store,
     show_default=True,
     help="'memory' or a redis:// URL.",
 )
@@ -71,8 +71,8 @@ def gateway(
             config = dataclasses.replace(config, host=host or config.host, port=port or config.port)
         elif backends:
             config = GatewayConfig(
-                host=host or default_of(GatewayConfig, "host"),
-                port=port or default_of(GatewayConfig, "port"),
+                host=host or GatewayConfig.host,
+                port=port or GatewayConfig.port,
                 backends=Backends(static=tuple(b.rstrip("/") for b in backends)),
                 routing_policy=policy,
                 keys_file=keys_file,

@@ -1,29 +1,91 @@
-"""The `kvfleet` command."""
+"""The `kvfleet` command: product commands, and stand-in commands loaded only when run.
+
+Subcommands are imported when they are invoked, never at start: `kvfleet gateway` does not
+load the operator, and no product command loads a stand-in (the simulator, the local
+cluster, the benchmarks). A stand-in command run where its extra is not installed says which
+extra to install instead of printing a traceback.
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+
 import click
 
-from kvfleet_cli.bench_cmds import bench
-from kvfleet_cli.cluster_cmds import cluster
-from kvfleet_cli.demo import demo
-from kvfleet_cli.gateway_cmds import gateway, keys
-from kvfleet_cli.operator_cmds import crds, operator, render
-from kvfleet_cli.sim_cmds import sim
+
+@dataclass(frozen=True)
+class Entry:
+    module: str
+    attr: str
+    summary: str
+    """Shown by `kvfleet --help` without importing the command."""
+    extra: str | None = None
+    """The pip extra a stand-in command needs; None: a product command."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMMANDS: dict[str, Entry] = {
+    "operator": Entry(
+        "kvfleet_cli.operator_cmds", "operator", "Run the operator (kopf) against a cluster."
+    ),
+    "render": Entry(
+        "kvfleet_cli.operator_cmds", "render", "Print the children of InferenceServices in FILE."
+    ),
+    "crds": Entry("kvfleet_cli.operator_cmds", "crds", "Write the CRD generated from the spec."),
+    "gateway": Entry("kvfleet_cli.gateway_cmds", "gateway", "Run the token-aware gateway."),
+    "keys": Entry("kvfleet_cli.gateway_cmds", "keys", "Make and hash API keys."),
+    "sim": Entry(
+        "kvfleet_sim.cli", "sim", "Stand-in: the SGLang-compatible engine simulator.", "sim"
+    ),
+    "cluster": Entry(
+        "kvfleet_localcluster.cli", "cluster", "Stand-in: a local Kubernetes cluster.", "cluster"
+    ),
+    "bench": Entry("kvfleet_bench.cli", "bench", "Benchmarks; reports in bench/results/.", "bench"),
+    "demo": Entry(
+        "kvfleet_bench.demo.fleet",
+        "demo",
+        "The whole stack on one machine, no GPU, no cluster.",
+        "bench",
+    ),
+}
+
+
+class StandInMissing(click.ClickException):
+    def __init__(self, name: str, entry: Entry, missing: str) -> None:
+        super().__init__(
+            f"`kvfleet {name}` is a development stand-in, not part of the product install "
+            f"(module {missing!r} is missing): pip install 'kvfleet[{entry.extra}]'"
+        )
+
+
+def load(name: str) -> click.Command:
+    entry = COMMANDS[name]
+    try:
+        module = importlib.import_module(entry.module)
+    except ModuleNotFoundError as exc:
+        if entry.extra is None:  # a product command must always import: a real bug
+            raise
+        raise StandInMissing(name, entry, exc.name or str(exc)) from None
+    command: click.Command = getattr(module, entry.attr)
+    return command
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        return load(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, entry.summary) for name, entry in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvfleet")
 def cli() -> None:
     """kvfleet: LLM inference on Kubernetes — operator, gateway and a GPU-free SGLang simulator."""
-
-
-cli.add_command(sim)
-cli.add_command(bench)
-cli.add_command(demo)
-cli.add_command(gateway)
-cli.add_command(keys)
-cli.add_command(render)
-cli.add_command(crds)
-cli.add_command(operator)
-cli.add_command(cluster)

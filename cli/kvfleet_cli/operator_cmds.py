@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,13 @@ import yaml
 
 from kvfleet_gateway.config import ConfigError
 from kvfleet_operator.crd import stale_files, write_crds
+from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.schema import SpecError
 from kvfleet_operator.spec import KIND
 
+log = logging.getLogger("kvfleet.operator")
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
@@ -123,13 +124,23 @@ def crds(out_dir: Path, check: bool) -> None:
     multiple=True,
     help="Watch only these (repeatable); default: all.",
 )
-@click.option("--server", default=None, help="API server URL without auth (the local cluster).")
-@click.option("--kubeconfig", default=None, type=click.Path(exists=True), help="Outside a cluster.")
+@click.option(
+    "--kubeconfig",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Kubeconfig outside a cluster (default: in-cluster, else $KUBECONFIG or ~/.kube/config).",
+)
+@click.option("--context", default=None, help="Kubeconfig context (default: its current-context).")
+@click.option(
+    "--server",
+    default=None,
+    help="Testing only: an API server URL used without credentials or TLS checks.",
+)
 @click.option(
     "--resync",
     "resync_s",
     type=float,
-    default=60.0,
+    default=OperatorConfig.resync_s,
     show_default=True,
     help="Seconds between full reconciles.",
 )
@@ -142,37 +153,34 @@ def crds(out_dir: Path, check: bool) -> None:
 @click.option("--log-level", default="info", show_default=True)
 def operator(
     namespaces: tuple[str, ...],
-    server: str | None,
     kubeconfig: str | None,
+    context: str | None,
+    server: str | None,
     resync_s: float,
     liveness: str | None,
     log_level: str,
 ) -> None:
     """Run the operator: reconcile InferenceServices into SGLang fleets and gateways."""
-    import kopf
-
-    from kvfleet_operator.handlers import Controller, OperatorConfig, run
-    from kvfleet_operator.kube import Kube, api_client
+    from kvfleet_operator.handlers import Controller, run
+    from kvfleet_operator.kube import Kube
+    from kvfleet_operator.login import Credentials, LoginFailed, api_client
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if log_level.lower() != "debug":  # kopf reports every handled event at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes
+    if server and (kubeconfig or context):
+        raise click.UsageError("--server is a test path: give it alone, or use --kubeconfig")
+    credentials = Credentials(kubeconfig=kubeconfig, context=context, server=server)
     config = OperatorConfig(
         liveness_endpoint=liveness,
         namespaces=namespaces,
         resync_s=resync_s,
-        server=server,
-        kubeconfig=kubeconfig,
+        credentials=credentials,
     )
-    kube = Kube(api_client(server, kubeconfig))
-    login = None
-    if server:
-
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=server, insecure=True)
-
-    elif kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig  # kopf's own login reads it too
-
-    run(Controller(kube, config), login=login)
+    try:
+        kube = Kube(api_client(credentials))
+    except LoginFailed as exc:
+        raise click.ClickException(str(exc)) from exc
+    log.info("logging in to %s", kube.api.configuration.host)
+    run(Controller(kube, config))

@@ -20,6 +20,7 @@ from typing import Any
 import kopf
 
 from kvfleet_operator.kube import Kube
+from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
@@ -50,9 +51,8 @@ class OperatorConfig:
     """Longest wait before retrying a reconcile that failed."""
     liveness_endpoint: str | None = None
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz (None: none)."""
-    server: str | None = None
-    """API server URL without auth (the local cluster); None: in-cluster or kubeconfig."""
-    kubeconfig: str | None = None
+    credentials: Credentials = field(default_factory=Credentials)
+    """How both the client and kopf's watches log in (in-cluster, kubeconfig)."""
 
 
 @dataclass
@@ -171,16 +171,11 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     return registry
 
 
-def run(
-    controller: Controller,
-    stop_flag: Any = None,
-    ready_flag: Any = None,
-    login: Callable[..., Any] | None = None,
-) -> None:
+def run(controller: Controller, stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run the operator in this thread until `stop_flag` is set (or a signal arrives)."""
     registry = make_registry(controller)
-    if login is not None:
-        kopf.on.login(registry=registry)(login)
+    # A plain registry has no login handler: without this one kopf cannot log in at all.
+    kopf.on.login(registry=registry)(kopf_login(controller.config.credentials))
     namespaces = list(controller.config.namespaces)
     asyncio.run(
         kopf.operator(

@@ -166,23 +166,3 @@ class Kube:
                 return False
             raise
         return True
-
-
-def api_client(
-    server: str | None = None, kubeconfig: str | None = None
-) -> kubernetes.client.ApiClient:
-    """A client for `server` (no auth: the local cluster), else in-cluster, else kubeconfig."""
-    import kubernetes.config
-
-    if server:
-        cfg = kubernetes.client.Configuration(host=server)
-        cfg.verify_ssl = False
-        return kubernetes.client.ApiClient(cfg)
-    try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return kubernetes.client.ApiClient()
-    except kubernetes.config.ConfigException:
-        client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig
-        )
-        return client

@@ -105,8 +105,7 @@ def sim_serve_argv(
     return [
         sys.executable,
         "-m",
-        "kvfleet_cli",
-        "sim",
+        "kvfleet_sim",
         "serve",
         "--model",
         model,

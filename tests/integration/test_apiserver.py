@@ -10,7 +10,7 @@ import aiohttp
 import kmock
 import pytest
 
-from kvfleet_sim.cluster.apiserver import ClusterAPI
+from kvfleet_localcluster.apiserver import ClusterAPI
 
 POD = {
     "apiVersion": "v1",

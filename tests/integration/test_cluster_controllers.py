@@ -11,9 +11,9 @@ import aiohttp
 import kmock
 import pytest
 
-from kvfleet_sim.cluster.apiserver import ClusterAPI
-from kvfleet_sim.cluster.controllers import Cluster, deletion_order
-from kvfleet_sim.cluster.kubelet import KubeletConfig
+from kvfleet_localcluster.apiserver import ClusterAPI
+from kvfleet_localcluster.controllers import Cluster, deletion_order
+from kvfleet_localcluster.kubelet import KubeletConfig
 
 DEP = {
     "metadata": {"name": "engine", "labels": {"app": "engine"}},

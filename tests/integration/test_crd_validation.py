@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvfleet_sim.cluster.kubelet import KubeletConfig
-from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ISVCS = "/apis/kvfleet.dev/v1alpha1/namespaces/default/inferenceservices"

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from kvfleet_cli.demo import run_demo
-from kvfleet_cli.demo_stack import run_stack_demo
+from kvfleet_bench.demo.fleet import run_demo
+from kvfleet_bench.demo.stack import run_stack_demo
 
 
 def test_live_stack_demo_serves_both_tenants(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_simulated_fleet_demo_reports_a_summary() -> None:
 
 
 def test_cluster_demo_scales_and_heals_without_losing_requests(tmp_path: Path) -> None:
-    from kvfleet_cli.demo_cluster import run_cluster_demo
+    from kvfleet_bench.demo.on_cluster import run_cluster_demo
 
     result = run_cluster_demo(8.0, tmp_path)
     assert result["sent"] > 20 and result["ok"] == result["sent"], result["failed"]

@@ -13,7 +13,7 @@ import pytest
 
 from kvfleet_gateway.config import Backends, GatewayConfig, KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
-from kvfleet_sim.cluster.apiserver import ClusterAPI
+from kvfleet_localcluster.apiserver import ClusterAPI
 from kvfleet_sim.procs import free_port
 
 SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet_sim.cluster.kubelet import KubeletConfig
-from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from tests.conftest import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from kvfleet_gateway.keys import hash_key
-from kvfleet_sim.cluster.kubelet import KubeletConfig
-from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 
 
 class Api:

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import pytest
 
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import kubectl_binary
+from tests.support.waiting import until_sync as until
 
 ROOT = Path(__file__).resolve().parents[2]
 ISVC = """
@@ -54,16 +55,6 @@ def refused(ip: str, port: int) -> bool:
     except OSError:
         return True
     return False
-
-
-def until(check: Callable[[], Any], limit_s: float, what: str) -> Any:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {limit_s}s waiting for {what}")
 
 
 class Kubectl:
@@ -137,7 +128,16 @@ def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
     )
     processes.enter_context(
         running_process(
-            [sys.executable, "-m", "kvfleet_cli", "operator", "--server", url, "--resync", "5"],
+            [
+                sys.executable,
+                "-m",
+                "kvfleet_cli",
+                "operator",
+                "--kubeconfig",
+                f"{tmp}/kubeconfig",
+                "--resync",
+                "5",
+            ],
             log_path=Path(tmp) / "operator.log",
         )
     )

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from kvfleet_sim.cluster.kubelet import KubeletConfig, container_argv, sglang_to_sim, substitute
-from kvfleet_sim.cluster.tables import age, jsonpath
+from kvfleet_localcluster.kubelet import KubeletConfig, container_argv, sglang_to_sim, substitute
+from kvfleet_localcluster.tables import age, jsonpath
 
 
 def test_sglang_flags_map_to_the_simulator_and_unknown_ones_are_reported() -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvfleet_sim.cluster.patches import (
+from kvfleet_localcluster.patches import (
     PatchError,
     field_matcher,
     json_patch,

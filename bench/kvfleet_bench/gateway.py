@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvfleet_sim.bench.common import (
+from kvfleet_bench.common import (
     StreamStats,
     closed_loop_rps,
     drive_streams,

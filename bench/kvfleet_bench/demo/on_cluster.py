@@ -19,20 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kopf
 import yaml
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from kvfleet_cli.demo_stack import TenantStats, send_chat, support_body
+from kvfleet_bench.demo.stack import TenantStats, send_chat, support_body
 from kvfleet_gateway.keys import hash_key
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_operator.crd import crd
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
-from kvfleet_operator.kube import Kube, api_client
+from kvfleet_operator.kube import Kube
+from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.status import pod_ready
-from kvfleet_sim.cluster.kubelet import KubeletConfig
-from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_sim.fleet.collector import percentile
 
 NS, NAME, TENANT = "ai", "llama", "support-chat"
@@ -218,16 +218,15 @@ async def _run(duration: float, work: Path) -> dict[str, Any]:
     async with LocalCluster(config) as cluster:
         url = cluster.url
         stop, ready = threading.Event(), threading.Event()
-        controller = Controller(Kube(api_client(url)), OperatorConfig(server=url, resync_s=10))
-
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=url, insecure=True)
-
+        credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
+        controller = Controller(
+            Kube(api_client(credentials)), OperatorConfig(credentials=credentials, resync_s=10)
+        )
         operator = threading.Thread(
             target=run,
             args=(controller,),
             daemon=True,
-            kwargs={"stop_flag": stop, "ready_flag": ready, "login": login},
+            kwargs={"stop_flag": stop, "ready_flag": ready},
         )
         operator.start()
         try:

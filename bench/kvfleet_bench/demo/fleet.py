@@ -142,7 +142,7 @@ def demo(duration: float, simulated_fleet: bool, on_cluster: bool, replicas: int
     from pathlib import Path
 
     if on_cluster:
-        from kvfleet_cli.demo_cluster import run_cluster_demo
+        from kvfleet_bench.demo.on_cluster import run_cluster_demo
 
         with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
             result = run_cluster_demo(duration, Path(work))
@@ -154,7 +154,7 @@ def demo(duration: float, simulated_fleet: bool, on_cluster: bool, replicas: int
         )
         return
 
-    from kvfleet_cli.demo_stack import run_stack_demo
+    from kvfleet_bench.demo.stack import run_stack_demo
 
     with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
         summary = run_stack_demo(duration, Path(work))

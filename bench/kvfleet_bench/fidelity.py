@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvfleet_sim.bench.common import cpu_seconds, drive_streams
+from kvfleet_bench.common import cpu_seconds, drive_streams
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_sim.bench.common import engines, kvfleet_gateway, stream_chat
+from kvfleet_bench.common import engines, kvfleet_gateway, stream_chat
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.procs import sglang_router_process
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from kvfleet_sim.bench.fidelity import run_sim_bench
-from kvfleet_sim.bench.gateway import run_gateway_bench
-from kvfleet_sim.bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
+from kvfleet_bench.fidelity import run_sim_bench
+from kvfleet_bench.gateway import run_gateway_bench
+from kvfleet_bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
 
 RESULTS = Path("bench/results")
 

@@ -24,10 +24,10 @@ import aiohttp.web
 import kmock
 import yaml
 
-from kvfleet_sim.cluster.openapi import ServedKind, fix_resource_list, openapi_v3
-from kvfleet_sim.cluster.store import ApiError, Gone, Kind, PatchType, Store
-from kvfleet_sim.cluster.tables import to_table
-from kvfleet_sim.cluster.validation import apply_defaults, validate
+from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
+from kvfleet_localcluster.store import ApiError, Gone, Kind, PatchType, Store
+from kvfleet_localcluster.tables import to_table
+from kvfleet_localcluster.validation import apply_defaults, validate
 
 PATCH_TYPES: dict[str, PatchType] = {
     "application/merge-patch+json": "merge",

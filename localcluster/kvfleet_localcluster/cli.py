@@ -11,9 +11,8 @@ from pathlib import Path
 
 import click
 
-from kvfleet_cli.options import default_of
-from kvfleet_sim.cluster.kubelet import KubeletConfig
-from kvfleet_sim.cluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 
 
 @click.group("cluster")
@@ -32,7 +31,7 @@ def cluster() -> None:
 @click.option("--port", type=int, default=None, help="API server port (default: a free one).")
 @click.option(
     "--namespace",
-    default=default_of(LocalClusterConfig, "namespace"),
+    default=LocalClusterConfig.namespace,
     show_default=True,
     help="The kubeconfig's namespace.",
 )
@@ -46,14 +45,14 @@ def cluster() -> None:
 @click.option(
     "--time-scale",
     type=float,
-    default=default_of(KubeletConfig, "time_scale"),
+    default=KubeletConfig.time_scale,
     show_default=True,
     help="Kubelet timing (probes, backoff, grace) relative to a real node.",
 )
 @click.option(
     "--engine-time-scale",
     type=float,
-    default=default_of(KubeletConfig, "engine_time_scale"),
+    default=KubeletConfig.engine_time_scale,
     show_default=True,
     help="Simulated engines' wall seconds per GPU second.",
 )
@@ -62,6 +61,12 @@ def cluster() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Pod volumes and logs (default: a temporary directory).",
+)
+@click.option(
+    "--kvfleet-image-command",
+    default=None,
+    help="The `kvfleet` executable that runs kvfleet-image pods (gateway, operator); default: "
+    "this Python's. Point it at a runtime-only install to test what the image ships.",
 )
 @click.option("--log-level", default="info", show_default=True)
 def up(
@@ -73,6 +78,7 @@ def up(
     time_scale: float,
     engine_time_scale: float,
     state_dir: Path | None,
+    kvfleet_image_command: str | None,
     log_level: str,
 ) -> None:
     """Start the local cluster and run it until Ctrl-C (or SIGTERM)."""
@@ -88,6 +94,9 @@ def up(
             time_scale=time_scale,
             engine_time_scale=engine_time_scale,
             state_dir=state_dir.resolve() if state_dir else None,
+            kvfleet_command=(
+                (kvfleet_image_command,) if kvfleet_image_command else KubeletConfig.kvfleet_command
+            ),
         ),
     )
     asyncio.run(_serve(config))

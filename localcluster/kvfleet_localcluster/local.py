@@ -19,9 +19,9 @@ from types import TracebackType
 import kmock
 import yaml
 
-from kvfleet_sim.cluster.apiserver import ClusterAPI
-from kvfleet_sim.cluster.controllers import Cluster
-from kvfleet_sim.cluster.kubelet import KubeletConfig
+from kvfleet_localcluster.apiserver import ClusterAPI
+from kvfleet_localcluster.controllers import Cluster
+from kvfleet_localcluster.kubelet import KubeletConfig
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet_sim.cluster.kubelet import KubeletConfig, PodRunner
-from kvfleet_sim.cluster.store import ApiError, Kind, Store
+from kvfleet_localcluster.kubelet import KubeletConfig, PodRunner
+from kvfleet_localcluster.store import ApiError, Kind, Store
 
 log = logging.getLogger("kvfleet.cluster")
 

@@ -24,9 +24,9 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from kvfleet_bench.common import engines, stream_chat
 from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.signals import parse_metrics
-from kvfleet_sim.bench.common import engines, stream_chat
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.procs import free_port, running_process
 

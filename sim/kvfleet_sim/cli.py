@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -11,7 +13,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from kvfleet_cli.options import build_engine_config, default_of, engine_options, use_uvloop
+from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options
 from kvfleet_sim.config import ConfigError, derive_layout
 from kvfleet_sim.faults import FaultPlan
 from kvfleet_sim.offline import OfflineSpec, run_offline
@@ -106,7 +108,10 @@ def serve(**kw: Any) -> None:
         simulate_eos=not kw.pop("no_eos"),
         faults=faults,
     )
-    use_uvloop()
+    with contextlib.suppress(ImportError):  # uvloop: the same asyncio API, cheaper sockets
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     web.run_app(
         make_app(config),
         host=config.host,

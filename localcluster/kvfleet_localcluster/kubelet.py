@@ -1,7 +1,7 @@
 """The local cluster's kubelet: each pod a local process on its own loopback IP.
 
 What a node would do, without containers: a pod of a known image runs as a subprocess —
-`python3 -m sglang.launch_server FLAGS` as `kvfleet sim serve` with the same flags (those
+`python3 -m sglang.launch_server FLAGS` as `python -m kvfleet_sim serve` with the same flags (those
 the simulator does not model are dropped and listed in the pod's log), `kvfleet ...`
 (the kvfleet image) as itself. Each pod gets its own address (127.0.0.2, .3, ... — all of
 127/8 is loopback on Linux), and the process binds it, so every pod listens on the port its
@@ -98,6 +98,12 @@ class KubeletConfig:
     """`--time-scale` of simulated engines (wall seconds per simulated GPU second)."""
     engine_startup_delay_s: float = 0.5
     """Simulated model load: engines answer /health 503 this long."""
+    engine_command: tuple[str, ...] = (sys.executable, "-m", "kvfleet_sim")
+    """What runs an SGLang engine container: the simulator's own entry point, given
+    `serve` and the mapped flags."""
+    kvfleet_command: tuple[str, ...] = (sys.executable, "-m", "kvfleet_cli")
+    """What runs a kvfleet-image container (the image's `kvfleet` entry point): by default
+    this Python's; a runtime-only install's `kvfleet` to test what the image ships."""
 
 
 def gpu_of(pod_spec: Json) -> str:
@@ -146,10 +152,7 @@ def container_argv(
     ):
         flags, dropped = sglang_to_sim(command[3:])
         argv = [
-            sys.executable,
-            "-m",
-            "kvfleet_cli",
-            "sim",
+            *config.engine_command,
             "serve",
             *flags,
             "--host",
@@ -164,7 +167,7 @@ def container_argv(
         notes = [f"kubelet: dropped flags the simulator does not model: {d}" for d in dropped]
         return argv, notes
     if command and Path(command[0]).name == "kvfleet":
-        argv = [sys.executable, "-m", "kvfleet_cli", *command[1:]]
+        argv = [*config.kvfleet_command, *command[1:]]
         if command[1:2] == ["gateway"]:
             argv += ["--host", pod_ip]
         return argv, []

@@ -1,0 +1,1 @@
+"""`kvfleet demo`: the live stack, the local cluster path, and the fleet simulator, shown live."""

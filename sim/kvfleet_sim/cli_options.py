@@ -1,0 +1,148 @@
+"""SGLang's server flags as click options; every default comes from `EngineConfig` (one each)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from kvfleet_sim.catalog import BUILTIN, Catalog, CatalogError, load_catalog_file
+from kvfleet_sim.config import (
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    SCHEDULE_POLICIES,
+    ConfigError,
+    EngineConfig,
+)
+from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def default_of(cls: type, name: str) -> Any:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(name)
+
+
+def engine_options(func: F) -> F:
+    """SGLang's server flags (same names) plus the simulator's --gpu/--catalog/--profile."""
+
+    def d(name: str) -> Any:
+        return default_of(EngineConfig, name)
+
+    opts = [
+        click.option(
+            "--model",
+            "--model-path",
+            "model",
+            required=True,
+            help="Catalogue model name or Hugging Face id (e.g. llama-3.1-8b).",
+        ),
+        click.option("--gpu", required=True, help="Catalogue GPU (h100, h200, a100-80g, l40s)."),
+        click.option(
+            "--tp",
+            "--tp-size",
+            "tp_size",
+            type=int,
+            default=d("tp_size"),
+            show_default=True,
+            help="Tensor-parallel GPUs per replica.",
+        ),
+        click.option(
+            "--quantization",
+            type=click.Choice(QUANTIZATIONS),
+            default=d("quantization"),
+            show_default=True,
+        ),
+        click.option(
+            "--kv-cache-dtype",
+            type=click.Choice(KV_CACHE_DTYPES),
+            default=d("kv_cache_dtype"),
+            show_default=True,
+        ),
+        click.option(
+            "--mem-fraction-static",
+            type=float,
+            default=None,
+            help="Default: SGLang's table by GPU size and TP.",
+        ),
+        click.option("--context-length", type=int, default=None),
+        click.option("--max-running-requests", type=int, default=None),
+        click.option("--max-total-tokens", type=int, default=None),
+        click.option("--max-queued-requests", type=int, default=None),
+        click.option(
+            "--chunked-prefill-size",
+            type=int,
+            default=None,
+            help="Default: by GPU memory (8192 on 80-160 GB); -1 disables chunking.",
+        ),
+        click.option(
+            "--max-prefill-tokens", type=int, default=d("max_prefill_tokens"), show_default=True
+        ),
+        click.option(
+            "--schedule-policy",
+            type=click.Choice(SCHEDULE_POLICIES),
+            default=d("schedule_policy"),
+            show_default=True,
+        ),
+        click.option("--disable-radix-cache", is_flag=True, default=d("disable_radix_cache")),
+        click.option("--page-size", type=int, default=d("page_size"), show_default=True),
+        click.option(
+            "--catalog",
+            "catalog_file",
+            type=click.Path(exists=True, path_type=Path),
+            default=None,
+            help="YAML file adding GPUs/models to the catalogue.",
+        ),
+        click.option(
+            "--profile",
+            type=click.Choice(sorted(PROFILES)),
+            default=DEFAULT_PROFILE,
+            show_default=True,
+            help="Engine generation whose efficiency to model.",
+        ),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+ENGINE_KEYS = (
+    "model",
+    "gpu",
+    "tp_size",
+    "quantization",
+    "kv_cache_dtype",
+    "mem_fraction_static",
+    "context_length",
+    "max_running_requests",
+    "max_total_tokens",
+    "max_queued_requests",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "schedule_policy",
+    "disable_radix_cache",
+    "page_size",
+    "catalog_file",
+)
+
+
+def build_engine_config(kw: dict[str, Any]) -> EngineConfig:
+    """Pop the engine flags out of `kw` and build the config, or fail with a clear message."""
+    values = {k: kw.pop(k) for k in ENGINE_KEYS}
+    catalog_file = values.pop("catalog_file")
+    try:
+        catalog: Catalog = load_catalog_file(catalog_file) if catalog_file else BUILTIN
+        model = catalog.model(values.pop("model"))
+        gpu = catalog.gpu(values.pop("gpu"))
+        return EngineConfig(model=model, gpu=gpu, **values)
+    except (CatalogError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from exc

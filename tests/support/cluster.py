@@ -1,0 +1,108 @@
+"""The local cluster and the real operator, as tests use them.
+
+`local_cluster` is the stand-in's own `LocalCluster` (the one `kvfleet cluster up` runs), with
+the CRDs of `crds/` and no pod processes (pods turn Ready after a short delay); it writes a
+kubeconfig, and the operator logs in with it exactly as a user's would (`Credentials`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_operator.handlers import Controller, OperatorConfig, run
+from kvfleet_operator.kube import Kube
+from kvfleet_operator.login import Credentials, api_client
+from tests.support.objects import ROOT
+
+TEST_AGENT = "kvfleet-test"
+"""User agent of the tests' own client: its requests are not the operator's."""
+
+
+def cluster_config(tmp: Path, **kubelet: Any) -> LocalClusterConfig:
+    return LocalClusterConfig(
+        kubeconfig=tmp / "kubeconfig",
+        crds_dir=ROOT / "crds",
+        namespace="ai",
+        resync_s=0.2,
+        kubelet=KubeletConfig(
+            **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
+        ),
+    )
+
+
+@dataclasses.dataclass
+class Env:
+    cluster: LocalCluster
+    kube: Kube
+    """The test's own client, logged in with the cluster's kubeconfig."""
+
+    @property
+    def api(self) -> Any:
+        return self.cluster.api
+
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(kubeconfig=str(self.cluster.kubeconfig))
+
+
+@pytest.fixture
+async def local_cluster(tmp_path: Path) -> AsyncIterator[Env]:
+    async with LocalCluster(cluster_config(tmp_path)) as cluster:
+        client = api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))
+        client.user_agent = TEST_AGENT
+        yield Env(cluster, Kube(client))
+
+
+class OperatorThread:
+    """The real operator (`handlers.run`) in its own thread and event loop, logged in with
+    the given credentials; `close()` stops it."""
+
+    def __init__(self, credentials: Credentials, resync_s: float = 30.0) -> None:
+        config = OperatorConfig(credentials=credentials, resync_s=resync_s)
+        self.kube = Kube(api_client(credentials))
+        self.controller = Controller(self.kube, config)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.outcomes: list[tuple[str, Any]] = []
+        self.controller.on_outcome = lambda key, o: self.outcomes.append((key, o))
+        self.thread = threading.Thread(
+            target=run,
+            args=(self.controller,),
+            kwargs={"stop_flag": self.stop, "ready_flag": self.ready},
+            daemon=True,
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "the operator did not stop"
+
+
+OperatorFactory = Callable[[], Awaitable[OperatorThread]]
+
+
+@pytest.fixture
+async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]:
+    """Start operators against `local_cluster`; all are stopped at teardown (the API server
+    runs in this loop: wait for the operator's thread without blocking it)."""
+    started: list[OperatorThread] = []
+
+    async def start() -> OperatorThread:
+        op = OperatorThread(local_cluster.credentials)
+        started.append(op)
+        assert await asyncio.to_thread(op.ready.wait, 10), "the operator did not start"
+        return op
+
+    yield start
+    for op in started:
+        await asyncio.to_thread(op.close)
