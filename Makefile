@@ -1,10 +1,10 @@
-# kvfleet — see DESIGN §5 for the command contract these targets keep.
+# kvfleet — the command contract these targets keep is listed in README.md (Quick start).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PACKAGES := operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
-.PHONY: setup test lint unit integration demo bench crds clean
+.PHONY: setup test lint unit integration demo bench crds docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: setup  ## all benchmarks; writes bench/results/*.md and *.png
 
 crds: setup  ## regenerate crds/ from the spec model
 	$(BIN)/kvfleet crds --out crds
+
+docs: setup  ## regenerate the CRD and gateway-config references in docs/ from their models
+	$(BIN)/kvfleet docs --out docs
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -14,39 +14,53 @@ from aiohttp import web
 
 from kvfleet_cli.options import use_uvloop
 from kvfleet_gateway.app import make_app
-from kvfleet_gateway.config import Backends, ConfigError, GatewayConfig, load_config
+from kvfleet_gateway.config import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    ConfigError,
+    GatewayConfig,
+    LimitsConfig,
+    Listen,
+    load_config,
+)
 from kvfleet_gateway.keys import hash_key
-from kvfleet_gateway.routing import POLICIES
 
 
 @click.command("gateway")
 @click.option(
     "--config",
     "config_file",
-    type=click.Path(exists=True, path_type=Path),
-    help="Gateway config YAML (what the operator renders).",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Gateway config YAML (what the operator renders; reference: docs/gateway-config.md).",
 )
 @click.option(
     "--backend", "backends", multiple=True, help="Quick mode: an engine URL (repeatable)."
 )
 @click.option(
-    "--host",
-    default=None,
-    help=f"Listen address (default {GatewayConfig.host}); overrides listen.host.",
+    "--host", default=None, help=f"Listen address (default {Listen.host}); overrides listen.host."
 )
-@click.option("--port", type=int, default=None, help="Overrides the config's listen.port.")
+@click.option(
+    "--port", type=int, default=None, help=f"Port (default {Listen.port}); overrides listen.port."
+)
 @click.option(
     "--policy",
-    type=click.Choice(sorted(POLICIES)),
-    default=GatewayConfig.routing_policy,
+    type=click.Choice(POLICY_NAMES),
+    default=DEFAULT_POLICY,
     show_default=True,
+    help="Quick mode: routing.policy.",
 )
-@click.option("--keys", "keys_file", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--keys",
+    "keys_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Quick mode: auth.keysFile (see `kvfleet keys new`).",
+)
 @click.option(
     "--store",
-    default=GatewayConfig.store,
+    default=LimitsConfig.store,
     show_default=True,
-    help="'memory' or a redis:// URL.",
+    help="Quick mode: limits.store, 'memory' or a redis:// URL.",
 )
 @click.option("--insecure-no-auth", is_flag=True, help="Serve without API keys (testing only).")
 @click.option("--log-level", default="info", show_default=True)
@@ -68,37 +82,38 @@ def gateway(
             if backends:
                 raise click.UsageError("give --config or --backend, not both")
             config = load_config(config_file)
-            config = dataclasses.replace(config, host=host or config.host, port=port or config.port)
         elif backends:
-            config = GatewayConfig(
-                host=host or GatewayConfig.host,
-                port=port or GatewayConfig.port,
-                backends=Backends(static=tuple(b.rstrip("/") for b in backends)),
-                routing_policy=policy,
-                keys_file=keys_file,
-                insecure_no_auth=insecure_no_auth,
-                store=store,
+            if keys_file is None and not insecure_no_auth:
+                raise click.UsageError(
+                    "no API keys configured: pass --keys FILE (see `kvfleet keys new`) or, "
+                    "for local testing only, --insecure-no-auth"
+                )
+            auth = {"keysFile": str(keys_file)} if keys_file else {"insecureNoAuth": True}
+            config = GatewayConfig.from_dict(
+                {
+                    "backends": {"static": list(backends)},
+                    "routing": {"policy": policy},
+                    "auth": auth,
+                    "limits": {"store": store},
+                }
             )
         else:
             raise click.UsageError("give --config FILE or at least one --backend URL")
-        if config.keys_file is None and not config.insecure_no_auth:
-            raise click.UsageError(
-                "no API keys configured: pass --keys FILE (see `kvfleet keys "
-                "new`) or, for local testing only, --insecure-no-auth"
-            )
+        listen = Listen(host=host or config.listen.host, port=port or config.listen.port)
+        config = dataclasses.replace(config, listen=listen)
         app = make_app(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(
-        f"kvfleet gateway on http://{config.host}:{config.port} → "
-        f"{len(config.backends.static)} static backend(s), policy {config.routing_policy}",
+        f"kvfleet gateway on http://{listen.host}:{listen.port} → "
+        f"{len(config.backends.static)} static backend(s), policy {config.routing.policy}",
         err=True,
     )
     use_uvloop()
     # A client that sent half a body gets its 408, then aiohttp keeps draining the rest for
     # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
     web.run_app(
-        app, host=config.host, port=config.port, print=None, access_log=None, lingering_time=1.0
+        app, host=listen.host, port=listen.port, print=None, access_log=None, lingering_time=1.0
     )
 
 

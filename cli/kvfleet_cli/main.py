@@ -32,6 +32,9 @@ COMMANDS: dict[str, Entry] = {
         "kvfleet_cli.operator_cmds", "render", "Print the children of InferenceServices in FILE."
     ),
     "crds": Entry("kvfleet_cli.operator_cmds", "crds", "Write the CRD generated from the spec."),
+    "docs": Entry(
+        "kvfleet_cli.operator_cmds", "docs", "Write the CRD and gateway-config references."
+    ),
     "gateway": Entry("kvfleet_cli.gateway_cmds", "gateway", "Run the token-aware gateway."),
     "keys": Entry("kvfleet_cli.gateway_cmds", "keys", "Make and hash API keys."),
     "sim": Entry(

@@ -10,12 +10,11 @@ from typing import Any
 import click
 import yaml
 
-from kvfleet_gateway.config import ConfigError
+from kvfleet_gateway.schema import ConfigError
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
-from kvfleet_operator.schema import SpecError
 from kvfleet_operator.spec import KIND
 
 log = logging.getLogger("kvfleet.operator")
@@ -80,7 +79,7 @@ def render(path: Path, check: bool) -> None:
         try:
             owner = owner_of(doc)
             children = render_children(owner)
-        except (SpecError, ConfigError, KeyError) as exc:
+        except (ConfigError, KeyError) as exc:
             click.echo(f"error: {KIND} {name}: {exc}", err=True)
             failed = True
             continue
@@ -114,6 +113,59 @@ def crds(out_dir: Path, check: bool) -> None:
         return
     for path in write_crds(out_dir):
         click.echo(f"wrote {path}")
+
+
+REFERENCES = {
+    "crd-reference.md": (
+        "InferenceService reference",
+        "Every field of `kvfleet.dev/v1alpha1` InferenceService `.spec`, as the CRD in `crds/`"
+        " declares it (`kubectl explain kis.spec` shows the same text).",
+    ),
+    "gateway-config.md": (
+        "Gateway configuration reference",
+        "The document `kvfleet gateway --config FILE` reads; the operator renders it into the"
+        " gateway's ConfigMap. The tenant limits are the same model as the CRD's"
+        " `spec.gateway.defaultLimits`.",
+    ),
+}
+
+
+def references() -> dict[str, str]:
+    from kvfleet_gateway.config import GatewayConfig
+    from kvfleet_gateway.schema import reference
+    from kvfleet_operator.spec import InferenceServiceSpec
+
+    models = {
+        "crd-reference.md": (InferenceServiceSpec, "spec"),
+        "gateway-config.md": (GatewayConfig, ""),
+    }
+    return {
+        name: reference(models[name][0], title, intro, models[name][1])
+        for name, (title, intro) in REFERENCES.items()
+    }
+
+
+@click.command("docs")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=Path("docs"), show_default=True
+)
+@click.option("--check", is_flag=True, help="Exit 1 if the files differ from the models.")
+def docs(out_dir: Path, check: bool) -> None:
+    """Write the CRD and gateway-config references generated from their typed models."""
+    stale = []
+    for name, text in references().items():
+        path = out_dir / name
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        click.echo(f"wrote {path}")
+    if stale:
+        raise click.ClickException(f"stale in {out_dir}: {', '.join(stale)}; run `make docs`")
+    if check:
+        click.echo(f"{out_dir} is current")
 
 
 @click.command("operator")

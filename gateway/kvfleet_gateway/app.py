@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -118,7 +119,7 @@ def _models(gw: Gateway) -> dict[str, int | None]:
 
 async def _read_json(gw: Gateway, request: web.Request) -> Any:
     try:
-        async with asyncio.timeout(gw.config.timeouts.client_body_s):
+        async with asyncio.timeout(gw.config.timeouts.client_body):
             raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise GatewayError(
@@ -196,7 +197,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             req.reserve_tokens,
             uuid.uuid4().hex,
             time.time(),
-            gw.config.lease_ttl_s,
+            gw.config.limits.lease_ttl,
         )
     )
     headers = ratelimit_headers(decision.quota)
@@ -240,7 +241,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
 
 
 async def _heartbeat(gw: Gateway, lease: Any) -> None:
-    ttl = gw.config.lease_ttl_s
+    ttl = gw.config.limits.lease_ttl
     while True:
         await asyncio.sleep(ttl / 3)
         await gw.store.heartbeat(lease, time.time(), ttl)
@@ -313,21 +314,21 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
 
 
 def make_store(config: GatewayConfig) -> LimitStore:
-    if config.store == "memory":
+    if config.limits.store == "memory":
         return MemoryStore()
-    return RedisStore(config.store, config.gateway_replicas)
+    return RedisStore(config.limits.store, config.limits.redis_outage.gateway_replicas)
 
 
 def make_app(config: GatewayConfig) -> web.Application:
-    if config.keys_file is None and not config.insecure_no_auth:
+    if config.auth.keys_file is None and not config.auth.insecure_no_auth:
         raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
-    policy = make_policy(config.routing_policy, config.routing_tuning)
+    policy = make_policy(config.routing.policy, config.routing.tuning)
     gw = Gateway(
         config=config,
-        keys=KeyWatcher(config.keys_file) if config.keys_file else None,
+        keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
         store=make_store(config),
         pool=BackendPool(
-            config.backends.static, config.health_interval_s, config.scrape_interval_s
+            config.backends.static, config.health_interval, config.routing.scrape_interval
         ),
         metrics=GatewayMetrics(),
     )
@@ -338,7 +339,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     async def http_client(app: web.Application) -> AsyncIterator[None]:
         t = config.timeouts
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s)
+        timeout = aiohttp.ClientTimeout(total=None, connect=t.connect)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics)
             async with gw.pool.running(session):
@@ -358,7 +359,7 @@ def make_app(config: GatewayConfig) -> web.Application:
             return
         static = set(config.backends.static)
         finder = PodDiscovery(
-            kube_access(config.kubeconfig), kube, lambda urls: gw.pool.set_members(static | urls)
+            kube_access(kube.kubeconfig), kube, lambda urls: gw.pool.set_members(static | urls)
         )
         async with finder.running():
             yield

@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from kvfleet_gateway.config import ConfigError, Limits, _Reader, parse_limits
+from kvfleet_gateway.config import ConfigError, Limits
+from kvfleet_gateway.schema import fld, parse
 from kvfleet_gateway.tasks import every
 
 log = logging.getLogger("kvfleet.gateway.keys")
@@ -35,6 +36,20 @@ _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 def hash_key(raw: str) -> str:
     return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeysFileTenant:
+    name: str = fld(doc="Tenant name; the gateway config's limits.tenants refer to it.")
+    keys: tuple[str, ...] = fld((), "SHA-256 hashes of the tenant's keys: sha256:<64 hex>.")
+    limits: Limits | None = fld(None, "Overrides of the config's limits for this tenant.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeysFile:
+    """The API-key file (`keys.yaml` in the Secret): tenants and hashes, never raw keys."""
+
+    tenants: tuple[KeysFileTenant, ...] = fld((), "Tenants and their key hashes.")
 
 
 @dataclass(frozen=True)
@@ -50,29 +65,25 @@ class KeyRing:
 
     @staticmethod
     def parse(doc: Any, origin: str = "keys file") -> KeyRing:
-        root = _Reader(doc, "")
+        try:
+            keys_file = parse(KeysFile, doc)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc.path}", exc.message) from exc
         entries: list[tuple[bytes, Tenant]] = []
         names: set[str] = set()
-        for i, t in enumerate(root.get_list("tenants")):
-            tr = _Reader(t, f"tenants[{i}]")
-            name = tr.get_str("name", None)
-            if name is None:
-                raise ConfigError(f"{origin}: tenants[{i}].name: required")
-            if name in names:
-                raise ConfigError(f"{origin}: tenants[{i}].name: {name!r} appears twice")
-            names.add(name)
-            limits = parse_limits(tr.child("limits")) if tr.get("limits") is not None else None
-            tenant = Tenant(name, limits)
-            for j, key in enumerate(tr.get_list("keys")):
-                if not isinstance(key, str) or not _HASH.match(key):
+        for i, t in enumerate(keys_file.tenants):
+            if t.name in names:
+                raise ConfigError(f"{origin}: tenants[{i}].name", f"{t.name!r} appears twice")
+            names.add(t.name)
+            tenant = Tenant(t.name, t.limits)
+            for j, key in enumerate(t.keys):
+                if not _HASH.match(key):
                     # Never echo the value: it may be a raw key pasted by mistake.
                     raise ConfigError(
-                        f"{origin}: tenants[{i}].keys[{j}]: expected "
-                        "'sha256:<64 hex digits>' (store hashes, not keys)"
+                        f"{origin}: tenants[{i}].keys[{j}]",
+                        "expected 'sha256:<64 hex digits>' (store hashes, not keys)",
                     )
                 entries.append((key.encode(), tenant))
-            tr.done()
-        root.done()
         return KeyRing(tuple(entries))
 
     def authenticate(self, raw_key: str) -> Tenant | None:
@@ -90,8 +101,13 @@ class KeyRing:
 def load_keyring(path: Path) -> KeyRing:
     try:
         doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read keys file {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"keys file {path}", f"cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        # Only the position: PyYAML's message quotes the offending line, which may hold a key.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"keys file {path}", f"invalid YAML{where}") from None
     return KeyRing.parse(doc, str(path))
 
 

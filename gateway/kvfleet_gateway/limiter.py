@@ -151,7 +151,7 @@ class MemoryStore:
         sec = math.floor(now)
         n_req, n_tok = sum(st.requests.values()), sum(st.tokens.values())
         budget = lim.token_budget
-        period = math.floor(now / budget.period_s) if budget else None
+        period = math.floor(now / budget.period) if budget else None
         used = st.budget.get(period, 0) if period is not None else 0
 
         def reject(reason: Reason, retry: float | None, message: str) -> Decision:
@@ -198,7 +198,7 @@ class MemoryStore:
             if used + st.reserved + need > budget.tokens:
                 return reject(
                     "budget",
-                    (period + 1) * budget.period_s - now,
+                    (period + 1) * budget.period - now,
                     f"token budget of {budget.tokens} per period is used up",
                 )
         st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, need)
@@ -212,7 +212,7 @@ class MemoryStore:
             sec,
             period,
             degraded,
-            budget.period_s if budget else None,
+            budget.period if budget else None,
         )
         return Decision(True, self._quota(st, lim, now, used), lease=lease)
 
@@ -267,4 +267,4 @@ class MemoryStore:
             return None
         st = self._state(tenant)
         st.prune(now)
-        return st.budget.get(math.floor(now / limits.token_budget.period_s), 0) + st.reserved
+        return st.budget.get(math.floor(now / limits.token_budget.period), 0) + st.reserved

@@ -111,7 +111,7 @@ class Proxy:
             backend.inflight_requests += 1
             backend.inflight_tokens += req.reserve_tokens
             try:
-                async with asyncio.timeout(self.timeouts.first_byte_s):
+                async with asyncio.timeout(self.timeouts.first_byte):
                     resp = await self.session.post(f"{backend.url}{PATHS[req.kind]}", json=req.body)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "connect"
@@ -177,7 +177,7 @@ class Proxy:
     async def _whole(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
     ) -> web.Response:
-        async with asyncio.timeout(self.timeouts.first_byte_s + self.timeouts.idle_s):
+        async with asyncio.timeout(self.timeouts.first_byte + self.timeouts.idle):
             raw = await upstream.read()
         ex.status = upstream.status
         ex.token_arrived()
@@ -204,9 +204,9 @@ class Proxy:
         # One watchdog per stream, pushed forward as data flows (much cheaper than a timeout
         # per chunk): first_byte_s before the first chunk, then idle_s of upstream silence
         # or client_write_s of a client that does not take data, whichever is longer.
-        slack = max(t.idle_s, t.client_write_s)
+        slack = max(t.idle, t.client_write)
         try:
-            async with asyncio.timeout(t.first_byte_s) as guard:
+            async with asyncio.timeout(t.first_byte) as guard:
                 while True:
                     try:
                         data = await upstream.content.readany()

@@ -210,7 +210,7 @@ class RedisStore:
                 -1 if lim.tokens_per_minute is None else lim.tokens_per_minute,
                 -1 if lim.max_concurrent is None else lim.max_concurrent,
                 -1 if budget is None else budget.tokens,
-                1 if budget is None else budget.period_s,
+                1 if budget is None else budget.period,
             ]
             try:
                 res = await self._admit(keys=list(k.values()), args=argv)
@@ -253,7 +253,7 @@ class RedisStore:
                 ticket.reserve_tokens,
                 int(sec),
                 None if period < 0 else int(period),
-                budget_period_s=budget.period_s if budget else None,
+                budget_period_s=budget.period if budget else None,
             )
             return Decision(True, quota, lease=lease)
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -344,7 +344,7 @@ class RedisStore:
         if limits.token_budget is None:
             return None
         k = _keys(tenant)
-        period = math.floor(now / limits.token_budget.period_s)
+        period = math.floor(now / limits.token_budget.period)
         used = await self.client.hget(k["budget"], str(period))
         reserved = await self.client.get(k["rtot"])
         return int(used or 0) + int(reserved or 0)

@@ -38,6 +38,9 @@ class LocalClusterConfig:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     resync_s: float = 1.0
     """Controllers' periodic resync (they also react to every change at once)."""
+    controllers: bool = True
+    """False: the API server alone (no Deployment controller, no kubelet), for tests of the
+    API server's own semantics."""
 
 
 def kubeconfig_document(url: str, namespace: str) -> dict[str, object]:
@@ -91,8 +94,9 @@ class LocalCluster:
         if kubelet.state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cluster-")
             kubelet = replace(kubelet, state_dir=Path(self._tmp.name))
-        self.cluster = Cluster(self.api.store, kubelet)
-        self._controllers = asyncio.create_task(self.cluster.run(resync_s=cfg.resync_s))
+        if cfg.controllers:
+            self.cluster = Cluster(self.api.store, kubelet)
+            self._controllers = asyncio.create_task(self.cluster.run(resync_s=cfg.resync_s))
         return self
 
     async def __aexit__(

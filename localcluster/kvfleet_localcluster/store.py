@@ -228,7 +228,13 @@ class Store:
         )
         self.objects[key] = obj
         self._emit(kind, "ADDED", obj)
-        return copy.deepcopy(obj)
+        created = copy.deepcopy(obj)
+        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
+        if owners and not any(o["metadata"]["uid"] in owners for o in self.objects.values()):
+            # As the garbage collector does: a dependent whose owners are all gone (deleted
+            # while it was being created) is collected; the create itself succeeded.
+            self.delete(kind, meta.get("namespace"), meta["name"])
+        return created
 
     def _commit(
         self, kind: Kind, old: dict[str, Any], new: dict[str, Any], subresource: str | None

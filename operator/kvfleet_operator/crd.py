@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from kvfleet_operator.schema import Json, openapi
+from kvfleet_gateway.schema import Json, openapi
 from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec
 from kvfleet_operator.status import InferenceServiceStatus
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import ROLE_LABEL
-from kvfleet_operator.schema import Json
 from kvfleet_operator.status import pod_ready
 
 OWNED_METADATA = ("labels", "annotations", "ownerReferences")

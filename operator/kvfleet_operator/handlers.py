@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,8 @@ class Controller:
     config: OperatorConfig
     options: ReconcileOptions = field(default_factory=ReconcileOptions)
     on_outcome: Callable[[str, Outcome], None] | None = None
+    reconciler: Callable[[str, str], Awaitable[Outcome]] | None = None
+    """Test seam: reconcile one key; None runs `reconcile` in a worker thread."""
     known: set[tuple[str, str]] = field(default_factory=set)
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
@@ -93,7 +95,10 @@ class Controller:
                 key = await self._queue.get()
                 self._queued.discard(key)
                 try:
-                    outcome = await asyncio.to_thread(self._reconcile_sync, *key)
+                    if self.reconciler is not None:
+                        outcome = await self.reconciler(*key)
+                    else:
+                        outcome = await asyncio.to_thread(self._reconcile_sync, *key)
                 except Exception as exc:
                     n = self._failures.get(key, 0) + 1
                     self._failures[key] = n

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_operator.schema import Json
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION
 
 
@@ -60,7 +60,6 @@ RESOURCES = {(r.api_version, r.kind): r for r in _KNOWN}
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
-EVENT = RESOURCES[("v1", "Event")]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 PRUNABLE = [
     RESOURCES[k]

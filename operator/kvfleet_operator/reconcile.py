@@ -15,12 +15,11 @@ from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_gateway.config import ConfigError
+from kvfleet_gateway.schema import ConfigError, Json
 from kvfleet_operator.diff import repair_patch, warm_assignment
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner, selector_string
-from kvfleet_operator.schema import Json, SpecError
 from kvfleet_operator.status import Observed, compute_status, status_patch
 
 log = logging.getLogger("kvfleet.operator")
@@ -40,7 +39,6 @@ class Outcome:
     patched: list[str] = field(default_factory=list)
     relabelled: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
-    status_written: bool = False
     error: str | None = None
 
 
@@ -59,7 +57,7 @@ def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) 
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
         replicas = desired_engine_replicas(owner, current)
         children = render_children(owner, replicas)
-    except (SpecError, ConfigError) as exc:
+    except ConfigError as exc:
         out.error = str(exc)
         _write_status(kube, body, None, out, options)
         return out
@@ -174,7 +172,6 @@ def _write_status(
     if patch is None:
         return
     kube.patch(ISVC, ns, name, {"status": patch}, "status")
-    out.status_written = True
     before = {c["type"]: c for c in old.get("conditions") or []}
     for cond in status["conditions"]:
         if cond["type"] not in ("Ready", "Degraded"):

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from kvfleet_operator.schema import Json, Rule, fld, parse
+from kvfleet_gateway.config import DEFAULT_POLICY, POLICY_NAMES, Limits, TenantLimits
+from kvfleet_gateway.schema import Json, Rule, fld, parse
 
 GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
 ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
@@ -62,7 +63,6 @@ Quantization = Literal[
     "w8a8_int8", "modelopt_fp8", "modelopt_fp4", "compressed-tensors",
 ]  # fmt: skip
 SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
-RoutingPolicy = Literal["kvfleet", "round_robin", "least_load", "sglang_cache_aware"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,38 +232,6 @@ class Autoscaling:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenBudgetSpec:
-    tokens: int = fld(doc="Tokens (prompt + completion) per period.", minimum=1)
-    period: str = fld("30d", "Period, e.g. 1h, 1d, 30d.", pattern=r"^\d+(\.\d+)?[smhd]$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LimitSpec:
-    RULES: ClassVar = (
-        Rule(
-            "!has(self.maxTokens) || !has(self.defaultMaxTokens)"
-            " || self.defaultMaxTokens <= self.maxTokens",
-            "defaultMaxTokens must not exceed maxTokens",
-            ".defaultMaxTokens",
-        ),
-    )
-    requests_per_minute: int | None = fld(None, "Requests per minute.", minimum=1)
-    tokens_per_minute: int | None = fld(
-        None, "Tokens per minute (reserved, then settled).", minimum=1
-    )
-    max_concurrent: int | None = fld(None, "Requests in flight at once.", minimum=1)
-    max_tokens: int | None = fld(None, "Cap on a request's max_tokens.", minimum=1)
-    default_max_tokens: int | None = fld(None, "max_tokens when a request sets none.", minimum=1)
-    token_budget: TokenBudgetSpec | None = fld(None, "Tokens per period (the GPU-cost budget).")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TenantLimits:
-    name: str = fld(doc="Tenant name (as in the API-key Secret).")
-    limits: LimitSpec = fld(doc="Overrides of the defaults for this tenant.")
-
-
-@dataclass(frozen=True, kw_only=True)
 class GatewaySpec:
     RULES: ClassVar = (
         Rule(
@@ -285,13 +253,13 @@ class GatewaySpec:
         None, "Secret with `keys.yaml` (tenants and sha256 key hashes; see kvfleet keys)."
     )
     insecure_no_auth: bool = fld(False, "Serve without API keys. Never in production.")
-    routing_policy: RoutingPolicy = fld("kvfleet", "How the gateway picks a replica.")
+    routing_policy: str = fld(DEFAULT_POLICY, "How the gateway picks a replica.", enum=POLICY_NAMES)
     limits_store: str = fld(
         "memory",
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
     )
-    default_limits: LimitSpec = fld(LimitSpec, "Limits of every tenant.")
+    default_limits: Limits = fld(Limits, "Limits of every tenant.")
     tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
     service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = fld(
         "ClusterIP", "Type of the gateway Service."
@@ -360,5 +328,5 @@ class InferenceServiceSpec:
 
 
 def parse_spec(spec: Any) -> InferenceServiceSpec:
-    """The custom resource's `.spec`, defaulted and validated (raises SpecError)."""
+    """The custom resource's `.spec`, defaulted and validated (raises ConfigError)."""
     return parse(InferenceServiceSpec, spec, "spec")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kvfleet_gateway.schema import Json, fld, json_name
 from kvfleet_operator.render.common import ROLE_LABEL
-from kvfleet_operator.schema import Json, fld, json_name
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,10 +73,6 @@ class ModelSpec:
         heads = 1 if self.tied_embeddings else 2
         return self.num_params - heads * self.embedding_params
 
-    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
-        """K and V for every layer: 2 × layers × kv_heads × head_dim × dtype bytes."""
-        return 2.0 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
 
 # Aliases people type; the served name of a Hugging Face id maps to the catalogue entry.
 ALIASES: dict[str, str] = {

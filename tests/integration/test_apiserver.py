@@ -4,13 +4,15 @@ rely on, asserted at the protocol boundary."""
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kmock
 import pytest
 
 from kvfleet_localcluster.apiserver import ClusterAPI
+from kvfleet_localcluster.local import LocalCluster
+from tests.support.cluster import cluster_config
 
 POD = {
     "apiVersion": "v1",
@@ -40,11 +42,13 @@ class Api:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[Api]:
-    async with ClusterAPI() as server, kmock.Server(server) as http:
-        server.load_resources()
-        async with aiohttp.ClientSession() as session:
-            yield Api(str(http.url).rstrip("/"), session, server)
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    """The local cluster's API server alone (no controllers: nothing writes but the test)."""
+    async with (
+        LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster,
+        aiohttp.ClientSession() as session,
+    ):
+        yield Api(cluster.url, session, cluster.api)
 
 
 async def test_create_sets_metadata_and_conflicts(api: Api) -> None:
@@ -385,3 +389,17 @@ async def test_core_discovery_names_its_group_version(api: Api) -> None:
     assert "pods" in {r["name"] for r in doc["resources"]}
     status, apis = await api("GET", "/apis")
     assert "metrics.k8s.io" not in json.dumps(apis)  # no metrics-server here
+
+
+async def test_a_dependent_of_a_deleted_owner_is_collected(api: Api) -> None:
+    """A child created just after its owner was deleted (an operator racing the deletion)
+    is garbage-collected, as Kubernetes' garbage collector does; the create still succeeds."""
+    status, owner = await api(
+        "POST", "/api/v1/namespaces/ai/configmaps", {"metadata": {"name": "o"}}
+    )
+    assert status == 201
+    assert (await api("DELETE", "/api/v1/namespaces/ai/configmaps/o"))[0] == 200
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": owner["metadata"]["uid"]}
+    child = {"metadata": {"name": "child", "ownerReferences": [ref]}}
+    assert (await api("POST", "/api/v1/namespaces/ai/configmaps", child))[0] == 201
+    assert (await api("GET", "/api/v1/namespaces/ai/configmaps/child"))[0] == 404

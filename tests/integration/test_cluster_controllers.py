@@ -8,12 +8,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
-import kmock
 import pytest
 
-from kvfleet_localcluster.apiserver import ClusterAPI
-from kvfleet_localcluster.controllers import Cluster, deletion_order
-from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.controllers import deletion_order
+from tests.support.cluster import Env
 
 DEP = {
     "metadata": {"name": "engine", "labels": {"app": "engine"}},
@@ -62,18 +60,9 @@ def ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[Http]:
-    async with ClusterAPI() as api, kmock.Server(api) as server:
-        api.load_resources()
-        cluster = Cluster(api.store, KubeletConfig(run_processes=False, ready_delay_s=0.05))
-        task = asyncio.create_task(cluster.run(resync_s=0.2))
-        try:
-            async with aiohttp.ClientSession() as s:
-                yield Http(str(server.url).rstrip("/"), s)
-        finally:
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+async def http(local_cluster: Env) -> AsyncIterator[Http]:
+    async with aiohttp.ClientSession() as s:
+        yield Http(local_cluster.cluster.url, s)
 
 
 async def test_deployment_pods_scale_replace_roll_and_collect(http: Http) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.local import LocalCluster
+from tests.support.cluster import cluster_config
+from tests.support.objects import isvc as make_isvc
 
 ROOT = Path(__file__).resolve().parents[2]
 ISVCS = "/apis/kvfleet.dev/v1alpha1/namespaces/default/inferenceservices"
@@ -20,26 +21,12 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
 def isvc(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "kvfleet.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "m", "source": {"huggingFace": "org/model"}},
-            "gateway": {"insecureNoAuth": True},
-            **spec,
-        },
-    }
+    return make_isvc(name, namespace="default", **spec)
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    config = LocalClusterConfig(
-        kubeconfig=tmp_path / "kubeconfig",
-        crds_dir=ROOT / "crds",
-        kubelet=KubeletConfig(run_processes=False),
-    )
-    async with LocalCluster(config) as cluster, aiohttp.ClientSession() as s:
+    async with LocalCluster(cluster_config(tmp_path)) as cluster, aiohttp.ClientSession() as s:
         yield cluster.url, s
 
 

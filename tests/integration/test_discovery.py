@@ -3,18 +3,18 @@ semantics): the gateway follows the Ready engine pods matching its selector, by 
 from the list's resourceVersion, and routes to their pod IPs."""
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kmock
 import pytest
 
-from kvfleet_gateway.config import Backends, GatewayConfig, KubernetesBackends
+from kvfleet_gateway.config import KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
-from kvfleet_localcluster.apiserver import ClusterAPI
+from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
+from tests.support.cluster import cluster_config
+from tests.support.gateway import gateway_config
 
 SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"
 LABELS = {"kvfleet.dev/inferenceservice": "llama", "kvfleet.dev/role": "active"}
@@ -51,22 +51,10 @@ async def test_gateway_follows_ready_pods(
 ) -> None:
     port = free_port("127.0.0.2")
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
-    async with ClusterAPI() as k8s, kmock.Server(k8s) as api:
-        k8s.load_resources()
-        url = str(api.url).rstrip("/")
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "kmock",
-                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+    # The API server alone: pods are posted with the statuses the test wants.
+    config = cluster_config(tmp_path, controllers=False, crds=False)
+    async with LocalCluster(config) as cluster:
+        url, kubeconfig = cluster.url, cluster.kubeconfig
         async with aiohttp.ClientSession() as s:
 
             async def put(p: dict[str, Any]) -> None:
@@ -76,12 +64,10 @@ async def test_gateway_follows_ready_pods(
             await put(pod("engine-a", "127.0.0.2"))
             await put(pod("engine-b", "127.0.0.3", ready=False))
             await put(pod("other", "127.0.0.4", labels={"app": "something-else"}))
-            cfg = GatewayConfig(
-                host="127.0.0.1",
-                insecure_no_auth=True,
-                health_interval_s=0.2,
-                backends=Backends(kubernetes=KubernetesBackends("ai", SELECTOR, port)),
-                kubeconfig=str(kubeconfig),
+            cfg = gateway_config(
+                kubernetes=KubernetesBackends(
+                    namespace="ai", selector=SELECTOR, port=port, kubeconfig=str(kubeconfig)
+                )
             )
             gw = await gateway_server(cfg)
             try:

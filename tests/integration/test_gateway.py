@@ -1,6 +1,7 @@
 """The gateway over real HTTP in front of simulator engines, with the real OpenAI SDK."""
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,9 +12,18 @@ import openai
 import pytest
 
 from kvfleet_gateway.app import make_app
-from kvfleet_gateway.config import Backends, GatewayConfig, Limits, TokenBudget
+from kvfleet_gateway.config import (
+    Backends,
+    CostConfig,
+    Duration,
+    GatewayConfig,
+    Limits,
+    Timeouts,
+    TokenBudget,
+)
 from kvfleet_gateway.keys import hash_key
 from kvfleet_sim.faults import FaultPlan
+from tests.support.gateway import gateway_config
 
 KEY_A, KEY_B = "kvf-test-key-a", "kvf-test-key-b"
 
@@ -32,14 +42,7 @@ def keys_file(tmp_path: Path, tenants: list[dict[str, Any]] | None = None) -> Pa
 
 
 def config(backends: list[str], keys: Path | None, **kw: Any) -> GatewayConfig:
-    return GatewayConfig(
-        host="127.0.0.1",
-        backends=Backends(static=tuple(backends)),
-        keys_file=keys,
-        insecure_no_auth=keys is None,
-        health_interval_s=kw.pop("health_interval_s", 0.2),
-        **kw,
-    )
+    return gateway_config(backends, keys, **kw)
 
 
 async def call(
@@ -140,7 +143,7 @@ async def test_stream_carries_rate_limit_headers(
     cfg = config(
         [engine],
         keys_file(tmp_path),
-        default_limits=Limits(requests_per_minute=100, tokens_per_minute=100_000),
+        defaults=Limits(requests_per_minute=100, tokens_per_minute=100_000),
     )
     gw = await gateway_server(cfg)
     async with (
@@ -164,7 +167,7 @@ async def test_budget_reserves_then_refunds_to_real_usage(
     cfg = config(
         [engine],
         keys_file(tmp_path),
-        default_limits=Limits(token_budget=TokenBudget(2_000, 86_400)),
+        defaults=Limits(token_budget=TokenBudget(tokens=2_000, period=Duration(86_400))),
     )
     gw = await gateway_server(cfg)
     # No max_tokens from the client and none configured: 1,024 are reserved, far fewer used.
@@ -175,7 +178,7 @@ async def test_budget_reserves_then_refunds_to_real_usage(
     used = body["usage"]["total_tokens"]
     assert int(headers["x-kvfleet-budget-remaining-tokens"]) < 2_000 - 1_024  # while reserved
     store = gateway_server.state(gw).store
-    assert await store.budget_used("team-a", cfg.default_limits, time.time()) == used
+    assert await store.budget_used("team-a", cfg.limits.defaults, time.time()) == used
     # A request that fits the budget but not what is left: insufficient_quota until the reset.
     over = 2_000 - used - 16 + 1  # 16 = the gateway's estimate for this prompt
     status, headers, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": over})
@@ -214,7 +217,7 @@ async def test_bad_input_is_refused_and_nothing_is_charged(
         [engine],
         keys_file(tmp_path),
         max_body_bytes=64 * 1024,
-        default_limits=Limits(token_budget=TokenBudget(100_000, 86_400)),
+        defaults=Limits(token_budget=TokenBudget(tokens=100_000, period=Duration(86_400))),
     )
     gw = await gateway_server(cfg)
     got, _, err = await call(gw, "/v1/chat/completions", body, raw=raw)
@@ -222,7 +225,7 @@ async def test_bad_input_is_refused_and_nothing_is_charged(
     assert fragment in err["error"]["message"]
     assert set(err["error"]) == {"message", "type", "param", "code"}
     store = gateway_server.state(gw).store
-    assert await store.budget_used("team-a", cfg.default_limits, time.time()) == 0
+    assert await store.budget_used("team-a", cfg.limits.defaults, time.time()) == 0
     assert (await call(gw, "/v1/chat/completions", CHAT))[0] == 200  # still serving
 
 
@@ -231,7 +234,7 @@ async def test_max_tokens_cap_and_injected_default(
 ) -> None:
     engine = await sim_server(simulate_eos=False)
     cfg = config(
-        [engine], keys_file(tmp_path), default_limits=Limits(max_tokens=64, default_max_tokens=16)
+        [engine], keys_file(tmp_path), defaults=Limits(max_tokens=64, default_max_tokens=16)
     )
     gw = await gateway_server(cfg)
     status, _, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": 65})
@@ -276,7 +279,9 @@ async def test_engine_dying_mid_stream_ends_with_error_event_and_settles(
     cfg = config(
         [engine],
         keys_file(tmp_path),
-        default_limits=Limits(max_concurrent=5, token_budget=TokenBudget(10**6, 86400)),
+        defaults=Limits(
+            max_concurrent=5, token_budget=TokenBudget(tokens=10**6, period=Duration(86400))
+        ),
     )
     gw = await gateway_server(cfg)
     client = openai.AsyncOpenAI(base_url=f"{gw}/v1", api_key=KEY_A, max_retries=0)
@@ -291,7 +296,7 @@ async def test_engine_dying_mid_stream_ends_with_error_event_and_settles(
     now = time.time()
     await asyncio.sleep(0.1)
     assert await store.active_leases("team-a", now) == 0
-    assert 0 < await store.budget_used("team-a", cfg.default_limits, now) < 1050
+    assert 0 < await store.budget_used("team-a", cfg.limits.defaults, now) < 1050
 
 
 async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path: Path) -> None:
@@ -303,7 +308,7 @@ async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path
             assert r.status == 200
     engine = await sim_server()
     cfg = config([engine], keys_file(tmp_path))
-    cfg = GatewayConfig(**{**cfg.__dict__, "cost": type(cfg.cost)(gpu_hourly_price=3.6)})
+    cfg = dataclasses.replace(cfg, cost=CostConfig(gpu_hourly_price=3.6))
     gw = await gateway_server(cfg)
     await call(gw, "/v1/chat/completions", {**CHAT, "stream": True})
     async with aiohttp.ClientSession() as s, s.get(f"{gw}/metrics") as r:
@@ -331,7 +336,7 @@ async def test_slow_client_body_gets_408_and_nothing_is_charged(
 ) -> None:
     engine = await sim_server()
     cfg = config([engine], keys_file(tmp_path))
-    cfg = GatewayConfig(**{**cfg.__dict__, "timeouts": type(cfg.timeouts)(client_body_s=0.3)})
+    cfg = dataclasses.replace(cfg, timeouts=Timeouts(client_body=Duration(0.3)))
     gw = await gateway_server(cfg)
     host, port = gw.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))

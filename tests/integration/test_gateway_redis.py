@@ -9,8 +9,9 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_gateway.config import Backends, GatewayConfig
+from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.keys import hash_key
+from tests.support.gateway import gateway_config
 
 from ..conftest import RedisProcess
 
@@ -41,14 +42,7 @@ def keys(tmp_path: Path, budget: int) -> Path:
 
 
 def gw_config(engines: list[str], keys_file: Path, store: str, **kw: Any) -> GatewayConfig:
-    return GatewayConfig(
-        host="127.0.0.1",
-        backends=Backends(static=tuple(engines)),
-        keys_file=keys_file,
-        store=store,
-        health_interval_s=0.5,
-        **kw,
-    )
+    return gateway_config(engines, keys_file, store=store, health_interval=0.5, **kw)
 
 
 async def chat(

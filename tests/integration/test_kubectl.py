@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from tests.conftest import kubectl_binary
+from tests.support.objects import isvc
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = """
@@ -24,15 +26,7 @@ spec:
     metadata: {labels: {app: web}}
     spec: {containers: [{name: w, image: kvfleet:1}]}
 """
-ISVC = """
-apiVersion: kvfleet.dev/v1alpha1
-kind: InferenceService
-metadata: {name: llama}
-spec:
-  model: {name: llama-3.1-8b, source: {huggingFace: meta-llama/Llama-3.1-8B-Instruct}}
-  replicas: 1
-  gateway: {insecureNoAuth: true}
-"""
+ISVC = yaml.safe_dump(isvc("llama", namespace="demo", replicas=1))
 
 
 @pytest.fixture

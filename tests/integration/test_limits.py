@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet_gateway.config import Limits, TokenBudget
+from kvfleet_gateway.config import Duration, Limits, TokenBudget
 from kvfleet_gateway.limiter import LimitStore, MemoryStore, Ticket
 from kvfleet_gateway.redis_store import RedisStore
 
@@ -58,7 +58,7 @@ async def test_heartbeat_keeps_a_long_request_alive(store: Any) -> None:
 
 
 async def test_budget_reserves_then_settles_to_real_usage(store: Any) -> None:
-    lim = Limits(token_budget=TokenBudget(1000, 86400))
+    lim = Limits(token_budget=TokenBudget(tokens=1000, period=Duration(86400)))
     a = await store.admit(ticket(lim, need=600))
     assert a.admitted and a.quota.budget_remaining == 400
     refused = await store.admit(ticket(lim, need=600))
@@ -72,7 +72,7 @@ async def test_budget_reserves_then_settles_to_real_usage(store: Any) -> None:
 
 
 async def test_settlement_happens_once(store: Any) -> None:
-    lim = Limits(token_budget=TokenBudget(1000, 86400))
+    lim = Limits(token_budget=TokenBudget(tokens=1000, period=Duration(86400)))
     d = await store.admit(ticket(lim, need=100))
     assert await store.settle(d.lease, 80, time.time())
     assert not await store.settle(d.lease, 80, time.time())
@@ -107,7 +107,7 @@ async def test_tenants_are_independent(store: Any) -> None:
 
 
 async def test_parallel_admissions_never_overspend(store: Any) -> None:
-    lim = Limits(token_budget=TokenBudget(10_000, 86400))
+    lim = Limits(token_budget=TokenBudget(tokens=10_000, period=Duration(86400)))
     decisions = await asyncio.gather(*(store.admit(ticket(lim, need=300)) for _ in range(200)))
     admitted = [d for d in decisions if d.admitted]
     assert len(admitted) == 10_000 // 300  # exactly as many as fit, never one more

@@ -18,22 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import kubectl_binary
+from tests.support.objects import isvc
 from tests.support.waiting import until_sync as until
 
 ROOT = Path(__file__).resolve().parents[2]
-ISVC = """
-apiVersion: kvfleet.dev/v1alpha1
-kind: InferenceService
-metadata: {name: llama, namespace: default}
-spec:
-  model: {name: llama-3.1-8b, source: {huggingFace: meta-llama/Llama-3.1-8B-Instruct}}
-  engine: {gpuType: h100, contextLength: 8192}
-  replicas: 2
-  gateway: {insecureNoAuth: true}
-"""
+ISVC = yaml.safe_dump(
+    isvc(
+        "llama", namespace="default", engine={"gpuType": "h100", "contextLength": 8192}, replicas=2
+    )
+)
 
 
 def http(url: str, body: dict[str, Any] | None = None, timeout: float = 3.0) -> tuple[int, Any]:

@@ -7,20 +7,14 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_gateway.config import Backends, GatewayConfig
+from kvfleet_gateway.config import GatewayConfig
+from tests.support.gateway import gateway_config
 
 SYSTEM = "You are a meticulous assistant for the kvfleet project. " * 20
 
 
 def config(backends: list[str], **kw: Any) -> GatewayConfig:
-    kw.setdefault("health_interval_s", 0.2)
-    return GatewayConfig(
-        host="127.0.0.1",
-        backends=Backends(static=tuple(backends)),
-        insecure_no_auth=True,
-        scrape_interval_s=0.2,
-        **kw,
-    )
+    return gateway_config(backends, scrape_interval=0.2, **kw)
 
 
 async def chat(url: str, question: str, max_tokens: int = 4) -> dict[str, Any]:
@@ -65,9 +59,7 @@ async def test_dead_replica_opens_its_breaker_and_requests_still_succeed(
     live = await sim_server()
     dead = "http://127.0.0.1:9"  # nothing listens: connection refused
     # round robin keeps offering the dead replica; kvfleet would stick to the live one
-    gw = await gateway_server(
-        config([live, dead], health_interval_s=30, routing_policy="round_robin")
-    )
+    gw = await gateway_server(config([live, dead], health_interval=30, policy="round_robin"))
     state = gateway_server.state(gw)
     state.pool.backends[dead].healthy = True  # pretend it passed its last health check
     for i in range(8):
@@ -78,7 +70,7 @@ async def test_dead_replica_opens_its_breaker_and_requests_still_succeed(
 
 async def test_removed_replica_drains(sim_server: Any, gateway_server: Any) -> None:
     a, b = await sim_server(time_scale=3.0), await sim_server(time_scale=3.0)
-    gw = await gateway_server(config([a, b], routing_policy="round_robin"))
+    gw = await gateway_server(config([a, b], policy="round_robin"))
     state = gateway_server.state(gw)
     await asyncio.sleep(0.3)
     slow = asyncio.create_task(chat(gw, "long answer", max_tokens=40))

@@ -27,12 +27,18 @@ TEST_AGENT = "kvfleet-test"
 """User agent of the tests' own client: its requests are not the operator's."""
 
 
-def cluster_config(tmp: Path, **kubelet: Any) -> LocalClusterConfig:
+def cluster_config(
+    tmp: Path, controllers: bool = True, crds: bool = True, **kubelet: Any
+) -> LocalClusterConfig:
+    """The local cluster of a test: `crds/` applied, namespace `ai` in its kubeconfig, pods
+    Ready after 50 ms without processes (override with `run_processes=True`); `controllers`
+    False: the API server alone; `crds` False: no CRD installed."""
     return LocalClusterConfig(
         kubeconfig=tmp / "kubeconfig",
-        crds_dir=ROOT / "crds",
+        crds_dir=ROOT / "crds" if crds else None,
         namespace="ai",
         resync_s=0.2,
+        controllers=controllers,
         kubelet=KubeletConfig(
             **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
         ),

@@ -1,6 +1,7 @@
 """The command contract: flags, clear usage errors, JSON on the last line."""
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -53,3 +54,24 @@ def test_bad_flags_get_clear_errors() -> None:
         cli, ["sim", "serve", "--model", "llama-3.1-8b", "--gpu", "h100", "--stream-interval", "0"]
     )
     assert r.exit_code == 2 and "--stream-interval" in r.output
+
+
+def test_reference_docs_are_generated_from_the_models() -> None:
+    root = Path(__file__).resolve().parents[2]
+    result = CliRunner().invoke(cli, ["docs", "--check", "--out", str(root / "docs")])
+    assert result.exit_code == 0, f"{result.output} (run `make docs`)"
+    text = (root / "docs" / "gateway-config.md").read_text()
+    assert "| `limits.defaults.tokenBudget.period` | duration" in text
+
+
+def test_stand_in_commands_load_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kvfleet_cli.main import cli; "
+        "from click.testing import CliRunner; CliRunner().invoke(cli, ['gateway', '--help']); "
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('kvfleet_')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['kvfleet_cli', 'kvfleet_gateway']"

@@ -5,15 +5,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvfleet_gateway.config import ConfigError, GatewayConfig, load_config, parse_duration
+from kvfleet_gateway.config import ConfigError, Duration, GatewayConfig, load_config
 from kvfleet_gateway.keys import KeyRing, hash_key
 
 FULL = """
 listen: {host: 127.0.0.1, port: 9000}
-models: [{name: llama-3.1-8b, contextLength: 8192}, qwen]
+models: [{name: llama-3.1-8b, contextLength: 8192}, {name: qwen}]
 backends:
   static: [http://10.0.0.1:30000/, http://10.0.0.2:30000]
-routing: {policy: kvfleet, prefillTokensPerSecond: 30000}
+routing: {policy: kvfleet, tuning: {prefillTokensPerSecond: 30000}}
 auth: {keysFile: /etc/kvfleet/keys.yaml}
 limits:
   store: redis://redis:6379/0
@@ -35,13 +35,14 @@ timeouts: {firstByte: 2m, idle: 30s}
 
 def test_full_document_parses_into_typed_values() -> None:
     c = GatewayConfig.from_dict(yaml.safe_load(FULL))
-    assert (c.host, c.port) == ("127.0.0.1", 9000)
+    assert (c.listen.host, c.listen.port) == ("127.0.0.1", 9000)
     assert c.backends.static == ("http://10.0.0.1:30000", "http://10.0.0.2:30000")
     assert c.models[0].context_length == 8192 and c.models[1].name == "qwen"
-    assert c.default_limits.token_budget is not None
-    assert c.default_limits.token_budget.period_s == 30 * 86400
-    assert c.gateway_replicas == 3 and c.cost.gpus_per_replica == 2
-    assert c.timeouts.first_byte_s == 120 and c.timeouts.idle_s == 30
+    assert c.limits.defaults.token_budget is not None
+    assert c.limits.defaults.token_budget.period == 30 * 86400
+    assert c.limits.redis_outage.gateway_replicas == 3 and c.cost.gpus_per_replica == 2
+    assert c.timeouts.first_byte == 120 and c.timeouts.idle == 30
+    assert c.routing.tuning.prefill_tokens_per_second == 30000
     team = c.limits_for("team-a")
     assert team.max_concurrent == 64 and team.requests_per_minute == 600
 
@@ -64,9 +65,10 @@ def test_round_trip_is_exact() -> None:
         ({"limits": {"store": "postgres://x"}}, "limits.store"),
         ({"backends": {"static": ["10.0.0.1:30000"]}}, "backends.static[0]"),
         ({"backends": {}}, "backends: give static URLs"),
+        ({"routing": {"policy": "fastest"}}, "routing.policy: 'fastest' is not one of kvfleet"),
         ({"listen": {"port": "80"}}, "listen.port"),
-        ({"auth": {}}, "auth.keysFile: required"),
-        ({"limtis": {}}, "unknown field(s) limtis"),
+        ({"auth": {}}, "auth.keysFile: auth.keysFile is required"),
+        ({"limtis": {}}, "limtis: unknown field"),
         ({"limits": {"defaults": {"maxTokens": 10, "defaultMaxTokens": 20}}}, "defaultMaxTokens"),
     ],
 )
@@ -89,9 +91,25 @@ def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
 
 
 def test_durations() -> None:
-    assert parse_duration("1h", "x") == 3600 and parse_duration(90, "x") == 90
+    assert Duration.parse("1h", "x") == 3600 and Duration.parse(90, "x") == 90
+    assert str(Duration(86400 * 30)) == "30d" and str(Duration(1.5)) == "1.5s"
     with pytest.raises(ConfigError):
-        parse_duration("0d", "x")
+        Duration.parse("0d", "x")
+
+
+def test_the_crd_limits_are_the_gateway_limits() -> None:
+    """One model: what the CRD accepts in spec.gateway.defaultLimits is what the gateway reads."""
+    from kvfleet_gateway.config import Limits
+    from kvfleet_gateway.schema import openapi
+    from kvfleet_operator.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    gateway = spec["properties"]["gateway"]["properties"]
+    assert gateway["defaultLimits"]["properties"] == openapi(Limits)["properties"]
+    tenant = gateway["tenants"]["items"]["properties"]["limits"]
+    assert tenant["properties"] == openapi(Limits)["properties"]
+    assert gateway["routingPolicy"]["enum"] == ["kvfleet", "round_robin", "least_load",
+                                                "sglang_cache_aware"]  # fmt: skip
 
 
 def test_keys_are_hashes_and_raw_keys_are_never_echoed() -> None:

@@ -145,13 +145,13 @@ def test_gateway_config_round_trips_through_the_gateway_parser() -> None:
     assert parsed.backends.kubernetes.selector == (
         "kvfleet.dev/inferenceservice=llama-8b,app.kubernetes.io/component=engine,kvfleet.dev/role=active"
     )
-    assert parsed.store == "redis://redis.ai.svc:6379/0"
-    assert parsed.gateway_replicas == 2
+    assert parsed.limits.store == "redis://redis.ai.svc:6379/0"
+    assert parsed.limits.redis_outage.gateway_replicas == 2
     assert parsed.limits_for("search-team").max_concurrent == 128
     assert parsed.limits_for("other").max_concurrent == 32
     assert parsed.cost.gpu_hourly_price == 2.49
     assert parsed.models[0].name == "llama-3.1-8b" and parsed.models[0].context_length == 32768
-    assert parsed.keys_file is not None and str(parsed.keys_file).endswith("keys.yaml")
+    assert parsed.auth.keys_file is not None and parsed.auth.keys_file.endswith("keys.yaml")
     gw = next(
         o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
     )

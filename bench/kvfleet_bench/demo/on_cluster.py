@@ -37,7 +37,6 @@ from kvfleet_sim.fleet.collector import percentile
 
 NS, NAME, TENANT = "ai", "llama", "support-chat"
 ISVC_PATH = f"/apis/kvfleet.dev/v1alpha1/namespaces/{NS}/inferenceservices"
-ENGINES = "app.kubernetes.io/component=engine"
 
 
 def _objects(key_hash: str) -> list[tuple[str, dict[str, Any]]]:

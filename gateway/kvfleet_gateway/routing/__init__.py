@@ -12,12 +12,14 @@ from kvfleet_gateway.routing.round_robin import RoundRobin
 from kvfleet_gateway.routing.sglang_cache_aware import SglangCacheAware
 
 POLICIES: dict[str, Callable[[KvfleetTuning], Policy]] = {
-    "kvfleet": KvfleetPolicy,
-    "round_robin": lambda _: RoundRobin(),
-    "least_load": lambda _: LeastLoad(),
-    "sglang_cache_aware": lambda _: SglangCacheAware(),
+    KvfleetPolicy.name: KvfleetPolicy,
+    RoundRobin.name: lambda _: RoundRobin(),
+    LeastLoad.name: lambda _: LeastLoad(),
+    SglangCacheAware.name: lambda _: SglangCacheAware(),
 }
-DEFAULT_POLICY = "kvfleet"
+"""The one list of routing policies: the gateway config's and the CRD's enum come from it."""
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+DEFAULT_POLICY = KvfleetPolicy.name
 
 
 def make_policy(name: str, tuning: KvfleetTuning | None = None) -> Policy:
@@ -31,6 +33,7 @@ def make_policy(name: str, tuning: KvfleetTuning | None = None) -> Policy:
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "POLICY_NAMES",
     "Candidate",
     "EngineSignals",
     "KvfleetTuning",

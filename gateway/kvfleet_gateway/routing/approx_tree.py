@@ -100,6 +100,3 @@ class ApproxTree:
             child.tenants[tenant] = tick
             pos += m
             node = child
-
-    def smallest_tenant(self) -> str | None:
-        return min(self.sizes, key=lambda t: (self.sizes[t], t)) if self.sizes else None

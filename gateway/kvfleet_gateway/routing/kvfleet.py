@@ -23,32 +23,50 @@ from dataclasses import dataclass
 
 from kvfleet_gateway.routing.base import Candidate, RouteRequest
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
+from kvfleet_gateway.schema import fld
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KvfleetTuning:
     """The replica's speed, as the operator knows it from the model and GPU (defaults: an
     8B model in bf16 on one H100)."""
 
-    prefill_tokens_per_second: float = 30_000.0
-    """Uncached prompt tokens one replica prefills per second."""
-    decode_step_base_s: float = 0.010
-    """A decode step's fixed part: streaming the weights once, launch and sampling overhead."""
-    kv_read_s_per_token: float = 5.6e-8
-    """What each token of KV in use adds to every decode step (KV bytes per token ÷ achieved
-    HBM bandwidth: 128 KiB ÷ 2.3 TB/s for Llama-3.1-8B on an H100)."""
-    retraction_penalty_s: float = 1.0
-    """Added when free KV cannot hold the request's prompt and output."""
-    miss_weight: float = 4.0
-    """Extra weight on cache-missed tokens. A miss costs more than this request's own prefill:
-    it delays everything queued behind it there, and it pins an unshared copy of the prefix
-    in KV, which stalls admission when traffic bursts. 0 is pure per-request greedy TTFT,
-    which spreads prefixes too eagerly under bursts; 4 was best across the routing
-    benchmark's workloads (bench/results/routing.md), and 2..8 differ by a few percent."""
-    overload_tolerance: float = 0.25
-    """A replica's batch may exceed the candidates' mean by this share before its slower
-    decode counts against it: ordinary fluctuation must not break prefix affinity, a hot
-    prefix's owner swelling far above the rest must."""
+    prefill_tokens_per_second: float = fld(
+        30_000.0, "Uncached prompt tokens one replica prefills per second.", minimum=1
+    )
+    decode_step_base_s: float = fld(
+        0.010,
+        "A decode step's fixed part, in seconds: streaming the weights once, launch and"
+        " sampling overhead.",
+        minimum=0,
+        name="decodeStepBase",
+    )
+    kv_read_s_per_token: float = fld(
+        5.6e-8,
+        "Seconds each token of KV in use adds to every decode step (KV bytes per token over"
+        " achieved HBM bandwidth: 128 KiB / 2.3 TB/s for Llama-3.1-8B on an H100).",
+        minimum=0,
+        name="kvReadPerToken",
+    )
+    retraction_penalty_s: float = fld(
+        1.0,
+        "Seconds added when free KV cannot hold the request's prompt and output.",
+        minimum=0,
+        name="retractionPenalty",
+    )
+    # A miss costs more than this request's own prefill: it delays everything queued behind
+    # it there, and pins an unshared copy of the prefix in KV, which stalls admission when
+    # traffic bursts. 0 is pure per-request greedy TTFT, which spreads prefixes too eagerly
+    # under bursts; 4 was best across the routing benchmark's workloads, 2..8 within a few %.
+    miss_weight: float = fld(4.0, "Extra weight on cache-missed prompt tokens.", minimum=0)
+    # Ordinary fluctuation must not break prefix affinity; a hot prefix's owner swelling far
+    # above the rest must.
+    overload_tolerance: float = fld(
+        0.25,
+        "Share by which a replica's batch may exceed the candidates' mean before its slower"
+        " decode counts against it.",
+        minimum=0,
+    )
 
 
 class KvfleetPolicy:

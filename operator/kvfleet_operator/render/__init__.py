@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import Owner
 from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
 from kvfleet_operator.render.gateway import (
@@ -22,7 +23,6 @@ from kvfleet_operator.render.network import (
     engine_pod_monitor,
     engine_service,
 )
-from kvfleet_operator.schema import Json
 from kvfleet_operator.spec import parse_spec
 
 __all__ = ["Owner", "desired_engine_replicas", "owner_of", "render_children"]
@@ -64,7 +64,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
 
 
 def owner_of(body: dict[str, Any]) -> Owner:
-    """An InferenceService object (dict) → Owner, parsing its spec (raises SpecError)."""
+    """An InferenceService object (dict) → Owner, parsing its spec (raises ConfigError)."""
     meta = body.get("metadata") or {}
     return Owner(
         name=meta["name"],

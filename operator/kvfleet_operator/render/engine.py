@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
@@ -17,7 +18,6 @@ from kvfleet_operator.render.common import (
     Owner,
     merge_resources,
 )
-from kvfleet_operator.schema import Json
 from kvfleet_operator.spec import GPU_PRODUCT_LABEL, GPU_PRODUCTS, EngineSpec, InferenceServiceSpec
 
 MODEL_MOUNT = "/models"

@@ -12,6 +12,7 @@ import hashlib
 import yaml
 
 from kvfleet_gateway.config import GatewayConfig
+from kvfleet_gateway.schema import Json, to_json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
@@ -23,7 +24,6 @@ from kvfleet_operator.render.common import (
     merge_resources,
     service,
 )
-from kvfleet_operator.schema import Json, to_json
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
 CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
@@ -37,7 +37,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
     limits: Json = {
         "store": g.limits_store,
         "defaults": to_json(g.default_limits),
-        "tenants": [{"name": t.name, "limits": to_json(t.limits)} for t in g.tenants],
+        "tenants": to_json(g.tenants),
         "redisOutage": {"gatewayReplicas": g.replicas},
     }
     model: Json = {"name": spec.model.name}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
@@ -11,7 +12,6 @@ from kvfleet_operator.render.common import (
     Owner,
     service,
 )
-from kvfleet_operator.schema import Json
 
 SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
 """Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""

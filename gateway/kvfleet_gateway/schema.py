@@ -1,6 +1,9 @@
-"""One typed model, two views: frozen dataclasses → OpenAPI v3 (the CRD) and dict → dataclass.
+"""One typed model, two views: frozen dataclasses → OpenAPI v3 and dict → dataclass.
 
-A spec field is declared once, with its type, default and documentation:
+The language both of kvfleet's documents are declared in: the InferenceService spec (the
+operator's CRD) and the gateway config (the ConfigMap the operator renders); the tenant
+limits are one model shared by both. A field is declared once, with its type, default and
+documentation:
 
     tensor_parallel: Literal[1, 2, 4, 8] = fld(1, "GPUs per replica (SGLang --tp-size).")
 
@@ -31,12 +34,41 @@ Json = dict[str, Any]
 """A free-form Kubernetes object (affinity, a toleration): kept as given, not checked here."""
 
 
-class SpecError(ValueError):
-    """A spec that cannot be served; `path` names the field (e.g. `spec.engine.tensorParallel`)."""
+class ConfigError(ValueError):
+    """A document that cannot be served; `path` names the field (e.g.
+    `spec.engine.tensorParallel`, `limits.tenants[1].limits.maxTokens`)."""
 
     def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
+        super().__init__(f"{path}: {message}" if path else message)
         self.path, self.message = path, message
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+DURATION_PATTERN = r"^\d+(\.\d+)?[smhd]$"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Duration(float):
+    """Seconds, written as `30s`, `5m`, `1h`, `30d` (a bare positive number is seconds)."""
+
+    @staticmethod
+    def parse(value: Any, path: str) -> Duration:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return Duration(value)
+        m = _DURATION.match(value.strip()) if isinstance(value, str) else None
+        if not m or float(m.group(1)) <= 0:
+            raise ConfigError(path, f"{value!r} is not a duration like 30s, 1h, 1d, 30d")
+        return Duration(float(m.group(1)) * _UNITS[m.group(2)])
+
+    def __str__(self) -> str:
+        for unit in ("d", "h", "m"):
+            if self % _UNITS[unit] == 0:
+                return f"{int(self // _UNITS[unit])}{unit}"
+        return f"{float(self):g}s"
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 @dataclass(frozen=True)
@@ -59,9 +91,12 @@ def fld(
     max_length: int | None = None,
     max_items: int | None = None,
     name: str | None = None,
+    enum: tuple[str, ...] | None = None,
 ) -> Any:
-    """A documented spec field. `default` may be a zero-argument callable for containers."""
+    """A documented field. `default` may be a zero-argument callable for containers; `enum`
+    lists a string's allowed values where they are known only at run time (a registry)."""
     meta = {
+        "enum": enum,
         "doc": doc,
         "minimum": minimum,
         "maximum": maximum,
@@ -113,6 +148,8 @@ def to_json(value: Any) -> Any:
         return [to_json(v) for v in value]
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, Duration):
+        return str(value)
     return value
 
 
@@ -131,6 +168,8 @@ def _type_schema(tp: Any) -> Json:
         return {"type": "object", "additionalProperties": _type_schema(get_args(tp)[1])}
     if dataclasses.is_dataclass(tp):
         return openapi(tp)  # type: ignore[arg-type]
+    if tp is Duration:
+        return {"type": "string", "pattern": DURATION_PATTERN}
     return {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}}.get(
         tp, {"type": "boolean"} if tp is bool else {}
     )
@@ -158,6 +197,8 @@ def openapi(cls: type) -> Json:
                 target[key] = f.metadata[meta]
         if f.metadata.get("max_items") is not None:
             schema["maxItems"] = f.metadata["max_items"]
+        if f.metadata.get("enum") is not None:
+            schema["enum"] = list(f.metadata["enum"])
         default = _default_of(f)
         if default is MISSING and not optional:
             required.append(json_name(f))
@@ -185,67 +226,71 @@ def openapi(cls: type) -> Json:
 def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
     if tp is Json or tp == dict[str, Any]:
         if not isinstance(value, dict):
-            raise SpecError(path, "must be an object")
+            raise ConfigError(path, "must be an object")
         return value
     origin = get_origin(tp)
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed or type(value) is not type(allowed[0]):
-            raise SpecError(path, f"{value!r} is not one of {', '.join(map(str, allowed))}")
+            raise ConfigError(path, f"{value!r} is not one of {', '.join(map(str, allowed))}")
         return value
     if origin is tuple:
         if not isinstance(value, list):
-            raise SpecError(path, "must be a list")
+            raise ConfigError(path, "must be a list")
         if meta.get("max_items") is not None and len(value) > meta["max_items"]:
-            raise SpecError(path, f"more than {meta['max_items']} items")
+            raise ConfigError(path, f"more than {meta['max_items']} items")
         item = get_args(tp)[0]
         return tuple(_parse_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise SpecError(path, "must be an object")
+            raise ConfigError(path, "must be an object")
         vt = get_args(tp)[1]
-        return {str(k): _parse_value(vt, v, f"{path}.{k}", {}) for k, v in value.items()}
+        return {str(k): _parse_value(vt, v, join(path, str(k)), {}) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return parse(tp, value, path)  # type: ignore[arg-type]
+    if tp is Duration:
+        return Duration.parse(value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise SpecError(path, f"{value!r} is not a boolean")
+            raise ConfigError(path, f"{value!r} is not a boolean")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(path, f"{value!r} is not an integer")
+            raise ConfigError(path, f"{value!r} is not an integer")
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SpecError(path, f"{value!r} is not a number")
+            raise ConfigError(path, f"{value!r} is not a number")
         value = float(value)
     elif tp is str and not isinstance(value, str):
-        raise SpecError(path, f"{value!r} is not a string")
+        raise ConfigError(path, f"{value!r} is not a string")
     if meta.get("minimum") is not None and value < meta["minimum"]:
-        raise SpecError(path, f"{value} is below the minimum {meta['minimum']}")
+        raise ConfigError(path, f"{value} is below the minimum {meta['minimum']}")
     if meta.get("maximum") is not None and value > meta["maximum"]:
-        raise SpecError(path, f"{value} is above the maximum {meta['maximum']}")
+        raise ConfigError(path, f"{value} is above the maximum {meta['maximum']}")
+    if meta.get("enum") is not None and value not in meta["enum"]:
+        raise ConfigError(path, f"{value!r} is not one of {', '.join(meta['enum'])}")
     if meta.get("pattern") and not re.search(meta["pattern"], value):
-        raise SpecError(path, f"{value!r} does not match {meta['pattern']}")
+        raise ConfigError(path, f"{value!r} does not match {meta['pattern']}")
     if meta.get("max_length") is not None and len(value) > meta["max_length"]:
-        raise SpecError(path, f"longer than {meta['max_length']} characters")
+        raise ConfigError(path, f"longer than {meta['max_length']} characters")
     return value
 
 
 T = typing.TypeVar("T")
 
 
-def parse(cls: type[T], data: Any, path: str = "spec") -> T:
+def parse(cls: type[T], data: Any, path: str = "") -> T:
     """Read `data` into `cls`, applying defaults; unknown fields and bad values are errors."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError(path, "must be an object")
+        raise ConfigError(path, "must be an object")
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     known = {json_name(f) for f in fields}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise SpecError(f"{path}.{unknown[0]}", "unknown field")
+        raise ConfigError(join(path, unknown[0]), "unknown field")
     values = {}
     for f in fields:
         key = json_name(f)
@@ -253,19 +298,21 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
         if data.get(key) is None:
             default = _default_of(f)
             if default is MISSING and not optional:
-                raise SpecError(f"{path}.{key}", "required")
+                raise ConfigError(join(path, key), "required")
             if dataclasses.is_dataclass(tp) and default is not MISSING and default is not None:
-                default = parse(tp, {}, f"{path}.{key}")  # type: ignore[arg-type]
+                default = parse(tp, {}, join(path, key))  # type: ignore[arg-type]
             values[f.name] = None if default is MISSING else default
             continue
-        values[f.name] = _parse_value(tp, data[key], f"{path}.{key}", f.metadata)
+        values[f.name] = _parse_value(tp, data[key], join(path, key), f.metadata)
     obj = cls(**values)
     rules: tuple[Rule, ...] = getattr(cls, "RULES", ())
     if rules:
         document = to_json(obj)
         for r in rules:
-            if not evaluate(r.rule, document):
-                raise SpecError(path + (r.field_path or ""), r.message)
+            if not evaluate(r.rule, document, path):
+                raise ConfigError(
+                    join(path, (r.field_path or "").lstrip(".")).rstrip("."), r.message
+                )
     return obj
 
 
@@ -276,12 +323,83 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
-def evaluate(rule: str, document: Json) -> bool:
+def evaluate(rule: str, document: Json, path: str = "") -> bool:
     """A CEL rule with `self` bound to `document`, as the API server evaluates it."""
     try:
         result = _program(rule).evaluate({"self": json_to_cel(document)})
     except CELEvalError as exc:  # e.g. a missing field: the rule does not hold
-        raise SpecError("spec", f"rule {rule!r} could not be evaluated: {exc}") from exc
+        raise ConfigError(path, f"rule {rule!r} could not be evaluated: {exc}") from exc
     if isinstance(result, CELEvalError):
-        raise SpecError("spec", f"rule {rule!r} could not be evaluated: {result}")
+        raise ConfigError(path, f"rule {rule!r} could not be evaluated: {result}")
     return bool(result)
+
+
+# ---- reference documentation ------------------------------------------------------------------
+def _type_name(tp: Any, meta: typing.Mapping[str, Any]) -> str:
+    tp, _ = _unwrap_optional(tp)
+    origin = get_origin(tp)
+    if meta.get("enum"):
+        return " \\| ".join(f"`{v}`" for v in meta["enum"])
+    if origin is Literal:
+        return " \\| ".join(f"`{v}`" for v in get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(get_args(tp)[0], {})}"
+    if origin is dict:
+        return f"map of {_type_name(get_args(tp)[1], {})}"
+    if tp is Json or tp == dict[str, Any]:
+        return "object"
+    if tp is Duration:
+        return "duration (`30s`, `5m`, `1h`, `30d`)"
+    if dataclasses.is_dataclass(tp):
+        return "object"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
+
+
+def _rows(cls: type, prefix: str, out: list[str], rules: list[str]) -> None:
+    hints = typing.get_type_hints(cls)
+    for r in getattr(cls, "RULES", ()):
+        rules.append(f"- `{prefix or '.'}`: {r.message} (`{r.rule}`)")
+    for f in dataclasses.fields(cls):
+        path = join(prefix, json_name(f))
+        tp, _ = _unwrap_optional(hints[f.name])
+        default = _default_of(f)
+        shown = "required" if default is MISSING else "—" if default is None else default
+        if dataclasses.is_dataclass(shown) or shown in ((), {}):
+            shown = "—" if shown in ((), {}) else "(its fields' defaults)"
+        elif isinstance(shown, bool):
+            shown = f"`{str(shown).lower()}`"
+        elif shown not in ("required", "—"):
+            shown = f"`{to_json(shown)}`"
+        bounds = [
+            f"{k} {f.metadata[m]}"
+            for k, m in (("≥", "minimum"), ("≤", "maximum"), ("max items", "max_items"))
+            if f.metadata.get(m) is not None
+        ]
+        doc = " ".join(str(f.metadata.get("doc") or "").split()).replace("|", "\\|")
+        note = f" ({', '.join(bounds)})" if bounds else ""
+        out.append(
+            f"| `{path}` | {_type_name(hints[f.name], f.metadata)} | {shown} | {doc}{note} |"
+        )
+        item = get_args(tp)[0] if get_origin(tp) is tuple else tp
+        if dataclasses.is_dataclass(item) and isinstance(item, type):
+            _rows(item, path + ("[]" if get_origin(tp) is tuple else ""), out, rules)
+
+
+def reference(cls: type, title: str, intro: str, prefix: str = "") -> str:
+    """Markdown: every field of `cls` (nested ones by path) with its type, default, bounds and
+    description, then the rules between fields. Generated; never edited by hand."""
+    out = [
+        f"# {title}",
+        "",
+        "<!-- Generated from the typed model by `make docs`; a test fails when it is stale. -->",
+        "",
+        intro.strip(),
+        "",
+        "| field | type | default | description |",
+        "|---|---|---|---|",
+    ]
+    rules: list[str] = []
+    _rows(cls, prefix, out, rules)
+    if rules:
+        out += ["", "## Rules between fields", "", *rules]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,276 @@
+"""The gateway's configuration: one YAML/JSON document, the contract the operator renders.
+
+Declared once, here, in the same schema language as the InferenceService spec
+(`kvfleet_gateway.schema`): each setting has one type, one default and one description, from
+which come the parser (errors name the field path, e.g. `limits.tenants[1].limits.maxTokens`),
+`to_dict` (the operator's ConfigMap round-trips through it), the CLI's defaults, and the
+reference in `docs/`. The tenant `Limits` are the very model the CRD's
+`spec.gateway.defaultLimits` is generated from.
+
+    listen: {host: 0.0.0.0, port: 8080}
+    models: [{name: llama-3.1-8b, contextLength: 131072}]     # empty: learn from backends
+    backends:
+      static: [http://10.0.0.1:30000]                        # or
+      kubernetes: {namespace: ai, selector: "app=x", port: 30000}
+    routing: {policy: kvfleet, scrapeInterval: 1s, tuning: {prefillTokensPerSecond: 30000}}
+    auth: {keysFile: /etc/kvfleet/keys/keys.yaml}
+    limits:
+      store: memory                                          # or redis://host:6379/0
+      defaults: {requestsPerMinute: 600, tokensPerMinute: 200000, maxConcurrent: 16,
+                 maxTokens: 4096, defaultMaxTokens: 512,
+                 tokenBudget: {tokens: 10000000, period: 30d}}
+      tenants: [{name: team-a, limits: {maxConcurrent: 64}}]
+      redisOutage: {gatewayReplicas: 2}
+    cost: {gpuHourlyPrice: 4.0, gpusPerReplica: 1}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
+from kvfleet_gateway.schema import ConfigError, Duration, Rule, fld, parse, to_json
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_NAMES",
+    "Auth",
+    "Backends",
+    "ConfigError",
+    "CostConfig",
+    "Duration",
+    "GatewayConfig",
+    "KubernetesBackends",
+    "Limits",
+    "LimitsConfig",
+    "Listen",
+    "ModelConfig",
+    "RedisOutage",
+    "Routing",
+    "TenantLimits",
+    "Timeouts",
+    "TokenBudget",
+    "load_config",
+]
+
+
+# ---- tenant limits (also the CRD's spec.gateway.defaultLimits and tenants[].limits) -----------
+@dataclass(frozen=True, kw_only=True)
+class TokenBudget:
+    tokens: int = fld(doc="Tokens (prompt + completion) a tenant may use per period.", minimum=1)
+    period: Duration = fld(
+        Duration(30 * 86400),
+        "Budget period, e.g. 1h, 1d, 30d; budgets reset at multiples of it since the Unix epoch.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Per-tenant limits; an unset field is unlimited (or inherited when merged)."""
+
+    RULES: ClassVar = (
+        Rule(
+            "!has(self.maxTokens) || !has(self.defaultMaxTokens)"
+            " || self.defaultMaxTokens <= self.maxTokens",
+            "defaultMaxTokens must not exceed maxTokens",
+            ".defaultMaxTokens",
+        ),
+    )
+    requests_per_minute: int | None = fld(None, "Requests per minute.", minimum=1)
+    tokens_per_minute: int | None = fld(
+        None,
+        "Tokens per minute: prompt + max_tokens reserved at admission, settled to the real"
+        " usage when the response ends.",
+        minimum=1,
+    )
+    max_concurrent: int | None = fld(None, "Requests in flight at once.", minimum=1)
+    max_tokens: int | None = fld(
+        None, "Cap on a request's max_tokens; a larger request is refused with 400.", minimum=1
+    )
+    default_max_tokens: int | None = fld(
+        None,
+        "max_tokens when a request sets none (else the cap, else the model's room).",
+        minimum=1,
+    )
+    token_budget: TokenBudget | None = fld(None, "Tokens per period (the GPU-cost budget).")
+
+    def merged(self, override: Limits | None) -> Limits:
+        """`override`'s set fields win over ours."""
+        if override is None:
+            return self
+        changes = {
+            f.name: getattr(override, f.name)
+            for f in fields(Limits)
+            if getattr(override, f.name) is not None
+        }
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantLimits:
+    name: str = fld(doc="Tenant name (as in the API-key file).")
+    limits: Limits = fld(doc="Overrides of the defaults for this tenant.")
+
+
+# ---- the gateway document -------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Listen:
+    host: str = fld("0.0.0.0", "Address to listen on.")
+    port: int = fld(8080, "Port to listen on.", minimum=1, maximum=65535)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = fld(doc="Served model name, as clients send it in `model`.")
+    context_length: int | None = fld(
+        None, "Context length; unset: learned from the backends' /v1/models.", minimum=1
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesBackends:
+    namespace: str = fld(doc="Namespace of the engine pods.")
+    selector: str = fld(doc="Label selector of the engine pods, e.g. `kvfleet.dev/role=active`.")
+    port: int = fld(30000, "The engines' HTTP port.", minimum=1, maximum=65535)
+    kubeconfig: str | None = fld(
+        None, "Kubeconfig outside a cluster; in a pod the service account is used."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backends:
+    RULES: ClassVar = (
+        Rule(
+            "size(self.static) > 0 || has(self.kubernetes)",
+            "give static URLs or a kubernetes selector",
+        ),
+    )
+    static: tuple[str, ...] = fld((), "Engine base URLs.", pattern=r"^https?://[^/\s]+")
+    kubernetes: KubernetesBackends | None = fld(None, "Engine pods found by label selector.")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "static", tuple(u.rstrip("/") for u in self.static))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Routing:
+    policy: str = fld(DEFAULT_POLICY, "How a replica is picked.", enum=POLICY_NAMES)
+    scrape_interval: Duration = fld(
+        Duration(1), "How often each engine's /metrics is read for routing signals."
+    )
+    tuning: KvfleetTuning = fld(KvfleetTuning, "The kvfleet policy's model of a replica.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Auth:
+    keys_file: str | None = fld(None, "File of tenants and SHA-256 key hashes (kvfleet keys).")
+    insecure_no_auth: bool = fld(
+        False, "Serve without API keys (everyone is tenant `anonymous`). Never in production."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisOutage:
+    gateway_replicas: int = fld(
+        1,
+        "Gateway replicas: while Redis is down each enforces 1/N of every rate limit locally.",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitsConfig:
+    store: str = fld(
+        "memory",
+        "`memory` (one gateway replica) or a redis:// URL shared by all replicas.",
+        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+    )
+    defaults: Limits = fld(Limits, "Limits of every tenant.")
+    tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
+    redis_outage: RedisOutage = fld(RedisOutage, "Behaviour while Redis is unreachable.")
+    lease_ttl: Duration = fld(
+        Duration(60),
+        "Concurrency leases expire after this long without a heartbeat (a crashed gateway).",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostConfig:
+    gpu_hourly_price: float = fld(
+        0.0, "Price of one GPU-hour (any currency); 0 reports GPU-seconds only.", minimum=0
+    )
+    gpus_per_replica: int = fld(1, "GPUs of one engine replica.", minimum=1)
+    prefill_tokens_per_second: float = fld(
+        20_000.0, "Uncached prompt tokens one replica computes per second.", minimum=1
+    )
+    decode_tokens_per_second: float = fld(
+        3_000.0, "Output tokens one replica generates per second across its batch.", minimum=1
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    connect: Duration = fld(Duration(5), "Connecting to an engine.")
+    first_byte: Duration = fld(
+        Duration(120), "Upstream time to the first byte (includes queueing and prefill)."
+    )
+    idle: Duration = fld(Duration(60), "Longest silence between two chunks of an upstream stream.")
+    client_body: Duration = fld(Duration(30), "Time a client has to send its request body.")
+    client_write: Duration = fld(
+        Duration(30), "Time a slow client may take to accept one chunk before it is cut off."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """The kvfleet gateway's configuration."""
+
+    RULES: ClassVar = (
+        Rule(
+            "has(self.auth.keysFile) || self.auth.insecureNoAuth",
+            "auth.keysFile is required (or set auth.insecureNoAuth: true)",
+            ".auth.keysFile",
+        ),
+    )
+    listen: Listen = fld(Listen, "Where the gateway listens.")
+    models: tuple[ModelConfig, ...] = fld((), "Models served; empty: learned from backends.")
+    backends: Backends = fld(doc="The engine replicas.")
+    routing: Routing = fld(Routing, "Replica selection.")
+    auth: Auth = fld(Auth, "API keys.")
+    limits: LimitsConfig = fld(LimitsConfig, "Rate limits, concurrency and token budgets.")
+    cost: CostConfig = fld(CostConfig, "Cost accounting.")
+    timeouts: Timeouts = fld(Timeouts, "Upstream and client timeouts.")
+    max_body_bytes: int = fld(4 * 2**20, "Largest request body accepted.", minimum=1024)
+    health_interval: Duration = fld(Duration(2), "Period of active /health checks.")
+    access_log: bool = fld(True, "Log one line per request (never prompts or keys).")
+
+    @staticmethod
+    def from_dict(doc: Any) -> GatewayConfig:
+        return parse(GatewayConfig, doc)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document `from_dict` reads (what the operator writes into the ConfigMap)."""
+        out: dict[str, Any] = to_json(self)
+        return out
+
+    def limits_for(self, tenant: str, key_limits: Limits | None = None) -> Limits:
+        """Defaults, then the config's tenant override, then the keys file's."""
+        override = next((t.limits for t in self.limits.tenants if t.name == tenant), None)
+        return self.limits.defaults.merged(override).merged(key_limits)
+
+
+def load_config(path: Path) -> GatewayConfig:
+    try:
+        text = path.read_text()
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from exc
+    try:
+        return GatewayConfig.from_dict(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.path}" if exc.path else str(path), exc.message) from exc

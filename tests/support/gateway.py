@@ -1,0 +1,55 @@
+"""Gateway configs for tests, built from the same model the gateway parses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvfleet_gateway.config import (
+    DEFAULT_POLICY,
+    Auth,
+    Backends,
+    CostConfig,
+    Duration,
+    GatewayConfig,
+    KubernetesBackends,
+    Limits,
+    LimitsConfig,
+    Listen,
+    RedisOutage,
+    Routing,
+    Timeouts,
+)
+
+
+def gateway_config(
+    static: list[str] | tuple[str, ...] = (),
+    keys: Path | None = None,
+    *,
+    kubernetes: KubernetesBackends | None = None,
+    store: str = "memory",
+    defaults: Limits | None = None,
+    gateway_replicas: int = 1,
+    policy: str = DEFAULT_POLICY,
+    health_interval: float = 0.2,
+    scrape_interval: float = 1.0,
+    cost: CostConfig | None = None,
+    timeouts: Timeouts | None = None,
+    max_body_bytes: int = GatewayConfig.max_body_bytes,
+) -> GatewayConfig:
+    """A gateway on 127.0.0.1 in front of `static` engines (or pods), with the keys file
+    `keys` (None: no auth)."""
+    return GatewayConfig(
+        listen=Listen(host="127.0.0.1"),
+        backends=Backends(static=tuple(static), kubernetes=kubernetes),
+        routing=Routing(policy=policy, scrape_interval=Duration(scrape_interval)),
+        auth=Auth(keys_file=str(keys) if keys else None, insecure_no_auth=keys is None),
+        limits=LimitsConfig(
+            store=store,
+            defaults=defaults or Limits(),
+            redis_outage=RedisOutage(gateway_replicas=gateway_replicas),
+        ),
+        health_interval=Duration(health_interval),
+        cost=cost or CostConfig(),
+        timeouts=timeouts or Timeouts(),
+        max_body_bytes=max_body_bytes,
+    )
