@@ -13,6 +13,7 @@ import yaml
 from kvfleet_gateway.schema import ConfigError
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.spec import KIND
@@ -197,6 +198,19 @@ def docs(out_dir: Path, check: bool) -> None:
     help="Seconds between full reconciles.",
 )
 @click.option(
+    "--prometheus-url",
+    default=None,
+    help="Read the autoscaler's signals from this Prometheus (default: scrape the pods).",
+)
+@click.option(
+    "--scale-interval",
+    "scale_interval_s",
+    type=float,
+    default=AutoscalerConfig.interval_s,
+    show_default=True,
+    help="Seconds between two autoscaling decisions.",
+)
+@click.option(
     "--liveness",
     "liveness",
     default=None,
@@ -209,10 +223,13 @@ def operator(
     context: str | None,
     server: str | None,
     resync_s: float,
+    prometheus_url: str | None,
+    scale_interval_s: float,
     liveness: str | None,
     log_level: str,
 ) -> None:
-    """Run the operator: reconcile InferenceServices into SGLang fleets and gateways."""
+    """Run the operator: reconcile InferenceServices into SGLang fleets and gateways, and
+    autoscale them on queue depth and KV-cache usage."""
     from kvfleet_operator.handlers import Controller, run
     from kvfleet_operator.kube import Kube
     from kvfleet_operator.login import Credentials, LoginFailed, api_client
@@ -229,6 +246,7 @@ def operator(
         namespaces=namespaces,
         resync_s=resync_s,
         credentials=credentials,
+        autoscaler=AutoscalerConfig(prometheus_url=prometheus_url, interval_s=scale_interval_s),
     )
     try:
         kube = Kube(api_client(credentials))

@@ -181,6 +181,14 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     models = _models(gw)
     default_model = next(iter(models)) if len(models) == 1 else None
     req = inbound.parse(kind, body, limits, default_model)
+    if req.model not in models and not models:
+        log.warning("no healthy backend: no replica answers /v1/models (is any running?)")
+        raise GatewayError(
+            503,
+            "no healthy backend: no engine replica is available",
+            "server_error",
+            "no_healthy_backend",
+        )
     if req.model not in models:
         raise GatewayError(
             404,
@@ -341,7 +349,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=None, connect=t.connect)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics)
+            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold)
             async with gw.pool.running(session):
                 yield
 

@@ -15,8 +15,10 @@ class GatewayError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status, self.message, self.type, self.code, self.param = (
             status,
             message,
@@ -40,7 +42,7 @@ class GatewayError(Exception):
             status=self.status,
             text=json.dumps(self.body()),
             content_type="application/json",
-            headers=headers,
+            headers={**(headers or {}), **self.headers},
         )
 
 

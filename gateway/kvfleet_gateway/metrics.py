@@ -88,6 +88,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.inflight = Gauge(f"{p}inflight_requests", "Requests in flight.", tm, registry=r)
+        self.held = Gauge(
+            f"{p}held_requests",
+            "Requests waiting for a replica of their model (none can take them yet).",
+            ("model",),
+            registry=r,
+        )
         self.upstream_errors = Counter(
             f"{p}upstream_errors", "Failures talking to engines.", ("backend", "kind"), registry=r
         )

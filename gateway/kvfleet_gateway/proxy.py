@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from kvfleet_gateway.backends import Backend, BackendPool
-from kvfleet_gateway.config import Timeouts
+from kvfleet_gateway.config import Hold, Timeouts
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.inbound import CHARS_PER_TOKEN_ESTIMATE, ClientRequest
 from kvfleet_gateway.metrics import GatewayMetrics, Usage
@@ -32,6 +33,9 @@ PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "gener
 MAX_ATTEMPTS = 3
 """Tries before the first byte (each on a different replica)."""
 RETRY_BACKOFF_S = 0.05
+HOLD_POLL_S = 0.2
+"""How often a held request looks for a replica again."""
+log = logging.getLogger("kvfleet.gateway")
 """Pause before the second try, doubled before each later one."""
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -89,6 +93,43 @@ class Proxy:
     policy: Policy
     timeouts: Timeouts
     metrics: GatewayMetrics
+    hold: Hold = field(default_factory=Hold)
+    _held: int = 0
+
+    async def _wait_for_capacity(self, model: str) -> list[Backend]:
+        """No replica of `model` can take a request: hold it (bounded in number and time)
+        until one can — the autoscaler sees the held count and wakes one."""
+        retry = str(max(1, math.ceil(self.hold.timeout)))
+        if self._held >= self.hold.max_requests:
+            raise GatewayError(
+                503,
+                f"no replica of '{model}' is available and {self._held} requests already "
+                "wait for one; retry later",
+                "server_error",
+                "no_capacity",
+                headers={"Retry-After": retry},
+            )
+        self._held += 1
+        gauge = self.metrics.held.labels(model)
+        gauge.inc()
+        log.info("holding a request for %s: no replica available (%d held)", model, self._held)
+        try:
+            deadline = time.monotonic() + self.hold.timeout
+            while time.monotonic() < deadline:
+                candidates = self.pool.routable(model)
+                if candidates:
+                    return candidates
+                await asyncio.sleep(HOLD_POLL_S)
+        finally:
+            self._held -= 1
+            gauge.dec()
+        raise GatewayError(
+            503,
+            f"no replica of '{model}' became available within {self.hold.timeout:g}s",
+            "server_error",
+            "no_capacity",
+            headers={"Retry-After": retry},
+        )
 
     async def _open(self, ex: Exchange) -> tuple[Backend, aiohttp.ClientResponse]:
         """Pick a replica and send; on failure before any byte, back off and try another."""
@@ -97,6 +138,8 @@ class Proxy:
         last_error = "no healthy backend serves this model"
         for attempt in range(MAX_ATTEMPTS):
             candidates = [b for b in self.pool.routable(req.model) if b.url not in tried]
+            if not candidates and attempt == 0:
+                candidates = await self._wait_for_capacity(req.model)
             if not candidates:
                 break
             if attempt:

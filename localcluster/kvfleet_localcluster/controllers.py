@@ -59,12 +59,14 @@ def is_ready(pod: dict[str, Any]) -> bool:
 
 
 def deletion_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Which pods go first when scaling down (as the ReplicaSet controller ranks them)."""
+    """Which pods go first when scaling down, as the ReplicaSet controller ranks them
+    (`ActivePodsWithRanks`): not ready before ready, then the lower pod-deletion-cost, then
+    the newer."""
 
     def rank(p: dict[str, Any]) -> tuple[int, int, str]:
         cost = int((p["metadata"].get("annotations") or {}).get(DELETION_COST, 0))
         created = p["metadata"].get("creationTimestamp", "")
-        return cost, 1 if is_ready(p) else 0, "".join(chr(0x10FFFF - ord(c)) for c in created)
+        return 1 if is_ready(p) else 0, cost, "".join(chr(0x10FFFF - ord(c)) for c in created)
 
     return sorted(pods, key=rank)
 

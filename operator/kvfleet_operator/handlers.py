@@ -19,9 +19,11 @@ from typing import Any
 
 import kopf
 
+from kvfleet_gateway.schema import Json
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
+from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
 
@@ -53,6 +55,8 @@ class OperatorConfig:
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz (None: none)."""
     credentials: Credentials = field(default_factory=Credentials)
     """How both the client and kopf's watches log in (in-cluster, kubeconfig)."""
+    autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
+    """Where the autoscaler reads its signals, and how often it decides."""
 
 
 @dataclass
@@ -66,6 +70,9 @@ class Controller:
     reconciler: Callable[[str, str], Awaitable[Outcome]] | None = None
     """Test seam: reconcile one key; None runs `reconcile` in a worker thread."""
     known: set[tuple[str, str]] = field(default_factory=set)
+    bodies: dict[tuple[str, str], Json] = field(default_factory=dict)
+    """The latest InferenceService of each key, as watched (the autoscaler reads specs here)."""
+    autoscaler: Autoscaler | None = None
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -76,13 +83,19 @@ class Controller:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def __post_init__(self) -> None:
+        if self.autoscaler is None:
+            self.autoscaler = Autoscaler(self.kube, self.config.autoscaler)
+
     def forget(self, namespace: str, name: str) -> None:
         self.known.discard((namespace, name))
+        self.bodies.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
         # One worker: reconciles never overlap, for one object or across objects.
-        return reconcile(self.kube, namespace, name, self.options)
+        scaled = self.autoscaler.latest.get((namespace, name)) if self.autoscaler else None
+        return reconcile(self.kube, namespace, name, self.options, scaled)
 
     async def _retry_later(self, key: tuple[str, str], delay: float) -> None:
         await asyncio.sleep(delay)
@@ -129,6 +142,20 @@ class Controller:
             for key in sorted(self.known):
                 self.enqueue(*key)
 
+    async def autoscale(self) -> None:
+        """Decide for every autoscaled service each interval; reconcile those that moved."""
+        assert self.autoscaler is not None
+        while True:
+            await asyncio.sleep(self.config.autoscaler.interval_s)
+            bodies = {k: b for k, b in self.bodies.items() if k in self.known}
+            try:
+                changed = await self.autoscaler.tick(bodies)
+            except Exception as exc:  # a bad tick must not stop the operator
+                log.warning("autoscaler tick failed: %s", exc)
+                continue
+            for key in changed:
+                self.enqueue(*key)
+
 
 def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
@@ -143,7 +170,11 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
             pod_monitors=await asyncio.to_thread(controller.kube.served, "monitoring.coreos.com/v1")
         )
         tasks.extend(
-            [asyncio.create_task(controller.work()), asyncio.create_task(controller.resync())]
+            [
+                asyncio.create_task(controller.work()),
+                asyncio.create_task(controller.resync()),
+                asyncio.create_task(controller.autoscale()),
+            ]
         )
 
     @kopf.on.cleanup(registry=registry)
@@ -155,13 +186,16 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
                 await task
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def _isvc(*, type: str, name: str, namespace: str | None, **_: Any) -> None:
+    async def _isvc(
+        *, type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+    ) -> None:
         if namespace is None:
             return
         if type == "DELETED":
             controller.forget(namespace, name)
             return
         controller.known.add((namespace, name))
+        controller.bodies[(namespace, name)] = dict(body)
         controller.enqueue(namespace, name)
 
     def child_handler(group: str, version: str, plural: str) -> None:

@@ -20,9 +20,13 @@ from kvfleet_operator.diff import repair_patch, warm_assignment
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner, selector_string
-from kvfleet_operator.status import Observed, compute_status, status_patch
+from kvfleet_operator.scaling.autoscaler import Scaled, report
+from kvfleet_operator.status import Observed, compute_status, pod_ready, status_patch
 
 log = logging.getLogger("kvfleet.operator")
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+IDLE_DELETION_COST = "-1000"
+"""Idle warm pods go first when the autoscaler lowers the engine replicas."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,10 @@ def _key(obj: Json) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
-def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) -> Outcome:
+def reconcile(
+    kube: Kube, namespace: str, name: str, options: ReconcileOptions, scaled: Scaled | None = None
+) -> Outcome:
+    """One reconcile; `scaled` is the autoscaler's latest decision for this service."""
     out = Outcome()
     body = kube.get(ISVC, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -55,7 +62,12 @@ def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) 
         owner = owner_of(body)
         engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
+        if owner.spec.autoscaling is None:
+            scaled = None
+        pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
         replicas = desired_engine_replicas(owner, current)
+        if scaled is not None:
+            replicas = _scaled_replicas(kube, owner, scaled, current, pods)
         children = render_children(owner, replicas)
     except ConfigError as exc:
         out.error = str(exc)
@@ -71,10 +83,45 @@ def reconcile(kube: Kube, namespace: str, name: str, options: ReconcileOptions) 
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
     _report(kube, body, out, spec_changed, options)
-    pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
-    _assign_roles(kube, owner, pods, replicas, out)
-    _write_status(kube, body, (owner, replicas, pods, applied), out, options)
+    if out.created or out.patched:  # the Deployment may have added or removed pods
+        pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
+    _assign_roles(kube, owner, pods, replicas, out, scaled)
+    _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
     return out
+
+
+def _scaled_replicas(
+    kube: Kube, owner: Owner, scaled: Scaled, current: int | None, pods: list[Json]
+) -> int:
+    """The engine Deployment's replicas for the autoscaler's decision. Up: at once. Down:
+    only by pods that can go without losing work — pods not ready yet, then warm pods that
+    were idle in the latest observation, which get the lowest pod-deletion-cost so the
+    ReplicaSet removes exactly them; a demoted pod still finishing requests stays until it
+    is idle (a later tick)."""
+    target = desired_engine_replicas(owner, scaled.decision.desired_total)
+    have = current if current is not None else target
+    if target >= have:
+        return target
+    unready = [p for p in pods if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+    idle_warm = [
+        p
+        for p in pods
+        if pod_ready(p)
+        and (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "warm"
+        and p["metadata"]["name"] in scaled.idle
+    ]
+    surplus = have - target
+    chosen = idle_warm[: max(0, surplus - len(unready))]
+    for pod in chosen:
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get(DELETION_COST) != IDLE_DELETION_COST:
+            kube.patch(
+                POD,
+                owner.namespace,
+                pod["metadata"]["name"],
+                {"metadata": {"annotations": {DELETION_COST: IDLE_DELETION_COST}}},
+            )
+    return have - min(surplus, len(unready) + len(chosen))
 
 
 def _apply(
@@ -134,10 +181,16 @@ def _report(
         post_event(kube, body, "Normal", "Pruned", "deleted " + ", ".join(out.pruned), options)
 
 
-def _assign_roles(kube: Kube, owner: Owner, pods: list[Json], replicas: int, out: Outcome) -> None:
+def _assign_roles(
+    kube: Kube, owner: Owner, pods: list[Json], replicas: int, out: Outcome, scaled: Scaled | None
+) -> None:
     a = owner.spec.autoscaling
-    warm_target = a.warm_replicas if a else 0
-    roles = warm_assignment(pods, warm_target, max(0, replicas - warm_target))
+    if scaled is not None:
+        warm_target, active_target = scaled.decision.desired_warm, scaled.decision.desired_active
+    else:
+        warm_target = a.warm_replicas if a else 0
+        active_target = max(0, replicas - warm_target)
+    roles = warm_assignment(pods, warm_target, active_target)
     for pod in pods:
         name = pod["metadata"]["name"]
         role = roles.get(name)
@@ -155,10 +208,12 @@ def _write_status(
     world: tuple[Owner, int, list[Json], dict[tuple[str, str], Json | None]] | None,
     out: Outcome,
     options: ReconcileOptions,
+    scaled: Scaled | None = None,
 ) -> None:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     selector = selector_string(name, ENGINE)
+    old = body.get("status") or {}
     if world is None:
         status = compute_status(body, 0, selector, None, Observed(None, [], None), out.error)
     else:
@@ -166,15 +221,31 @@ def _write_status(
         engine = applied.get(("Deployment", owner.engine_name))
         gateway = applied.get(("Deployment", owner.gateway_name))
         observed = Observed(engine, pods, gateway)
-        status = compute_status(body, replicas, selector, owner.gateway_url(), observed)
-    old = body.get("status") or {}
+        scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
+        status = compute_status(
+            body,
+            replicas,
+            selector,
+            owner.gateway_url(),
+            observed,
+            scaling=scaling,
+            keep_scaling=owner.spec.autoscaling is not None,
+        )
     patch = status_patch(old, status)
     if patch is None:
         return
     kube.patch(ISVC, ns, name, {"status": patch}, "status")
+    was, now_ = old.get("autoscaling") or {}, status.get("autoscaling") or {}
+    sizes = ("desiredActive", "desiredWarm")
+    if now_ and was and tuple(was.get(k) for k in sizes) != tuple(now_.get(k) for k in sizes):
+        # One event per change of the decided size (the status records it, so an operator
+        # restart that decides the same posts nothing).
+        up = now_["desiredActive"] > (was.get("desiredActive") or 0)
+        reason = "ScaledUp" if up else "ScaledDown"
+        post_event(kube, body, "Normal", reason, now_.get("reason", ""), options)
     before = {c["type"]: c for c in old.get("conditions") or []}
     for cond in status["conditions"]:
-        if cond["type"] not in ("Ready", "Degraded"):
+        if cond["type"] not in ("Ready", "Degraded", "ScalingActive"):
             continue
         prev = before.get(cond["type"])
         bad = (cond["type"] == "Degraded") == (cond["status"] == "True")

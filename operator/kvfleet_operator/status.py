@@ -29,12 +29,32 @@ class Condition:
 
 @dataclass(frozen=True, kw_only=True)
 class LiveMetrics:
-    """Fleet signals read from Prometheus by the autoscaler."""
+    """Fleet signals the autoscaler read (Prometheus, or the pods directly)."""
 
     queue_depth: float | None = fld(None, "Waiting requests summed over active replicas.")
     kv_cache_usage: float | None = fld(None, "Mean KV-cache usage of active replicas (0..1).")
     ttft_p99: float | None = fld(None, "p99 time to first token over the last 5 minutes, s.")
     cost_per_request: float | None = fld(None, "GPU cost per finished request.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingStatus:
+    """The autoscaler's current decision and the numbers it was made from."""
+
+    desired_active: int | None = fld(None, "Active replicas decided.")
+    desired_warm: int | None = fld(None, "Warm spares decided.")
+    reason: str | None = fld(None, "Why, in words, with the numbers.")
+    holding: bool | None = fld(None, "The size is held for lack of data.")
+    source: str | None = fld(None, "Where the signals came from: prometheus or direct.")
+    queue_per_replica: float | None = fld(None, "Waiting + held requests per active replica.")
+    kv_cache_usage: float | None = fld(None, "Mean KV usage of active replicas.")
+    held_requests: float | None = fld(None, "Requests the gateway holds for lack of a replica.")
+    recommendation: int | None = fld(None, "This decision's raw recommendation.")
+    cold_start_seconds: float | None = fld(
+        None, "Learned time from a new pod to a ready replica (prior: spec)."
+    )
+    last_decision_time: str | None = fld(None, "When the decision or its numbers last changed.")
+    last_scale_time: str | None = fld(None, "When the desired size last changed.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +71,7 @@ class InferenceServiceStatus:
         None, "In-cluster URL of the gateway's OpenAI API.", name="gatewayURL"
     )
     metrics: LiveMetrics | None = fld(None, "Live fleet signals.")
+    autoscaling: AutoscalingStatus | None = fld(None, "The autoscaler's decision.")
 
 
 @dataclass(frozen=True)
@@ -119,8 +140,11 @@ def compute_status(
     gateway_url: str | None,
     observed: Observed,
     error: str | None = None,
+    scaling: ScalingReport | None = None,
+    keep_scaling: bool = False,
 ) -> Json:
-    """The status document for `body`, given its children; `error` is a spec problem."""
+    """The status document for `body`, given its children; `error` is a spec problem;
+    `scaling` the autoscaler's report (autoscaled services only)."""
     old = dict(body.get("status") or {})
     previous = list(old.get("conditions") or [])
     generation = int(body["metadata"].get("generation") or 1)
@@ -204,15 +228,44 @@ def compute_status(
     }
     if gateway_url:
         status["gatewayURL"] = gateway_url
-    if old.get("metrics"):
-        status["metrics"] = old["metrics"]  # written by the autoscaler, kept here
+    if scaling is None and error is None and keep_scaling:
+        # Autoscaled, but no decision yet in this operator (it just started): keep what the
+        # last one recorded, so a restart neither forgets nor rewrites it.
+        conds += [c for c in previous if c.get("type") == "ScalingActive"]
+        for key in ("autoscaling", "metrics"):
+            if old.get(key):
+                status[key] = old[key]
+    if scaling is not None and error is None:
+        conds.append(
+            condition(
+                previous,
+                "ScalingActive",
+                scaling.active,
+                scaling.condition_reason,
+                scaling.condition_message,
+                generation,
+            )
+        )
+        status["autoscaling"] = scaling.autoscaling
+        if scaling.metrics:
+            status["metrics"] = scaling.metrics
     return status
 
 
-OWNED_STATUS = tuple(
-    json_name(f) for f in dataclasses.fields(InferenceServiceStatus) if f.name != "metrics"
-)
-"""Status fields this module writes (others, like `metrics`, belong to the autoscaler)."""
+@dataclass(frozen=True)
+class ScalingReport:
+    """What the autoscaler contributes to the status."""
+
+    active: bool
+    """ScalingActive: the autoscaler has the data it needs."""
+    condition_reason: str
+    condition_message: str
+    autoscaling: Json
+    metrics: Json
+
+
+OWNED_STATUS = tuple(json_name(f) for f in dataclasses.fields(InferenceServiceStatus))
+"""Status fields this module writes; a field `new` lacks is removed."""
 
 
 def status_patch(old: Any, new: Json) -> Json | None:

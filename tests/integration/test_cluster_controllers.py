@@ -129,9 +129,12 @@ def test_deletion_order_follows_the_replicaset_controller() -> None:
         pod("not-ready", False, "2026-01-01T00:00:00Z"),
         pod("precious", False, "2026-01-03T00:00:00Z", cost=10),
     ]
+    # Kubernetes' ActivePodsWithRanks: not ready < ready, then lower deletion cost, then newer.
+    pods.append(pod("cheap-ready", True, "2026-01-01T00:00:00Z", cost=-100))
     assert [p["metadata"]["name"] for p in deletion_order(pods)] == [
         "not-ready",
+        "precious",
+        "cheap-ready",
         "new-ready",
         "old-ready",
-        "precious",
     ]

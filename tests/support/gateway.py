@@ -11,6 +11,7 @@ from kvfleet_gateway.config import (
     CostConfig,
     Duration,
     GatewayConfig,
+    Hold,
     KubernetesBackends,
     Limits,
     LimitsConfig,
@@ -35,6 +36,7 @@ def gateway_config(
     cost: CostConfig | None = None,
     timeouts: Timeouts | None = None,
     max_body_bytes: int = GatewayConfig.max_body_bytes,
+    hold: Hold | None = None,
 ) -> GatewayConfig:
     """A gateway on 127.0.0.1 in front of `static` engines (or pods), with the keys file
     `keys` (None: no auth)."""
@@ -52,4 +54,5 @@ def gateway_config(
         cost=cost or CostConfig(),
         timeouts=timeouts or Timeouts(),
         max_body_bytes=max_body_bytes,
+        hold=hold or Hold(),
     )

@@ -114,7 +114,8 @@ def test_engine_pod_for_llama_70b_tp4_on_h200() -> None:
     assert pod["terminationGracePeriodSeconds"] == 120
     assert pod["priorityClassName"] == "inference-high"
     labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert labels["kvfleet.dev/role"] == "active"
+    # Autoscaled: a new pod starts warm; the operator admits it to traffic.
+    assert labels["kvfleet.dev/role"] == "warm"
     assert labels["app.kubernetes.io/component"] == "engine"
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "30000"
 

@@ -95,6 +95,8 @@ def test_rollout_unready_and_invalid_spec() -> None:
 
 
 def test_status_patch_removes_only_what_we_own() -> None:
-    old = {"gatewayURL": "http://x", "replicas": 2, "metrics": {"queueDepth": 3}}
-    assert status_patch(old, {"replicas": 2}) == {"gatewayURL": None}
-    assert status_patch(old, {"replicas": 3, "gatewayURL": "http://x"}) == {"replicas": 3}
+    old = {"gatewayURL": "http://x", "replicas": 2, "metrics": {"queueDepth": 3}, "theirs": 1}
+    # The autoscaler's fields are the operator's too: a service no longer autoscaled loses them.
+    assert status_patch(old, {"replicas": 2}) == {"gatewayURL": None, "metrics": None}
+    new = {"replicas": 3, "gatewayURL": "http://x", "metrics": {"queueDepth": 3}}
+    assert status_patch(old, new) == {"replicas": 3}

@@ -45,6 +45,7 @@ __all__ = [
     "CostConfig",
     "Duration",
     "GatewayConfig",
+    "Hold",
     "KubernetesBackends",
     "Limits",
     "LimitsConfig",
@@ -227,6 +228,18 @@ class Timeouts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Hold:
+    """Requests that arrive while no replica can serve their model (scaled to zero, all
+    replicas starting) wait here for the autoscaler to bring one, instead of failing."""
+
+    timeout: Duration = fld(
+        Duration(300),
+        "Longest wait for a replica; then 503 no_capacity with Retry-After, nothing billed.",
+    )
+    max_requests: int = fld(1000, "Requests held at once; more are refused at once.", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     """The kvfleet gateway's configuration."""
 
@@ -245,6 +258,7 @@ class GatewayConfig:
     limits: LimitsConfig = fld(LimitsConfig, "Rate limits, concurrency and token budgets.")
     cost: CostConfig = fld(CostConfig, "Cost accounting.")
     timeouts: Timeouts = fld(Timeouts, "Upstream and client timeouts.")
+    hold: Hold = fld(Hold, "Waiting for capacity (scale from zero).")
     max_body_bytes: int = fld(4 * 2**20, "Largest request body accepted.", minimum=1024)
     health_interval: Duration = fld(Duration(2), "Period of active /health checks.")
     access_log: bool = fld(True, "Log one line per request (never prompts or keys).")

@@ -207,7 +207,10 @@ def engine_pod_spec(owner: Owner) -> Json:
 
 def engine_deployment(owner: Owner, replicas: int) -> Json:
     e = owner.spec.engine
-    labels = {**owner.labels(ENGINE), ROLE_LABEL: "active"}
+    # Autoscaled: a new pod starts warm and takes no traffic until the operator admits it
+    # (promotes it); manual: every ready pod serves, whether the operator runs or not.
+    role = "warm" if owner.spec.autoscaling is not None else "active"
+    labels = {**owner.labels(ENGINE), ROLE_LABEL: role}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

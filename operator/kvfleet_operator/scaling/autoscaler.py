@@ -1,0 +1,237 @@
+"""The autoscaler's tick: read every autoscaled service's pods and signals, decide, and hand
+the decisions to the reconcile that applies them. Thin I/O around the pure policy.
+
+Each tick costs one pod list per service (engines and gateway, one selector) and one read
+of the signals for all services together (a few Prometheus queries, or the pods' /metrics).
+A decision is kept in memory per service; the reconcile reads it (replicas, roles, status),
+so the operator has one writer of the engine Deployment and of the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvfleet_gateway.schema import Json
+from kvfleet_operator.kube import POD, Kube
+from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL
+from kvfleet_operator.scaling.observe import (
+    DirectReader,
+    Key,
+    Observation,
+    PrometheusReader,
+    ServicePods,
+    _parse_time,
+    _ready_since,
+    role_of,
+    signals_for,
+)
+from kvfleet_operator.scaling.policy import Decision, Fleet, ScalingConfig, State, decide
+from kvfleet_operator.scaling.policy import learn_cold_start
+from kvfleet_operator.spec import Autoscaling, parse_spec
+from kvfleet_operator.status import ScalingReport, pod_ready
+
+log = logging.getLogger("kvfleet.autoscaler")
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    prometheus_url: str | None = None
+    """Read signals from this Prometheus; None: scrape the pods' /metrics directly."""
+    interval_s: float = 15.0
+    """Seconds between two decisions for every autoscaled service."""
+    stale_s: float = 60.0
+    """A pod sample older than this is missing data (the policy then holds)."""
+
+
+def config_of(a: Autoscaling) -> ScalingConfig:
+    return ScalingConfig(
+        min_replicas=a.min_replicas,
+        max_replicas=a.max_replicas,
+        warm_replicas=a.warm_replicas,
+        target_queue_depth=a.target_queue_depth,
+        target_kv_cache_usage=a.target_kv_cache_usage,
+        scale_up_window_s=float(a.scale_up_stabilization_seconds),
+        scale_down_window_s=float(a.scale_down_stabilization_seconds),
+        cold_start_s=float(a.cold_start_seconds),
+    )
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """The latest decision for one service, as the reconcile applies and reports it."""
+
+    decision: Decision
+    at: float
+    source: str
+    cold_start_s: float
+    idle: frozenset[str]
+    """Engine pods with nothing running or queued in the latest observation."""
+    ttft_p99: float | None = None
+    queue_depth: float | None = None
+
+
+@dataclass
+class Autoscaler:
+    kube: Kube
+    config: AutoscalerConfig
+    clock: Callable[[], float] = time.time
+    states: dict[Key, State] = field(default_factory=dict)
+    latest: dict[Key, Scaled] = field(default_factory=dict)
+    _seen_ready: dict[Key, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reader: PrometheusReader | DirectReader = (
+            PrometheusReader(self.config.prometheus_url)
+            if self.config.prometheus_url
+            else DirectReader()
+        )
+
+    def _pods(self, key: Key) -> ServicePods:
+        pods = self.kube.list(POD, key[0], f"{ISVC_LABEL}={key[1]}")
+        comp = "app.kubernetes.io/component"
+        engines = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == "engine"]
+        gateways = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == GATEWAY]
+        return ServicePods(key[0], key[1], engines, gateways)
+
+    def _state(self, key: Key, body: Json) -> State:
+        if key not in self.states:  # a restart: continue from what the status recorded
+            recorded = ((body.get("status") or {}).get("autoscaling") or {}).get("desiredActive")
+            self.states[key] = State(desired_active=recorded)
+        return self.states[key]
+
+    def _learn(self, key: Key, svc: ServicePods, config: ScalingConfig, state: State) -> State:
+        seen = self._seen_ready.setdefault(key, set())
+        fresh: list[float] = []
+        for pod in svc.engines:
+            name = pod["metadata"]["name"]
+            ready = _ready_since(pod)
+            if ready is None or name in seen:
+                continue
+            seen.add(name)
+            created = pod["metadata"].get("creationTimestamp")
+            if created and state.since is not None:  # pods already up at start are not samples
+                fresh.append(max(0.0, ready - _parse_time(created)))
+        return learn_cold_start(config, state, fresh)
+
+    async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
+        """One decision per autoscaled service; returns those whose decision or reported
+        numbers changed (the caller reconciles them)."""
+        scaled: list[tuple[Key, Json, Autoscaling]] = []
+        for key, body in bodies.items():
+            try:
+                spec = parse_spec(body.get("spec"))
+            except ValueError:
+                continue  # an invalid spec is the reconcile's to report
+            if spec.autoscaling is not None:
+                scaled.append((key, body, spec.autoscaling))
+        for key in set(self.states) - {k for k, _, _ in scaled}:
+            self.states.pop(key, None)
+            self.latest.pop(key, None)
+        if not scaled:
+            return []
+        services = await asyncio.gather(*(asyncio.to_thread(self._pods, k) for k, _, _ in scaled))
+        obs: Observation = await self.reader.read(services)
+        now = self.clock()
+        changed: list[Key] = []
+        for (key, body, auto), svc in zip(scaled, services, strict=True):
+            config = config_of(auto)
+            state = self._learn(key, svc, config, self._state(key, body))
+            grace = config.readiness_grace_s
+            sig = signals_for(svc, obs, now, self.config.stale_s, grace)
+            ready = [p for p in svc.engines if pod_ready(p)]
+            fleet = Fleet(
+                active=sum(1 for p in ready if role_of(p) == "active"),
+                warm=sum(1 for p in ready if role_of(p) == "warm"),
+                starting=sum(
+                    1
+                    for p in svc.engines
+                    if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+                ),
+            )
+            decision, state = decide(config, state, fleet, sig, now)
+            self.states[key] = state
+            idle = frozenset(
+                p["metadata"]["name"]
+                for p in ready
+                if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
+                and m.queue + m.running == 0
+            )
+            queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
+            new = Scaled(
+                decision,
+                now,
+                obs.source,
+                state.cold_start_s or config.cold_start_s,
+                idle,
+                obs.ttft_p99.get(key),
+                queue,
+            )
+            old = self.latest.get(key)
+            self.latest[key] = new
+            if decision.changed:
+                log.info("%s/%s: %s", *key, decision.reason)
+            if old is None or _reported(old) != _reported(new) or decision.changed:
+                changed.append(key)
+        return changed
+
+
+def _reported(s: Scaled) -> tuple[object, ...]:
+    d = s.decision
+    return (
+        d.desired_active,
+        d.desired_warm,
+        d.holding,
+        d.reason.split(":")[0],
+        round(s.queue_depth or 0.0, 1),
+        round(d.kv_cache_usage or 0.0, 2),
+        round(s.ttft_p99 or 0.0, 2),
+        s.idle,
+    )
+
+
+def _stamp(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
+    """The status the reconcile writes for a decision; times move only on change."""
+    d, prev = scaled.decision, previous or {}
+    numbers: Json = {
+        "desiredActive": d.desired_active,
+        "desiredWarm": d.desired_warm,
+        "reason": d.reason,
+        "holding": d.holding,
+        "source": scaled.source,
+        "queuePerReplica": None if d.queue_per_replica is None else round(d.queue_per_replica, 2),
+        "kvCacheUsage": None if d.kv_cache_usage is None else round(d.kv_cache_usage, 3),
+        "heldRequests": round(d.held_requests, 1),
+        "recommendation": d.recommendation,
+        "coldStartSeconds": round(scaled.cold_start_s, 1),
+    }
+    numbers = {k: v for k, v in numbers.items() if v is not None}
+    same = all(prev.get(k) == v for k, v in numbers.items())
+    resized = (prev.get("desiredActive"), prev.get("desiredWarm")) != (
+        d.desired_active,
+        d.desired_warm,
+    )
+    stamp = _stamp(scaled.at)
+    numbers["lastDecisionTime"] = prev.get("lastDecisionTime") if same else stamp
+    numbers["lastScaleTime"] = stamp if resized else prev.get("lastScaleTime", stamp)
+    metrics: Json = {}
+    if scaled.queue_depth is not None:
+        metrics["queueDepth"] = round(scaled.queue_depth, 1)
+    if d.kv_cache_usage is not None:
+        metrics["kvCacheUsage"] = round(d.kv_cache_usage, 3)
+    if scaled.ttft_p99 is not None:
+        metrics["ttftP99"] = round(scaled.ttft_p99, 3)
+    if d.holding:
+        return ScalingReport(False, "MetricsUnavailable", d.reason, numbers, metrics)
+    limited = d.recommendation is not None and d.recommendation != d.desired_active
+    reason = "Stabilizing" if limited else "ScalingActive"
+    return ScalingReport(True, reason, d.reason, numbers, metrics)

@@ -1,0 +1,234 @@
+"""Reading the autoscaler's signals: from Prometheus, or straight from the pods' /metrics.
+
+Both readers return the same `Observation` (per engine pod: queue, running, KV usage and
+the sample's time; per service: the gateway's held requests and TTFT p99), and
+`signals_for` turns it into the policy's `Signals` for one service, knowing which pods are
+active and ready. Prometheus is asked a handful of queries per tick for every service at
+once, grouped by the labels the rendered PodMonitor attaches (`namespace`, `pod`,
+`inferenceservice`, `role`); metric names are matched as `sglang:x` and `sglang_x`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_api_client import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvfleet_gateway.schema import Json
+from kvfleet_operator.render.common import ROLE_LABEL
+from kvfleet_operator.scaling.policy import ReplicaSignals, Signals
+from kvfleet_operator.status import pod_ready
+
+HELD_METRIC = "kvfleet_gateway_held_requests"
+"""The gateway's gauge of requests waiting for a replica (scale from zero)."""
+ENGINE_PORT, GATEWAY_PORT = 30000, 8080
+
+Key = tuple[str, str]
+"""(namespace, name)"""
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    queue: float
+    running: float
+    kv_usage: float
+    at: float
+    """Unix time of the sample."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    source: str
+    pods: dict[Key, PodMetrics] = field(default_factory=dict)
+    """(namespace, pod) → engine gauges."""
+    held: dict[Key, float] = field(default_factory=dict)
+    """(namespace, InferenceService) → requests the gateway holds."""
+    ttft_p99: dict[Key, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ServicePods:
+    """One autoscaled service as the autoscaler reads it."""
+
+    namespace: str
+    name: str
+    engines: list[Json]
+    gateways: list[Json]
+
+
+def _ready_since(pod: Json) -> float | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True" and c.get("lastTransitionTime"):
+            return _parse_time(c["lastTransitionTime"])
+    return None
+
+
+def _parse_time(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def role_of(pod: Json) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(ROLE_LABEL)
+
+
+def signals_for(
+    svc: ServicePods, obs: Observation, now: float, stale_s: float, grace_s: float
+) -> Signals:
+    """The policy's view of one service: fresh metrics of its active ready pods; the ones
+    without fresh data are named as missing (the policy then holds)."""
+    if obs.error is not None:
+        return Signals(error=obs.error)
+    replicas, missing = [], []
+    for pod in svc.engines:
+        if not pod_ready(pod) or role_of(pod) != "active":
+            continue
+        name = pod["metadata"]["name"]
+        m = obs.pods.get((svc.namespace, name))
+        since = _ready_since(pod)
+        young = since is not None and now - since < grace_s
+        if m is None or now - m.at > stale_s:
+            if not young:  # a replica that just turned ready may not be scraped yet
+                missing.append(name)
+            continue
+        replicas.append(ReplicaSignals(name, m.queue, m.running, m.kv_usage, young=young))
+    return Signals(tuple(replicas), tuple(missing), obs.held.get((svc.namespace, svc.name), 0.0))
+
+
+# ---- Prometheus ---------------------------------------------------------------------------------
+def _sglang(name: str) -> str:
+    return f'{{__name__=~"sglang[:_]{name}", inferenceservice!=""}}'
+
+
+class PrometheusReader:
+    """A few queries per tick, for every service at once."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.prom = PrometheusConnect(url=url, disable_ssl=True)
+        self.timeout_s = timeout_s
+
+    def _vector(self, query: str, labels: Sequence[str]) -> dict[tuple[str, ...], float]:
+        out: dict[tuple[str, ...], float] = {}
+        for sample in self.prom.custom_query(query, params={"timeout": f"{self.timeout_s}s"}):
+            metric = sample.get("metric") or {}
+            value = float(sample["value"][1])
+            if all(label in metric for label in labels) and not math.isnan(value):
+                out[tuple(metric[label] for label in labels)] = value
+        return out
+
+    def read_sync(self) -> Observation:
+        pod = ("namespace", "pod")
+        svc = ("namespace", "inferenceservice")
+        try:
+            queue = self._vector(f"sum by (namespace, pod) ({_sglang('num_queue_reqs')})", pod)
+            running = self._vector(f"sum by (namespace, pod) ({_sglang('num_running_reqs')})", pod)
+            usage = self._vector(f"avg by (namespace, pod) ({_sglang('token_usage')})", pod)
+            at = self._vector(
+                f"max by (namespace, pod) (timestamp({_sglang('num_queue_reqs')}))", pod
+            )
+            held = self._vector(f"sum by (namespace, inferenceservice) ({HELD_METRIC})", svc)
+            ttft = self._vector(
+                "histogram_quantile(0.99, sum by (namespace, inferenceservice, le) "
+                f"(rate({_sglang('time_to_first_token_seconds_bucket')}[5m])))",
+                svc,
+            )
+        except Exception as exc:  # any failure of the reader: the policy holds and says why
+            return Observation("prometheus", error=f"Prometheus at {self.url}: {exc}"[:300])
+        pods = {
+            k: PodMetrics(queue[k], running.get(k, 0.0), usage.get(k, 0.0), at.get(k, 0.0))
+            for k in queue
+        }
+        return Observation(
+            "prometheus",
+            {(a, b): v for (a, b), v in pods.items()},
+            {(a, b): v for (a, b), v in held.items()},
+            {(a, b): v for (a, b), v in ttft.items()},
+        )
+
+    async def read(self, services: Sequence[ServicePods]) -> Observation:
+        return await asyncio.to_thread(self.read_sync)
+
+
+# ---- direct scrape ------------------------------------------------------------------------------
+def parse_engine(text: str, at: float) -> PodMetrics | None:
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name.replace("sglang:", "sglang_")
+        for sample in family.samples:
+            values.setdefault(name, []).append(sample.value)
+    queue = values.get("sglang_num_queue_reqs")
+    if queue is None:
+        return None
+    usage = values.get("sglang_token_usage") or [0.0]
+    return PodMetrics(
+        sum(queue), sum(values.get("sglang_num_running_reqs") or [0.0]), sum(usage) / len(usage), at
+    )
+
+
+def parse_held(text: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == HELD_METRIC:
+            total += sum(s.value for s in family.samples)
+    return total
+
+
+def _pod_url(pod: Json, port: int) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{port}/metrics" if ip and pod_ready(pod) else None
+
+
+class DirectReader:
+    """No Prometheus: every ready engine pod's and gateway pod's /metrics, read concurrently.
+    The operator must then reach the pods (the rendered NetworkPolicy admits it)."""
+
+    source = "direct"
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def _get(self, session: aiohttp.ClientSession, url: str) -> str | None:
+        try:
+            async with session.get(url) as r:
+                return await r.text() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
+
+    async def read(self, services: Sequence[ServicePods]) -> Observation:
+        jobs: list[tuple[str, Key, str]] = []
+        for svc in services:
+            for pod in svc.engines:
+                url = _pod_url(pod, ENGINE_PORT)
+                if url:
+                    jobs.append(("engine", (svc.namespace, pod["metadata"]["name"]), url))
+            for pod in svc.gateways:
+                url = _pod_url(pod, GATEWAY_PORT)
+                if url:
+                    jobs.append(("gateway", (svc.namespace, svc.name), url))
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            texts = await asyncio.gather(*(self._get(session, url) for _, _, url in jobs))
+        now = time.time()
+        obs = Observation("direct")
+        for (kind, key, _), text in zip(jobs, texts, strict=True):
+            if text is None:
+                continue
+            try:
+                if kind == "engine":
+                    m = parse_engine(text, now)
+                    if m is not None:
+                        obs.pods[key] = m
+                else:
+                    obs.held[key] = obs.held.get(key, 0.0) + parse_held(text)
+            except ValueError:  # an unparsable exposition counts as no data
+                continue
+        return obs
+

@@ -1,0 +1,202 @@
+"""The autoscaling policy over scripted metric series: spikes, noise, stale data, pending
+replicas, warm pools, scale from zero, bounds and flapping. Pure: time is a number."""
+
+from __future__ import annotations
+
+import random
+
+from kvfleet_operator.scaling.policy import (
+    Decision,
+    Fleet,
+    ReplicaSignals,
+    ScalingConfig,
+    Signals,
+    State,
+    decide,
+    learn_cold_start,
+)
+
+TICK = 15.0
+
+
+def signals(n: int, queue: float = 0.0, kv: float = 0.5, held: float = 0.0) -> Signals:
+    """`n` active replicas sharing `queue` waiting requests, each at `kv` usage."""
+    return Signals(
+        tuple(ReplicaSignals(f"p{i}", queue / max(n, 1), 8.0, kv) for i in range(n)), held=held
+    )
+
+
+class Run:
+    """A service under the policy: applies each decision as the operator would (active
+    replicas follow the decision after `cold_ticks` ticks unless a warm spare is promoted)."""
+
+    def __init__(self, config: ScalingConfig, active: int, cold_ticks: int = 0) -> None:
+        self.config, self.state, self.now = config, State(desired_active=active), 0.0
+        self.active, self.warm, self.cold_ticks = active, config.warm_replicas, cold_ticks
+        self.starting: list[int] = []  # ticks left per starting pod
+        self.decisions: list[Decision] = []
+
+    def tick(self, make: object) -> Decision:
+        sig = make(self.active) if callable(make) else make
+        fleet = Fleet(self.active, self.warm, len(self.starting))
+        d, self.state = decide(self.config, self.state, fleet, sig, self.now)  # type: ignore[arg-type]
+        self.decisions.append(d)
+        self.now += TICK
+        # pods started earlier become ready (warm), then roles follow the decision
+        self.starting = [t - 1 for t in self.starting]
+        self.warm += sum(1 for t in self.starting if t <= 0)
+        self.starting = [t for t in self.starting if t > 0]
+        promote = min(self.warm, max(0, d.desired_active - self.active))
+        self.warm -= promote
+        self.active += promote
+        if d.desired_active < self.active:
+            self.warm += self.active - d.desired_active
+            self.active = d.desired_active
+        surplus = self.active + self.warm + len(self.starting) - d.desired_total
+        if surplus > 0:
+            self.warm = max(0, self.warm - surplus)
+        else:
+            self.starting += [self.cold_ticks] * (-surplus)
+            if self.cold_ticks == 0:
+                self.warm += len(self.starting)
+                self.starting = []
+                promote = min(self.warm, max(0, d.desired_active - self.active))
+                self.warm -= promote
+                self.active += promote
+        return d
+
+
+def test_a_queue_spike_scales_up_fast_and_down_slowly() -> None:
+    run = Run(ScalingConfig(min_replicas=2, max_replicas=16), active=2)
+    for _ in range(4):
+        run.tick(lambda n: signals(n, queue=0, kv=0.4))
+    assert run.active == 2
+    for _ in range(3):
+        run.tick(lambda n: signals(n, queue=40, kv=0.9))
+    assert run.active >= 8, [d.reason for d in run.decisions]
+    assert "queue" in run.decisions[-2].reason or "queue" in run.decisions[-3].reason
+    # Load gone: nothing happens within the 300 s scale-down window ...
+    for _ in range(int(300 / TICK) - 1):
+        run.tick(lambda n: signals(n, queue=0, kv=0.1))
+        assert run.active >= 8
+    # ... then it comes down, in steps, to the minimum.
+    for _ in range(10):
+        run.tick(lambda n: signals(n, queue=0, kv=0.05))
+    assert run.active == 2
+
+
+def test_kv_pressure_alone_scales_up() -> None:
+    run = Run(ScalingConfig(min_replicas=1, max_replicas=10), active=4)
+    for _ in range(4):  # a fixed load of 3.96 replicas' KV, spread over however many run
+        d = run.tick(lambda n: signals(n, queue=0, kv=3.96 / n))
+    assert run.active == 5 and "KV usage" in run.decisions[0].reason
+    assert d.kv_cache_usage is not None
+
+
+def test_noisy_steady_load_does_not_change_size() -> None:
+    rng = random.Random(7)
+    run = Run(ScalingConfig(min_replicas=1, max_replicas=20), active=6)
+    for _ in range(200):  # 50 minutes of ±8% noise around the target
+        run.tick(
+            lambda n: signals(n, queue=rng.uniform(0, 3 * n), kv=0.85 * rng.uniform(0.92, 1.08))
+        )
+    assert {d.desired_active for d in run.decisions} == {6}
+    assert not any(d.changed for d in run.decisions)
+
+
+def test_missing_or_stale_data_holds_the_size() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=10)
+    state = State(desired_active=5)
+    fleet = Fleet(active=5, warm=0, starting=0)
+    for bad in (
+        Signals(error="prometheus: connection refused"),
+        Signals(replicas=signals(4, kv=0.0).replicas, missing=("p4",)),
+    ):
+        d, state = decide(config, state, fleet, bad, 0.0)
+        assert d.holding and d.desired_active == 5 and not d.changed
+        assert "holding" in d.reason
+    # With data back and idle, it still waits for the scale-down window.
+    d, state = decide(config, state, fleet, signals(5, kv=0.0), 15.0)
+    assert d.desired_active == 5
+
+
+def test_a_new_empty_replica_is_not_averaged_in_as_idle() -> None:
+    """Four busy replicas and one that just became ready (empty, young): counted as idle it
+    would argue for 4; counted at the target it keeps 5 while it warms up."""
+    config = ScalingConfig(min_replicas=1, max_replicas=10, target_kv_cache_usage=0.8)
+    busy = [ReplicaSignals(f"p{i}", 0, 30, 0.75) for i in range(4)]
+    for young, expected in ((True, 5), (False, 4)):
+        fresh = ReplicaSignals("new", 0, 0, 0.0, young=young)
+        state = State(desired_active=5)
+        for t in range(0, 400, 15):
+            d, state = decide(config, state, Fleet(5, 0, 0), Signals((*busy, fresh)), float(t))
+        assert d.desired_active == expected
+
+
+def test_starting_replicas_count_as_capacity_no_cascade() -> None:
+    """Cold start of 12 ticks (3 minutes): the queue keeps growing while the models load, and
+    the policy orders the capacity once instead of every tick."""
+    run = Run(ScalingConfig(min_replicas=2, max_replicas=40, scale_up_window_s=0), 2, 12)
+    queue = 0.0
+    ordered = []
+    for _ in range(12):
+        queue += 40  # nobody serves the backlog yet
+        run.tick(lambda n, q=queue: signals(n, queue=q, kv=0.95))
+        ordered.append(run.active + run.warm + len(run.starting))
+    assert ordered[0] > 2
+    assert max(ordered) <= 2 * ordered[0], ordered  # no cascade while the first ones load
+
+
+def test_warm_pool_is_promoted_first_and_refilled() -> None:
+    config = ScalingConfig(min_replicas=2, max_replicas=10, warm_replicas=2)
+    run = Run(config, active=2, cold_ticks=12)
+    assert run.warm == 2
+    run.tick(lambda n: signals(n, queue=30, kv=0.9))
+    # The spares took the load this tick; new pods are loading to refill the pool.
+    assert run.active == 4 and run.warm == 0 and len(run.starting) >= 2
+    assert run.decisions[-1].desired_warm == 2
+
+
+def test_warm_pool_gives_way_at_the_maximum() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=6, warm_replicas=2)
+    d, _ = decide(config, State(desired_active=5), Fleet(5, 1, 0), signals(5, 100, 1.0), 0)
+    assert d.desired_active == 6 and d.desired_warm == 0 and d.desired_total == 6
+
+
+def test_scale_from_zero_on_held_requests() -> None:
+    config = ScalingConfig(min_replicas=0, max_replicas=4, warm_replicas=0)
+    state = State(desired_active=0)
+    d, state = decide(config, state, Fleet(0, 0, 0), Signals(), 0.0)
+    assert d.desired_active == 0 and "steady at 0" in d.reason
+    d, state = decide(config, state, Fleet(0, 0, 0), Signals(held=3), 15.0)
+    assert d.desired_active == 1 and d.changed and d.held_requests == 3
+    # ... and back to zero only after the scale-down window without load.
+    for t in range(30, 315, 15):
+        d, state = decide(config, state, Fleet(1, 0, 0), signals(1, kv=0.0), float(t))
+        assert d.desired_active == 1
+    d, state = decide(config, state, Fleet(1, 0, 0), signals(1, kv=0.0), 315.0)
+    assert d.desired_active == 0
+
+
+def test_bounds_are_kept() -> None:
+    config = ScalingConfig(min_replicas=3, max_replicas=5)
+    d, _ = decide(config, State(), Fleet(1, 0, 0), signals(1, kv=0.0), 0.0)
+    assert d.desired_active == 3
+    d, _ = decide(config, State(desired_active=5), Fleet(5, 0, 0), signals(5, 500, 1.0), 0.0)
+    assert d.desired_active == 5 and d.recommendation == 5
+
+
+def test_step_limits() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=100, scale_down_window_s=0)
+    d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), signals(2, 400, 1.0), 0.0)
+    assert d.desired_active == 6  # + max(4, 2)
+    d, _ = decide(config, State(desired_active=10), Fleet(10, 0, 0), signals(10, 0, 0.0), 0.0)
+    assert d.desired_active == 5  # - 50%
+
+
+def test_cold_start_is_learned_from_observations_with_the_prior() -> None:
+    config = ScalingConfig(cold_start_s=300)
+    state = learn_cold_start(config, State(), [120.0])
+    assert state.cold_start_s == (300 * 2 + 120) / 3
+    state = learn_cold_start(config, state, [120.0] * 20)
+    assert state.cold_start_s is not None and 120 < state.cold_start_s < 140
