@@ -7,9 +7,14 @@ from pathlib import Path
 
 import click
 
+from kvfleet_bench.autoscale import POLICIES as AUTOSCALE_POLICIES
+from kvfleet_bench.autoscale import TRACES as AUTOSCALE_TRACES
+from kvfleet_bench.autoscale import cells_json as autoscale_json
+from kvfleet_bench.autoscale import run_autoscale_bench
 from kvfleet_bench.fidelity import run_sim_bench
 from kvfleet_bench.gateway import run_gateway_bench
 from kvfleet_bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
+from kvfleet_sim.fleet.tracefile import TraceFileError, read_trace
 
 RESULTS = Path("bench/results")
 
@@ -122,3 +127,74 @@ def routing_bench(
     )
     if as_json:
         click.echo(cells_json(result))
+
+
+@bench.command("autoscale")
+@click.option("--traces", default=",".join(AUTOSCALE_TRACES), show_default=True)
+@click.option("--policies", default=",".join(AUTOSCALE_POLICIES), show_default=True)
+@click.option("--seeds", default="1,2,3", show_default=True)
+@click.option(
+    "--trace-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Also replay this trace (Azure LLM inference CSV: "
+    "TIMESTAMP,ContextTokens,GeneratedTokens).",
+)
+@click.option(
+    "--time-scale", type=float, default=1.0, show_default=True, help="Trace file: compress time."
+)
+@click.option(
+    "--rate-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Trace file: multiply requests.",
+)
+@click.option("--workers", type=int, default=2, show_default=True, help="Cells run in parallel.")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def autoscale_bench(
+    traces: str,
+    policies: str,
+    seeds: str,
+    trace_file: Path | None,
+    time_scale: float,
+    rate_scale: float,
+    workers: int,
+    out_dir: Path,
+    as_json: bool,
+) -> None:
+    """Autoscaling: kvfleet (warm pools 0-2) vs HPA, KEDA and an oracle, on traces."""
+    unknown = set(_csv(traces)) - set(AUTOSCALE_TRACES) | set(_csv(policies)) - set(
+        AUTOSCALE_POLICIES
+    )
+    if unknown:
+        raise click.UsageError(f"unknown trace(s) or policy(ies): {', '.join(sorted(unknown))}")
+    if time_scale <= 0 or rate_scale <= 0 or workers < 1:
+        raise click.UsageError("--time-scale and --rate-scale must be > 0, --workers >= 1")
+    try:
+        seed_values = [int(x) for x in _csv(seeds)]
+        if trace_file is not None:
+            read_trace(trace_file)  # a bad file fails here, with its line, before any run
+    except (ValueError, TraceFileError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    result = run_autoscale_bench(
+        out_dir,
+        lambda m: click.echo(m, err=as_json),
+        traces=_csv(traces),
+        policies=_csv(policies),
+        seeds=seed_values,
+        trace_file=trace_file,
+        time_scale=time_scale,
+        rate_scale=rate_scale,
+        workers=workers,
+    )
+    met = sum(g["met"] for g in result["goals"])
+    click.echo(
+        f"goals met: {met} of {len(result['goals'])}; wrote {out_dir / 'autoscale.md'}",
+        err=as_json,
+    )
+    if as_json:
+        click.echo(autoscale_json(result))

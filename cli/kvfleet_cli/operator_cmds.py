@@ -13,9 +13,9 @@ import yaml
 from kvfleet_gateway.schema import ConfigError
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
-from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.spec import KIND
 
 log = logging.getLogger("kvfleet.operator")

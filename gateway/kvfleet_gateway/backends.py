@@ -96,6 +96,12 @@ class BackendPool:
             if b.routable and (model is None or not b.models or model in b.models)
         ]
 
+    def has_members(self, model: str) -> bool:
+        """Whether any replica (healthy or not) may serve `model`: none means the fleet is
+        scaled to zero or still starting, which is worth waiting for; members that fail are
+        an outage, which is not."""
+        return any(not b.models or model in b.models for b in self.backends.values())
+
     def served_models(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
         for b in self.backends.values():

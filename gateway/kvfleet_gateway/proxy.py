@@ -97,8 +97,9 @@ class Proxy:
     _held: int = 0
 
     async def _wait_for_capacity(self, model: str) -> list[Backend]:
-        """No replica of `model` can take a request: hold it (bounded in number and time)
-        until one can — the autoscaler sees the held count and wakes one."""
+        """No replica of `model` exists (scaled to zero, or all starting): hold the request
+        (bounded in number and time) until one can take it — the autoscaler sees the held
+        count and wakes one."""
         retry = str(max(1, math.ceil(self.hold.timeout)))
         if self._held >= self.hold.max_requests:
             raise GatewayError(
@@ -138,7 +139,7 @@ class Proxy:
         last_error = "no healthy backend serves this model"
         for attempt in range(MAX_ATTEMPTS):
             candidates = [b for b in self.pool.routable(req.model) if b.url not in tried]
-            if not candidates and attempt == 0:
+            if not candidates and attempt == 0 and not self.pool.has_members(req.model):
                 candidates = await self._wait_for_capacity(req.model)
             if not candidates:
                 break

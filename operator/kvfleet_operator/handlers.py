@@ -23,8 +23,8 @@ from kvfleet_gateway.schema import Json
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
-from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
+from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("kvfleet.operator")

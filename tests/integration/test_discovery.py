@@ -15,24 +15,10 @@ from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
 from tests.support.gateway import gateway_config
+from tests.support.objects import ENGINE_SELECTOR
+from tests.support.objects import engine_pod as pod
 
-SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"
-LABELS = {"kvfleet.dev/inferenceservice": "llama", "kvfleet.dev/role": "active"}
-
-
-def pod(
-    name: str, ip: str, ready: bool = True, labels: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ai", "labels": labels or LABELS},
-        "spec": {"containers": [{"name": "engine", "image": "kvfleet"}]},
-        "status": {
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+SELECTOR = ENGINE_SELECTOR
 
 
 def test_pod_url_rules() -> None:

@@ -18,16 +18,21 @@ from kvfleet_gateway.config import (
     Duration,
     GatewayConfig,
     Hold,
+    KubernetesBackends,
     Limits,
     ModelConfig,
     TokenBudget,
 )
 from kvfleet_gateway.keys import hash_key
+from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
+from tests.support.cluster import cluster_config
 from tests.support.gateway import gateway_config
+from tests.support.objects import ENGINE_SELECTOR, engine_pod
 from tests.support.waiting import until
 
 KEY = "kvf-hold-test"
+ENGINE_PORT = 30000
 CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -56,12 +61,18 @@ async def held(url: str) -> float:
     return 0.0
 
 
-def config(engine: str, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig:
-    """One static engine that may not exist yet; the model is known from the config (as the
-    operator renders it), so the gateway knows what it waits for."""
+def config(kubeconfig: Path, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig:
+    """Engine pods found by selector (none yet: scaled to zero); the model is known from the
+    config, as the operator renders it, so the gateway knows what it waits for."""
     budget = Limits(token_budget=TokenBudget(tokens=10_000, period=Duration(86400)))
+    pods = KubernetesBackends(
+        namespace="ai", selector=ENGINE_SELECTOR, port=ENGINE_PORT, kubeconfig=str(kubeconfig)
+    )
     cfg = gateway_config(
-        [engine], keys(tmp), hold=Hold(timeout=Duration(timeout), **hold), defaults=budget
+        kubernetes=pods,
+        keys=keys(tmp),
+        hold=Hold(timeout=Duration(timeout), **hold),
+        defaults=budget,
     )
     return dataclasses.replace(cfg, models=(ModelConfig(name="llama-3.1-8b"),))
 
@@ -69,31 +80,53 @@ def config(engine: str, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig
 async def test_held_until_a_replica_appears(
     sim_server: Any, gateway_server: Any, tmp_path: Path
 ) -> None:
-    port = free_port()
-    gw = await gateway_server(config(f"http://127.0.0.1:{port}", tmp_path, timeout=30))
-    waiting = [asyncio.create_task(post(gw)) for _ in range(3)]
-    assert await until(lambda: held(gw), what="held requests exported") == 3
-    await sim_server(port=port)  # the autoscaler's replica arrives
-    results = await asyncio.gather(*waiting)
-    assert [r[0] for r in results] == [200, 200, 200]
-    assert await held(gw) == 0
+    engine = await sim_server(host="127.0.0.2", port=ENGINE_PORT)
+    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+        gw = await gateway_server(config(cluster.kubeconfig, tmp_path, timeout=30))
+        try:
+            waiting = [asyncio.create_task(post(gw)) for _ in range(3)]
+            assert await until(lambda: held(gw), what="held requests exported") == 3
+            # The autoscaler's replica arrives: Ready, labelled active.
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(
+                    f"{cluster.url}/api/v1/namespaces/ai/pods", json=engine_pod("e", "127.0.0.2")
+                ) as r,
+            ):
+                assert r.status == 201
+            results = await asyncio.gather(*waiting)
+            assert [r[0] for r in results] == [200, 200, 200], engine
+            assert await held(gw) == 0
+        finally:
+            await gateway_server.stop(gw)  # its watch ends before the API server does
 
 
 async def test_deadline_gives_503_no_capacity_and_bills_nothing(
     gateway_server: Any, tmp_path: Path
 ) -> None:
-    gw_url = await gateway_server(config(f"http://127.0.0.1:{free_port()}", tmp_path, 0.6))
-    status, headers, body = await post(gw_url)
-    assert status == 503 and body["error"]["code"] == "no_capacity"
-    assert headers["Retry-After"] == "1"
-    state = gateway_server.state(gw_url)
-    used = await state.store.budget_used(
-        "t", state.config.limits_for("t"), time.time()
-    )
-    assert used == 0
-    # A full hold queue refuses at once.
-    gw2 = await gateway_server(
-        config(f"http://127.0.0.1:{free_port()}", tmp_path, 30, max_requests=0)
-    )
-    status, _, body = await asyncio.wait_for(post(gw2), 2)
-    assert status == 503 and "already wait" in body["error"]["message"]
+    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+        gw_url = await gateway_server(config(cluster.kubeconfig, tmp_path, 0.6))
+        gw2 = await gateway_server(config(cluster.kubeconfig, tmp_path, 30, max_requests=0))
+        try:
+            status, headers, body = await post(gw_url)
+            assert status == 503 and body["error"]["code"] == "no_capacity"
+            assert headers["Retry-After"] == "1"
+            state = gateway_server.state(gw_url)
+            limits = state.config.limits_for("t")
+            assert await state.store.budget_used("t", limits, time.time()) == 0
+            # A full hold queue refuses at once.
+            status, _, body = await asyncio.wait_for(post(gw2), 2)
+            assert status == 503 and "already wait" in body["error"]["message"]
+        finally:
+            await gateway_server.stop(gw_url)
+            await gateway_server.stop(gw2)
+
+
+async def test_broken_replicas_fail_fast_instead_of_holding(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Replicas that exist but fail are an outage: 503 at once, not a wait."""
+    cfg = gateway_config([f"http://127.0.0.1:{free_port()}"], keys(tmp_path), hold=Hold())
+    gw = await gateway_server(dataclasses.replace(cfg, models=(ModelConfig(name="llama-3.1-8b"),)))
+    status, _, body = await asyncio.wait_for(post(gw), 5)
+    assert status == 503 and body["error"]["code"] == "upstream_unavailable"

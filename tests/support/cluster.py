@@ -21,6 +21,7 @@ from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from tests.support.objects import ROOT
 
 TEST_AGENT = "kvfleet-test"
@@ -72,8 +73,17 @@ class OperatorThread:
     """The real operator (`handlers.run`) in its own thread and event loop, logged in with
     the given credentials; `close()` stops it."""
 
-    def __init__(self, credentials: Credentials, resync_s: float = 30.0) -> None:
-        config = OperatorConfig(credentials=credentials, resync_s=resync_s)
+    def __init__(
+        self,
+        credentials: Credentials,
+        resync_s: float = 30.0,
+        autoscaler: AutoscalerConfig | None = None,
+    ) -> None:
+        config = OperatorConfig(
+            credentials=credentials,
+            resync_s=resync_s,
+            autoscaler=autoscaler or AutoscalerConfig(),
+        )
         self.kube = Kube(api_client(credentials))
         self.controller = Controller(self.kube, config)
         self.stop = threading.Event()

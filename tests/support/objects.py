@@ -43,3 +43,24 @@ def condition(body: dict[str, Any] | None, type_: str) -> dict[str, Any]:
         if c["type"] == type_:
             return c  # type: ignore[no-any-return]
     return {}
+
+
+ENGINE_SELECTOR = "kvfleet.dev/inferenceservice=llama,kvfleet.dev/role=active"
+"""What the gateway of InferenceService `llama` selects: its active engine pods."""
+
+
+def engine_pod(
+    name: str, ip: str, ready: bool = True, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """An engine pod of `llama` as the kubelet reports it (posted whole to a bare API server)."""
+    default = {"kvfleet.dev/inferenceservice": "llama", "kvfleet.dev/role": "active"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels or default},
+        "spec": {"containers": [{"name": "engine", "image": "kvfleet"}]},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }

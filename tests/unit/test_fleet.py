@@ -10,8 +10,7 @@ from kvfleet_gateway.routing.base import Stateless
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import ReplicaView
+from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, FleetView, Target
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -81,11 +80,9 @@ def test_imbalance_is_zero_when_even_and_high_when_one_replica_gets_everything()
 
 def test_scaler_adds_replicas_after_the_cold_start() -> None:
     class QueueScaler:
-        def desired_replicas(
-            self, now: float, replicas: Sequence[ReplicaView], starting: int, unrouted: int
-        ) -> int:
-            queued = sum(r.load.num_waiting_reqs for r in replicas)
-            return len(replicas) + starting + (1 if queued > 0 else 0)
+        def target(self, view: FleetView) -> Target:
+            queued = sum(r.load.num_waiting_reqs for r in view.active)
+            return Target(len(view.active) + view.starting + (1 if queued > 0 else 0))
 
     workload = Workload(
         WorkloadSpec("random", 3000, input_len=2048, output_len=256),

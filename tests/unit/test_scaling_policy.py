@@ -200,3 +200,14 @@ def test_cold_start_is_learned_from_observations_with_the_prior() -> None:
     assert state.cold_start_s == (300 * 2 + 120) / 3
     state = learn_cold_start(config, state, [120.0] * 20)
     assert state.cold_start_s is not None and 120 < state.cold_start_s < 140
+
+
+def test_a_draining_backlog_orders_no_more_replicas() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=40, scale_up_window_s=0)
+    state = State(desired_active=8)
+    fleet = Fleet(active=8, warm=0, starting=0)
+    d, state = decide(config, state, fleet, signals(8, queue=4000, kv=0.9), 0.0)
+    assert d.desired_active == 16  # growing backlog: order capacity (step-limited)
+    state = State(desired_active=8, last_queue=4000)
+    d, state = decide(config, state, fleet, signals(8, queue=2500, kv=0.9), 15.0)
+    assert d.desired_active == 8  # draining: KV alone speaks, within tolerance of 8

@@ -29,8 +29,14 @@ from kvfleet_operator.scaling.observe import (
     role_of,
     signals_for,
 )
-from kvfleet_operator.scaling.policy import Decision, Fleet, ScalingConfig, State, decide
-from kvfleet_operator.scaling.policy import learn_cold_start
+from kvfleet_operator.scaling.policy import (
+    Decision,
+    Fleet,
+    ScalingConfig,
+    State,
+    decide,
+    learn_cold_start,
+)
 from kvfleet_operator.spec import Autoscaling, parse_spec
 from kvfleet_operator.status import ScalingReport, pod_ready
 
@@ -140,7 +146,8 @@ class Autoscaler:
         for (key, body, auto), svc in zip(scaled, services, strict=True):
             config = config_of(auto)
             state = self._learn(key, svc, config, self._state(key, body))
-            grace = config.readiness_grace_s
+            # A young replica may hold a scale-down back no longer than the window itself.
+            grace = min(config.readiness_grace_s, config.scale_down_window_s)
             sig = signals_for(svc, obs, now, self.config.stale_s, grace)
             ready = [p for p in svc.engines if pod_ready(p)]
             fleet = Fleet(

@@ -118,7 +118,7 @@ class PrometheusReader:
 
     def _vector(self, query: str, labels: Sequence[str]) -> dict[tuple[str, ...], float]:
         out: dict[tuple[str, ...], float] = {}
-        for sample in self.prom.custom_query(query, params={"timeout": f"{self.timeout_s}s"}):
+        for sample in self.prom.custom_query(query, params={"timeout": f"{self.timeout_s:g}s"}):
             metric = sample.get("metric") or {}
             value = float(sample["value"][1])
             if all(label in metric for label in labels) and not math.isnan(value):
@@ -231,4 +231,3 @@ class DirectReader:
             except ValueError:  # an unparsable exposition counts as no data
                 continue
         return obs
-

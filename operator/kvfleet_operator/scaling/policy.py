@@ -31,6 +31,9 @@ from dataclasses import dataclass, replace
 
 from kvfleet_gateway.schema import fld
 
+DRAINING = 0.8
+"""A queue below this share of the previous tick's is draining."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScalingConfig:
@@ -107,6 +110,8 @@ class State:
     since: float | None = None
     """When this state began (first tick, operator restart): no scale-down for a whole
     down window after it, for lack of evidence."""
+    last_queue: float | None = None
+    """Waiting + held requests at the previous tick."""
 
 
 @dataclass(frozen=True)
@@ -175,12 +180,17 @@ def decide(
     # A young replica adds no load (scale-up) and argues for no scale-down (it counts at
     # the target): as HPA treats pods still initializing.
     kv_sum_down = sum(
-        max(k, config.target_kv_cache_usage) if r.young else k for k, r in zip(kv, measured)
+        max(k, config.target_kv_cache_usage) if r.young else k
+        for k, r in zip(kv, measured, strict=True)
     )
     queue = sum(max(0.0, r.queue) for r in measured) + max(0.0, signals.held)
     serving = max(1, fleet.active)
     need_kv = kv_sum / config.target_kv_cache_usage
     need_q = queue / config.target_queue_depth if queue > config.target_queue_depth * serving else 0
+    if state.last_queue is not None and queue < DRAINING * state.last_queue:
+        # A backlog that is draining needs time, not replicas: the capacity that drains it
+        # is already serving (ordering for it would overshoot once it is gone).
+        need_q = 0.0
     from_zero = fleet.active == 0 and signals.held > 0
     if from_zero:
         need_q = max(1.0, need_q)  # someone is waiting and nothing serves
@@ -255,6 +265,7 @@ def decide(
         desired_active=desired,
         history=history,
         since=since,
+        last_queue=queue,
         last_change=now if changed else state.last_change,
     )
     return decision, new_state

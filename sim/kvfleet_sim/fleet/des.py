@@ -23,7 +23,7 @@ from kvfleet_sim.fleet.routing import ReplicaView, signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
 from kvfleet_sim.request import Request
 
-STEP_END, READY, SCRAPE, SCALE, ARRIVAL, PROGRESS = range(6)
+STEP_END, READY, PROMOTED, SCRAPE, SCALE, ARRIVAL, PROGRESS = range(7)
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,42 @@ class FleetConfig:
     """Time from a scale-up decision to a ready replica (pod start + model load)."""
     scale_interval_s: float = 15.0
     """How often the Scaler is asked for a replica count."""
+    promotion_s: float = 5.0
+    """Time from relabelling a warm replica active to its first routed request (the
+    operator's patch, the gateway's watch)."""
+    warm_start: bool = False
+    """New replicas start warm (kvfleet's operator admits them); False: they take traffic as
+    soon as they are ready (a plain Deployment behind a Service)."""
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What a Scaler sees at a tick."""
+
+    now: float
+    active: Sequence[ReplicaView]
+    """Replicas taking traffic (ready, active, not draining)."""
+    young: frozenset[int]
+    """Indexes of active replicas that became active in the last minute."""
+    busy: Sequence[float]
+    """Share of the last interval each active replica spent computing (GPU utilization)."""
+    warm: int
+    """Ready spares (no traffic), promotions under way included."""
+    starting: int
+    """Replicas created and not ready yet."""
+    held: int
+    """Requests waiting because no replica is active."""
+
+
+@dataclass(frozen=True)
+class Target:
+    active: int
+    warm: int = 0
 
 
 class Scaler(Protocol):
-    def desired_replicas(
-        self, now: float, replicas: Sequence[ReplicaView], starting: int, unrouted: int
-    ) -> int:
-        """Replica count wanted now, given the ready ones, those starting, and unrouted requests."""
+    def target(self, view: FleetView) -> Target:
+        """How many active replicas and warm spares the fleet should have now."""
         ...
 
 
@@ -56,6 +85,11 @@ class Replica:
     ready_at: float
     removed_at: float | None = None
     draining: bool = False
+    warm: bool = False
+    """Ready and loaded, taking no new requests (a spare, or demoted and finishing)."""
+    promoting: bool = False
+    active_since: float = 0.0
+    busy_mark: float = 0.0
     stepping: bool = False
     inflight_requests: int = 0
     inflight_tokens: int = 0
@@ -93,6 +127,8 @@ class FleetResult:
     records: list[RequestRecord]
     replica_busy_s: list[float]
     replica_count_trace: list[tuple[float, int]] = field(default_factory=list)
+    roles_trace: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """(time, active, warm, starting) whenever the fleet changed."""
 
 
 class FleetSimulator:
@@ -110,6 +146,9 @@ class FleetSimulator:
         self._placed: dict[str, tuple[Arrival, RouteRequest, str]] = {}
         self._outstanding = 0
         self._trace: list[tuple[float, int]] = []
+        self._target = Target(config.replicas)
+        self.roles_trace: list[tuple[float, int, int, int]] = []
+        """(time, active, warm, starting) at every scaling tick and change."""
         for _ in range(config.replicas):
             self._add_replica(0.0, ready_at=0.0)
 
@@ -130,7 +169,7 @@ class FleetSimulator:
         return [
             r
             for r in self.replicas
-            if r.ready_at <= now and not r.draining and r.removed_at is None
+            if r.ready_at <= now and not r.draining and not r.warm and r.removed_at is None
         ]
 
     def _kick(self, rep: Replica) -> None:
@@ -141,6 +180,7 @@ class FleetSimulator:
             if rep.draining and rep.inflight_requests == 0 and rep.removed_at is None:
                 rep.removed_at = self.clock.t
                 self._trace.append((self.clock.t, len(self._live())))
+                self._record()
             return
         rep.stepping = True
         self._push(step.start + step.duration, STEP_END, (rep, step))
@@ -228,24 +268,84 @@ class FleetSimulator:
                     self._push(nxt.time, ARRIVAL, (nxt, False))
         self._kick(rep)
 
+    def _record(self) -> None:
+        now = self.clock.t
+        live = self._live()
+        active = sum(1 for r in live if r.ready_at <= now and not r.warm and not r.draining)
+        warm = sum(1 for r in live if r.ready_at <= now and r.warm and not r.draining)
+        starting = sum(1 for r in live if r.ready_at > now)
+        self.roles_trace.append((now, active, warm, starting))
+
+    def _promote(self, rep: Replica) -> None:
+        rep.promoting = True
+        self._push(self.clock.t + self.config.promotion_s, PROMOTED, rep)
+
+    def _on_promoted(self, rep: Replica) -> None:
+        rep.promoting = False
+        if rep.removed_at is not None or rep.draining or not rep.warm:
+            return
+        rep.warm, rep.active_since = False, self.clock.t
+        self._record()
+        self._route_held()
+
+    def _route_held(self) -> None:
+        if self._routable():
+            pending, self._unrouted = self._unrouted, []
+            for arrival in pending:
+                self._route(arrival)
+
+    def _apply_roles(self) -> None:
+        """Promote warm spares up to the target's active count (as the operator does on
+        every tick and whenever a pod becomes ready)."""
+        now = self.clock.t
+        live = [r for r in self._live() if r.ready_at <= now and not r.draining]
+        active = [r for r in live if not r.warm]
+        promoting = [r for r in live if r.warm and r.promoting]
+        spares = sorted((r for r in live if r.warm and not r.promoting), key=lambda r: r.index)
+        for rep in spares[: max(0, self._target.active - len(active) - len(promoting))]:
+            self._promote(rep)
+
     def _scale(self) -> None:
         assert self.scaler is not None
         now = self.clock.t
-        ready = self._routable()
-        starting = [r for r in self._live() if r.ready_at > now]
-        want = self.scaler.desired_replicas(
-            now, [r.view() for r in ready], len(starting), len(self._unrouted)
+        active = self._routable()
+        live = self._live()
+        warm = [r for r in live if r.ready_at <= now and r.warm and not r.draining]
+        starting = [r for r in live if r.ready_at > now]
+        interval = self.config.scale_interval_s
+        view = FleetView(
+            now,
+            [r.view() for r in active],
+            frozenset(r.index for r in active if now - r.active_since < 60.0),
+            [min(1.0, (r.busy_s - r.busy_mark) / interval) for r in active],
+            len(warm),
+            len(starting),
+            len(self._unrouted),
         )
-        have = len(ready) + len(starting)
+        for r in live:
+            r.busy_mark = r.busy_s
+        target = self._target = self.scaler.target(view)
+        # Demote: the least busy active replicas stop taking requests; in flight ones finish.
+        for rep in sorted(active, key=lambda r: (r.inflight_requests, -r.index))[
+            : max(0, len(active) - target.active)
+        ]:
+            rep.warm = True
+        self._apply_roles()
+        have = len(active) + len(warm) + len(starting)
+        want = target.active + target.warm
         for _ in range(max(0, want - have)):
             self._add_replica(now, ready_at=now + self.config.cold_start_s)
-        # Drain the least busy ready replicas first; never below one routable replica.
-        excess = min(have - want, len(ready) - 1)
-        for rep in sorted(ready, key=lambda r: (r.inflight_requests, -r.index))[: max(0, excess)]:
+        surplus = have - want
+        # Remove what goes without losing work: starting pods first, then idle spares, then
+        # spares still finishing requests (they leave when idle).
+        for rep in sorted(starting, key=lambda r: -r.created)[: max(0, surplus)]:
+            rep.removed_at, surplus = now, surplus - 1
+        spares = [r for r in self._live() if r.ready_at <= now and r.warm and not r.promoting]
+        for rep in sorted(spares, key=lambda r: (r.inflight_requests, -r.index))[: max(0, surplus)]:
             rep.draining = True
             self._kick(rep)
-        if want != have:
-            self._trace.append((now, len(self._live())))
+        self._trace.append((now, len(self._live())))
+        self._record()
 
     # ---- run ------------------------------------------------------------------------------
     def run(
@@ -267,6 +367,7 @@ class FleetSimulator:
         if on_progress is not None:
             self._push(progress_interval_s, PROGRESS)
         self._trace.append((0.0, len(self._live())))
+        self._record()
         last_work = 0.0
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
@@ -287,10 +388,18 @@ class FleetSimulator:
                         self._push(nxt.time, ARRIVAL, (nxt, True))
                 self._route(arrival)
             elif kind == READY:
+                rep = payload
+                if rep.removed_at is None:
+                    if self.config.warm_start:
+                        rep.warm = True  # the operator admits it (promotes) when needed
+                        self._apply_roles()
+                    else:
+                        rep.active_since = t
                 self._trace.append((t, len(self._live())))
-                pending, self._unrouted = self._unrouted, []
-                for arrival in pending:
-                    self._route(arrival)
+                self._record()
+                self._route_held()
+            elif kind == PROMOTED:
+                self._on_promoted(payload)
             elif kind == SCRAPE and periodic_alive:
                 for rep in self._live():
                     rep.load, rep.scraped_at = rep.engine.load(), t
@@ -316,4 +425,5 @@ class FleetSimulator:
             records=self.collector.records,
             replica_busy_s=busy,
             replica_count_trace=self._trace,
+            roles_trace=self.roles_trace,
         )

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-TraceKind = Literal["poisson", "all-at-once", "step", "ramp", "bursts"]
+TraceKind = Literal["poisson", "all-at-once", "step", "ramp", "bursts", "diurnal", "flash"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class RateTrace:
     """Bursts: one period is a short on-phase at high rate followed by silence."""
     burst_duty: float = 0.2
     """Share of each period that is on (the mean rate is kept at `rate`)."""
+    period_s: float = 900.0
+    """Diurnal: one day compressed into this many seconds (trough at 0, peak at half)."""
+    decay_s: float = 120.0
+    """Flash crowd: how fast the spike above `rate` decays (exponential time constant)."""
 
     def rate_at(self, t: float) -> float:
         if self.kind == "poisson":
@@ -41,12 +45,26 @@ class RateTrace:
         if self.kind == "bursts":
             phase = (t % self.burst_period_s) / self.burst_period_s
             return self.rate / self.burst_duty if phase < self.burst_duty else 0.0
+        if self.kind == "diurnal":  # from `rate` at night to `peak_rate` at noon
+            f = 0.5 - 0.5 * math.cos(2 * math.pi * t / self.period_s)
+            return self.rate + (self.peak_rate - self.rate) * f
+        if self.kind == "flash":  # a crowd arrives at once, then thins out
+            if t < self.start_s:
+                return self.rate
+            return self.rate + (self.peak_rate - self.rate) * math.exp(
+                -(t - self.start_s) / self.decay_s
+            )
         return math.inf
+
+    def expected_requests(self, duration_s: float, dt: float = 1.0) -> int:
+        """Requests the trace sends in `duration_s` (its rate integrated)."""
+        steps = max(1, int(duration_s / dt))
+        return int(sum(self.rate_at((i + 0.5) * dt) * dt for i in range(steps)))
 
     def max_rate(self) -> float:
         if self.kind == "bursts":
             return self.rate / self.burst_duty
-        if self.kind in ("step", "ramp"):
+        if self.kind in ("step", "ramp", "diurnal", "flash"):
             return max(self.rate, self.peak_rate)
         return self.rate
 

@@ -1,0 +1,123 @@
+"""Scalers for the fleet simulator: the operator's own policy, and the baselines it is
+measured against.
+
+- `kvfleet`: `kvfleet_operator.scaling.policy.decide` — the function the operator runs —
+  fed what the operator would read (the engines' queue, running and KV gauges; the
+  gateway's held requests) and applied with warm-pool semantics (new replicas start warm,
+  spares are promoted in `promotion_s`).
+- `hpa_util`: a HorizontalPodAutoscaler on GPU utilization (the engine's busy share, as
+  DCGM reports it) with HPA's defaults: target 80%, tolerance 10%, no scale-up
+  stabilization, 300 s scale-down stabilization, +max(4, 100%) per tick; no warm pool.
+- `keda_queue`: KEDA on the queue-depth gauge (target 4 waiting per replica), its HPA with
+  a 300 s scale-down stabilization; no warm pool.
+- `oracle`: knows the trace; provisions, a cold start ahead, the replicas the coming peak
+  needs at a per-replica capacity measured on this simulator (an upper bound on what
+  foresight buys, not a product policy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvfleet_operator.scaling.policy import (
+    Fleet,
+    ReplicaSignals,
+    ScalingConfig,
+    Signals,
+    State,
+    decide,
+)
+from kvfleet_sim.fleet.des import FleetView, Target
+
+
+@dataclass
+class KvfleetScaler:
+    config: ScalingConfig
+    state: State = field(default_factory=State)
+    reasons: list[tuple[float, str]] = field(default_factory=list)
+
+    def target(self, view: FleetView) -> Target:
+        signals = Signals(
+            tuple(
+                ReplicaSignals(
+                    r.name,
+                    float(r.load.num_waiting_reqs),
+                    float(r.load.num_running_reqs),
+                    r.load.token_usage,
+                    young=r.index in view.young,
+                )
+                for r in view.active
+            ),
+            held=float(view.held),
+        )
+        fleet = Fleet(len(view.active), view.warm, view.starting)
+        decision, self.state = decide(self.config, self.state, fleet, signals, view.now)
+        if decision.changed:
+            self.reasons.append((view.now, decision.reason))
+        return Target(decision.desired_active, decision.desired_warm)
+
+
+@dataclass
+class HpaScaler:
+    """HPA's algorithm (ratio, tolerance, windows, step limits) on one metric per replica."""
+
+    metric: Callable[[FleetView], float]
+    """The metric's value per replica, averaged (or summed over replicas / count)."""
+    target_value: float
+    min_replicas: int = 1
+    max_replicas: int = 10
+    down_window_s: float = 300.0
+    history: list[tuple[float, int]] = field(default_factory=list)
+    current: int | None = None
+
+    def target(self, view: FleetView) -> Target:
+        current = self.current if self.current is not None else max(1, len(view.active))
+        value = self.metric(view)
+        if len(view.active) == 0:
+            raw = max(1, self.min_replicas) if view.held else self.min_replicas
+        else:
+            ratio = value / self.target_value
+            raw = current if abs(ratio - 1) <= 0.1 else math.ceil(current * ratio)
+        raw = max(self.min_replicas, min(self.max_replicas, raw))
+        self.history = [(t, r) for t, r in self.history if view.now - t < self.down_window_s]
+        self.history.append((view.now, raw))
+        if raw > current:
+            desired = min(raw, current + max(4, current))
+        else:
+            desired = max(r for _, r in self.history)
+            desired = min(desired, current)
+        self.current = max(self.min_replicas, min(self.max_replicas, desired))
+        return Target(self.current)
+
+
+def hpa_util(min_replicas: int, max_replicas: int) -> HpaScaler:
+    def utilization(view: FleetView) -> float:
+        return sum(view.busy) / len(view.busy) if view.busy else 0.0
+
+    return HpaScaler(utilization, 0.8, min_replicas, max_replicas)
+
+
+def keda_queue(min_replicas: int, max_replicas: int, per_replica: float = 4.0) -> HpaScaler:
+    def queue(view: FleetView) -> float:
+        waiting = sum(r.load.num_waiting_reqs for r in view.active) + view.held
+        return waiting / max(1, len(view.active))
+
+    return HpaScaler(queue, per_replica, min_replicas, max_replicas)
+
+
+@dataclass
+class OracleScaler:
+    rate_at: Callable[[float], float]
+    capacity: float
+    """Requests per second one replica serves within the SLO (measured on the simulator)."""
+    lead_s: float
+    """How far ahead to provision: cold start plus one tick."""
+    min_replicas: int = 1
+    max_replicas: int = 10
+
+    def target(self, view: FleetView) -> Target:
+        horizon = [self.rate_at(view.now + dt) for dt in range(0, int(self.lead_s) + 1, 5)]
+        need = math.ceil(max(horizon) / self.capacity)
+        return Target(max(self.min_replicas, min(self.max_replicas, need)))

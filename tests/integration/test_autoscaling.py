@@ -1,0 +1,342 @@
+"""The autoscaler on the local cluster, end to end: engine pods running as simulator
+processes, the real operator reading their signals (directly, or from a real Prometheus),
+load sent through the gateway pod. A warm spare is promoted in seconds, the fleet grows
+and shrinks, the gateway follows the roles, a request in flight on a demoted pod completes,
+Prometheus going away holds the size, and an operator restart neither flaps nor repeats
+events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Resource
+from kvfleet_operator.login import Credentials
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
+from kvfleet_sim.procs import free_port, running_process
+from tests.conftest import require_binary
+from tests.support.cluster import Env, OperatorThread, cluster_config
+from tests.support.objects import NS, condition, isvc
+from tests.support.waiting import until
+
+EVENTS = Resource("v1", "Event", "events")
+ENGINES = "kvfleet.dev/inferenceservice=llama,app.kubernetes.io/component=engine"
+AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 3,
+    "warmReplicas": 1,
+    "targetQueueDepth": 2,
+    "scaleUpStabilizationSeconds": 0,
+    "scaleDownStabilizationSeconds": 6,
+    "coldStartSeconds": 5,
+}
+
+
+@dataclass
+class Stack:
+    env: Env
+    operator: OperatorThread | None = None
+
+    def start_operator(self, prometheus: str | None = None) -> OperatorThread:
+        self.operator = OperatorThread(
+            self.env.credentials,
+            autoscaler=AutoscalerConfig(prometheus_url=prometheus, interval_s=1.0, stale_s=5.0),
+        )
+        assert self.operator.ready.wait(15), "the operator did not start"
+        return self.operator
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.env.kube.list(POD, NS, ENGINES)
+
+    def roles(self) -> dict[str, str]:
+        """Ready engine pods → role."""
+        return {
+            p["metadata"]["name"]: p["metadata"]["labels"].get("kvfleet.dev/role", "")
+            for p in self.pods()
+            if condition(p, "Ready").get("status") == "True"
+        }
+
+    def body(self) -> dict[str, Any]:
+        return self.env.kube.get(ISVC, NS, "llama") or {}
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.env.kube.list(EVENTS, NS) if e["reason"] == reason]
+
+    def gateway_url(self) -> str | None:
+        for p in self.env.kube.list(POD, NS, "app.kubernetes.io/component=gateway"):
+            if condition(p, "Ready").get("status") == "True":
+                return f"http://{p['status']['podIP']}:8080"
+        return None
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    config = cluster_config(tmp_path, run_processes=True, time_scale=0.1)
+    async with LocalCluster(config) as cluster:
+        from kvfleet_operator.kube import Kube
+        from kvfleet_operator.login import api_client
+
+        env = Env(cluster, Kube(api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))))
+        s = Stack(env)
+        try:
+            yield s
+        finally:
+            if s.operator is not None:
+                await asyncio.to_thread(s.operator.close)
+
+
+def autoscaled(**engine: Any) -> dict[str, Any]:
+    # Two running requests per replica: a queue forms at once under a burst.
+    return isvc(
+        "llama",
+        engine={"gpuType": "h100", "maxRunningRequests": 2, **engine},
+        autoscaling=AUTOSCALING,
+    )
+
+
+async def chat(session: aiohttp.ClientSession, url: str, max_tokens: int) -> int:
+    body = {
+        "model": "llama-3.1-8b",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me about kvfleet"}],
+    }
+    async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+        async for _ in r.content:
+            pass
+        return r.status
+
+
+async def burst(url: str, n: int, max_tokens: int, every_s: float = 0.0) -> list[int]:
+    """`n` streaming chats, one every `every_s` seconds; their HTTP statuses."""
+    timeout = aiohttp.ClientTimeout(total=120)
+
+    async def one(s: aiohttp.ClientSession, i: int) -> int:
+        await asyncio.sleep(i * every_s)
+        return await chat(s, url, max_tokens)
+
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        return list(await asyncio.gather(*(one(s, i) for i in range(n))))
+
+
+async def ready_service(stack: Stack) -> str:
+    await asyncio.to_thread(stack.env.kube.create, autoscaled())
+    await until(
+        lambda: sorted(stack.roles().values()) == ["active", "warm"],
+        30,
+        "one active and one warm replica",
+    )
+    url = await until(stack.gateway_url, 30, "a ready gateway pod")
+    await until(lambda: (stack.body().get("status") or {}).get("autoscaling"), 15, "a decision")
+    return str(url)
+
+
+async def served_requests(pod_ip: str) -> float:
+    """`sglang:prompt_tokens_total` of one engine pod: non-zero once it has prefilled (and
+    sent the first token of) a request."""
+    async with aiohttp.ClientSession() as s, s.get(f"http://{pod_ip}:30000/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sglang:prompt_tokens_total")
+    )
+
+
+def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+async def scale_up_and_down(stack: Stack) -> None:
+    url = await ready_service(stack)
+    pods = await asyncio.to_thread(stack.pods)
+    warm = next(p for p in pods if p["metadata"]["labels"]["kvfleet.dev/role"] == "warm")
+    warm_name, warm_ip = warm["metadata"]["name"], warm["status"]["podIP"]
+    assert await served_requests(warm_ip) == 0  # a warm spare takes no traffic
+    started = time.monotonic()
+    # ~3 requests/s of 300 tokens; one replica serves under one a second (2 at a time).
+    load = asyncio.create_task(burst(url, 30, 300, every_s=0.3))
+    # The warm spare is promoted first (seconds), then the Deployment grows to the maximum.
+    await until(lambda: stack.roles().get(warm_name) == "active", 20, "the warm spare promoted")
+    promoted_s = time.monotonic() - started
+    await until(lambda: served_requests(warm_ip), 20, "the promoted pod serving", interval=0.1)
+    serving_s = time.monotonic() - started
+    await until(
+        lambda: (stack.env.kube.get(DEPLOYMENT, NS, "llama-engine") or {})["spec"]["replicas"] == 3,
+        20,
+        "the engine Deployment at its maximum",
+    )
+    scaled_s = time.monotonic() - started
+    statuses = await load
+    assert statuses == [200] * 30, statuses
+    body = await asyncio.to_thread(stack.body)
+    auto = body["status"]["autoscaling"]
+    assert auto["source"] in ("direct", "prometheus") and "coldStartSeconds" in auto
+    assert body["status"]["metrics"]["kvCacheUsage"] >= 0
+    assert await asyncio.to_thread(stack.events, "ScaledUp"), "no ScaledUp event"
+    print(
+        f"warm spare promoted {promoted_s:.1f}s and serving {serving_s:.1f}s after the burst "
+        f"began; Deployment at max after {scaled_s:.1f}s"
+    )
+    # Long requests on every replica while the load drops: replicas are demoted with
+    # requests in flight, which complete; a pod goes only once idle.
+    down = time.monotonic()
+    tail = asyncio.create_task(burst(url, 6, 2400))
+    await until(
+        lambda: list(stack.roles().values()).count("active") == 1, 30, "demotion to 1 active"
+    )
+    assert not tail.done(), "the long requests ended before any demotion"
+    assert await tail == [200] * 6
+    await until(
+        lambda: (
+            sorted(stack.roles().values()) == ["active", "warm"] and len(live(stack.pods())) == 2
+        ),
+        40,
+        "back to one active and one warm",
+    )
+    assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
+    print(f"back to 1 active + 1 warm {time.monotonic() - down:.1f}s after the load dropped")
+
+
+async def test_direct_scrape_scales_up_promotes_and_back(stack: Stack) -> None:
+    await asyncio.to_thread(stack.start_operator)
+    await scale_up_and_down(stack)
+    body = await asyncio.to_thread(stack.body)
+    assert body["status"]["autoscaling"]["source"] == "direct"
+    assert condition(body, "ScalingActive")["status"] == "True"
+
+
+# ---- with a real Prometheus ---------------------------------------------------------------------
+class PodTargets:
+    """Stands in for the Prometheus Operator: writes a file_sd target list from the pods,
+    with the labels the rendered PodMonitor attaches (namespace, pod, inferenceservice, role)."""
+
+    def __init__(self, stack: Stack, path: Path) -> None:
+        self.stack, self.path = stack, path
+        self.path.write_text("[]")
+
+    def sync(self) -> None:
+        targets = []
+        for p in self.stack.env.kube.list(POD, NS, "kvfleet.dev/inferenceservice=llama"):
+            ip = (p.get("status") or {}).get("podIP")
+            labels = p["metadata"].get("labels") or {}
+            if not ip:
+                continue
+            port = 30000 if labels.get("app.kubernetes.io/component") == "engine" else 8080
+            targets.append(
+                {
+                    "targets": [f"{ip}:{port}"],
+                    "labels": {
+                        "namespace": NS,
+                        "pod": p["metadata"]["name"],
+                        "inferenceservice": labels.get("kvfleet.dev/inferenceservice", ""),
+                        "role": labels.get("kvfleet.dev/role", ""),
+                    },
+                }
+            )
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(targets))
+        tmp.replace(self.path)
+
+
+@pytest.fixture
+def prometheus_sd(tmp_path: Path) -> Iterator[Any]:
+    binary = require_binary("prometheus")
+    with ExitStack() as stack:
+
+        def start(sd_file: Path) -> tuple[str, Any]:
+            port = free_port()
+            cfg = tmp_path / "prometheus.yml"
+            cfg.write_text(
+                yaml.safe_dump(
+                    {
+                        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                        "scrape_configs": [
+                            {
+                                "job_name": "kvfleet",
+                                "file_sd_configs": [
+                                    {"files": [str(sd_file)], "refresh_interval": "1s"}
+                                ],
+                            }
+                        ],
+                    }
+                )
+            )
+            url = f"http://127.0.0.1:{port}"
+            proc = stack.enter_context(
+                running_process(
+                    [
+                        binary,
+                        f"--config.file={cfg}",
+                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                    ],
+                    ready_url=f"{url}/-/ready",
+                    log_path=tmp_path / "prometheus.log",
+                )
+            )
+            return url, proc
+
+        yield start
+
+
+async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
+    stack: Stack, prometheus_sd: Any, tmp_path: Path
+) -> None:
+    targets = PodTargets(stack, tmp_path / "targets.json")
+    url, proc = prometheus_sd(targets.path)
+
+    async def keep_syncing() -> None:
+        while True:
+            await asyncio.to_thread(targets.sync)
+            await asyncio.sleep(0.5)
+
+    syncer = asyncio.create_task(keep_syncing())
+    try:
+        await asyncio.to_thread(stack.start_operator, url)
+        await scale_up_and_down(stack)
+        body = await asyncio.to_thread(stack.body)
+        assert body["status"]["autoscaling"]["source"] == "prometheus"
+
+        def counts() -> tuple[int, int]:
+            return len(stack.events("ScaledUp")), len(stack.events("ScaledDown"))
+
+        # An operator restart mid-run: same decision, no new event, no flapping.
+        before = await asyncio.to_thread(counts)
+        assert stack.operator is not None
+        await asyncio.to_thread(stack.operator.close)
+        await asyncio.to_thread(stack.start_operator, url)
+        await asyncio.sleep(4)
+        assert await asyncio.to_thread(counts) == before
+        assert sorted((await asyncio.to_thread(stack.roles)).values()) == ["active", "warm"]
+
+        # Prometheus gone: the size is held and the condition says why.
+        proc.terminate()
+        proc.wait(10)
+        body = await until(
+            lambda: (
+                (b := stack.body()) and condition(b, "ScalingActive").get("status") == "False" and b
+            ),
+            20,
+            "ScalingActive=False",
+        )
+        assert condition(body, "ScalingActive")["reason"] == "MetricsUnavailable"
+        assert body["status"]["autoscaling"]["holding"] is True
+        await asyncio.sleep(3)
+        assert sorted((await asyncio.to_thread(stack.roles)).values()) == ["active", "warm"]
+        assert len(await asyncio.to_thread(stack.pods)) == 2
+    finally:
+        syncer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await syncer

@@ -1,0 +1,81 @@
+"""The fleet simulator's autoscaling seam, driven by the operator's own policy: warm spares
+promoted after `promotion_s`, new replicas after the cold start; trace files replayed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvfleet_operator.scaling.policy import ScalingConfig
+from kvfleet_sim.catalog import BUILTIN
+from kvfleet_sim.config import EngineConfig
+from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+from kvfleet_sim.fleet.routing import fleet_policy
+from kvfleet_sim.fleet.scalers import KvfleetScaler, keda_queue
+from kvfleet_sim.fleet.tracefile import TraceFileError, TraceFileWorkload, read_trace
+from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+
+ENGINE = EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100"))
+SAMPLE = Path(__file__).resolve().parents[2] / "bench/kvfleet_bench/data/azure-sample.csv"
+
+
+def spike() -> Workload:
+    trace = RateTrace("step", rate=10.0, peak_rate=60.0, start_s=60.0, duration_s=120.0)
+    spec = WorkloadSpec("random", trace.expected_requests(240), input_len=1024, output_len=256)
+    return Workload(spec, trace, ENGINE.model.vocab_size)
+
+
+def test_the_operators_policy_promotes_the_warm_spare_first() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=8, warm_replicas=1, cold_start_s=60)
+    scaler = KvfleetScaler(config)
+    fleet = FleetConfig(
+        ENGINE, replicas=2, cold_start_s=60, promotion_s=5, warm_start=True, scale_interval_s=15
+    )
+    sim = FleetSimulator(fleet, fleet_policy("kvfleet"), scaler)
+    result = sim.run(spike())
+    roles = result.roles_trace
+    assert roles[0][1:] == (2, 0, 0)  # both replicas start active before the first decision
+    assert any("scale up" in reason for _, reason in scaler.reasons), scaler.reasons
+    # After the spike begins, active replicas grow before any new replica could be ready:
+    # that is the warm spare, promoted in seconds.
+    early = [a for t, a, _, _ in roles if 60 <= t < 60 + 60]
+    assert max(early) > min(a for t, a, _, _ in roles if t < 60)
+    assert max(a + w + s for _, a, w, s in roles) <= 8
+
+
+def test_keda_has_no_warm_pool() -> None:
+    sim = FleetSimulator(
+        FleetConfig(ENGINE, replicas=1, cold_start_s=60), fleet_policy("kvfleet"), keda_queue(1, 8)
+    )
+    result = sim.run(spike())
+    assert all(w == 0 for _, _, w, _ in result.roles_trace)
+    assert max(a for _, a, _, _ in result.roles_trace) > 1
+
+
+def test_azure_trace_file_replays_with_scales(tmp_path: Path) -> None:
+    rows = read_trace(SAMPLE)
+    assert rows[0].time == 0.0 and rows == sorted(rows, key=lambda r: r.time)
+    base = TraceFileWorkload(rows, 1000, time_scale=1.0, rate_scale=1.0)
+    fast = TraceFileWorkload(rows, 1000, time_scale=2.0, rate_scale=1.0)
+    dense = TraceFileWorkload(rows, 1000, time_scale=1.0, rate_scale=2.5, seed=3)
+    assert fast.duration_s == pytest.approx(base.duration_s / 2)
+    n = len(rows)
+    assert sum(1 for _ in base) == n
+    assert sum(1 for _ in dense) == pytest.approx(2.5 * n, rel=0.05)
+    first = next(iter(base))
+    assert len(first.prompt_ids) == rows[0].prompt_tokens
+    assert first.max_new_tokens == rows[0].output_tokens
+
+
+def test_a_bad_trace_file_names_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "t.csv"
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,3\nx,1,1\n"
+    )
+    with pytest.raises(TraceFileError, match=r"t.csv:3"):
+        read_trace(bad)
+    bad.write_text("when,prompt\n1,2\n")
+    with pytest.raises(TraceFileError, match="missing column"):
+        read_trace(bad)
