@@ -145,8 +145,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready = request.app[GATEWAY].pool.routable()
-    return web.json_response({"ready": len(ready)}, status=200 if ready else 503)
+    """Ready when a replica can take requests — or when none exists at all (scaled to zero)
+    and requests are held for the autoscaler: the gateway must stay reachable to wake it.
+    Replicas that exist but all fail are an outage: not ready."""
+    gw = request.app[GATEWAY]
+    routable = gw.pool.routable()
+    holding = not gw.pool.backends and gw.config.hold.max_requests > 0
+    ok = bool(routable) or holding
+    body = {"ready": len(routable), "scaledToZero": holding}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

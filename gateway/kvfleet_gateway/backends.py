@@ -26,12 +26,16 @@ log = logging.getLogger("kvfleet.gateway.backends")
 
 STALE_AFTER_S = 5.0
 """Signals older than this are not used: routing falls back to the gateway's own counts."""
+PROBE_FAILURES = 3
+"""Failed health probes in a row that eject a replica (a refused connection ejects at once)."""
 
 
 @dataclass(eq=False)
 class Backend:
     url: str
     healthy: bool = False
+    probe_failures: int = 0
+    """Consecutive failed health probes."""
     draining: bool = False
     inflight_requests: int = 0
     inflight_tokens: int = 0
@@ -112,6 +116,7 @@ class BackendPool:
 
     async def probe(self, session: aiohttp.ClientSession, b: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=min(5.0, self.interval_s * 2))
+        gone = False
         try:
             async with session.get(f"{b.url}/health", timeout=timeout) as r:
                 ok = r.status == 200
@@ -119,8 +124,15 @@ class BackendPool:
                 async with session.get(f"{b.url}/v1/models", timeout=timeout) as r:
                     data = await r.json()
                 b.models = {m["id"]: m.get("max_model_len") for m in data.get("data", [])}
+        except aiohttp.ClientConnectorError:
+            ok, gone = False, True  # nothing listens: the replica is gone, eject it now
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             ok = False
+        # A slow or failed probe of a replica that is serving is not an outage: like a
+        # Kubernetes probe's failureThreshold, it takes several in a row to eject it.
+        b.probe_failures = 0 if ok else b.probe_failures + 1
+        if b.healthy and not ok and not gone and b.probe_failures < PROBE_FAILURES:
+            return
         if ok != b.healthy:
             log.info("backend %s is %s", b.url, "healthy" if ok else "unhealthy")
         b.healthy = ok

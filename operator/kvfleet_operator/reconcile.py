@@ -186,7 +186,9 @@ def _assign_roles(
 ) -> None:
     a = owner.spec.autoscaling
     if scaled is not None:
-        warm_target, active_target = scaled.decision.desired_warm, scaled.decision.desired_active
+        # Every ready pod beyond the decided active ones is warm: the pool, and pods being
+        # demoted on their way out (they finish their requests, then go when idle).
+        warm_target, active_target = len(pods), scaled.decision.desired_active
     else:
         warm_target = a.warm_replicas if a else 0
         active_target = max(0, replicas - warm_target)

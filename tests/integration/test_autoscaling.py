@@ -340,3 +340,30 @@ async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
         syncer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await syncer
+
+
+async def test_scale_from_zero_wakes_a_replica_for_a_held_request(stack: Stack) -> None:
+    """minReplicas 0: no engine runs; a request is held by the gateway, the autoscaler sees
+    the held count, starts a replica, admits it, and the request is served; idle again, the
+    fleet goes back to zero."""
+    await asyncio.to_thread(stack.start_operator)
+    spec = isvc(
+        "llama",
+        engine={"gpuType": "h100"},
+        autoscaling={**AUTOSCALING, "minReplicas": 0, "warmReplicas": 0, "maxReplicas": 2},
+    )
+    await asyncio.to_thread(stack.env.kube.create, spec)
+    body = await until(
+        lambda: (b := stack.body()) and condition(b, "Ready").get("reason") == "ScaledToZero" and b,
+        30,
+        "Ready=False ScaledToZero",
+    )
+    assert not await asyncio.to_thread(stack.pods)
+    url = await until(stack.gateway_url, 30, "a ready gateway pod")
+    started = time.monotonic()
+    assert await burst(str(url), 1, 16) == [200]
+    woke_s = time.monotonic() - started
+    body = await asyncio.to_thread(stack.body)
+    assert body["status"]["autoscaling"]["desiredActive"] == 1
+    print(f"a held request was served {woke_s:.1f}s after it arrived at a fleet of zero")
+    await until(lambda: not live(stack.pods()), 40, "back to zero replicas")

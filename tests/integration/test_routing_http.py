@@ -84,3 +84,53 @@ async def test_removed_replica_drains(sim_server: Any, gateway_server: Any) -> N
     assert (await slow)["usage"]["completion_tokens"] > 0  # the in-flight one finished
     state.pool.forget_drained()
     assert busy not in state.pool.backends
+
+
+async def test_slow_probes_eject_a_replica_only_three_in_a_row(
+    gateway_server: Any,
+) -> None:
+    """Health probes fail three times in a row before a replica is ejected: a busy engine
+    may answer slowly. (A refused connection ejects at once: test_gateway's killed engine.)"""
+    from aiohttp import web
+
+    from kvfleet_sim.procs import free_port
+
+    slow = asyncio.Event()
+
+    async def health(request: web.Request) -> web.Response:
+        if slow.is_set():
+            await asyncio.sleep(5)
+        return web.Response()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "llama-3.1-8b", "max_model_len": 8192}]})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        gw = await gateway_server(config([url], health_interval=0.2))
+        backend = gateway_server.state(gw).pool.backends[url]
+        for _ in range(50):
+            if backend.healthy:
+                break
+            await asyncio.sleep(0.05)
+        assert backend.healthy
+        slow.set()
+        for _ in range(40):  # each probe times out after 0.4 s
+            if backend.probe_failures >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert backend.probe_failures >= 1 and backend.healthy  # one slow probe: still in
+        for _ in range(60):
+            if not backend.healthy:
+                break
+            await asyncio.sleep(0.05)
+        assert not backend.healthy and backend.probe_failures >= 3
+    finally:
+        await runner.cleanup()

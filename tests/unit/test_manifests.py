@@ -127,3 +127,15 @@ def test_scrape_config_example_passes_promtool(tmp_path: Path) -> None:
     cfg.write_text(yaml.safe_dump(doc))
     result = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_engine_network_policy_admits_the_operator_as_installed() -> None:
+    """The autoscaler's direct scrape reaches the engines: the policy's operator peer matches
+    the Deployment in manifests/ (its namespace and pod labels)."""
+    from kvfleet_operator.render.network import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
+
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "operator.yaml").read_text()))
+    dep = next(d for d in docs if d and d["kind"] == "Deployment")
+    assert dep["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert OPERATOR_POD_LABELS.items() <= labels.items()

@@ -54,6 +54,9 @@ def test_every_example_renders_valid_objects(path: Path) -> None:
             "Role",
             "RoleBinding",
         }
+        # Engines and gateway are both scraped, with the labels alerts and the autoscaler use.
+        monitors = {o["metadata"]["name"] for o in kinds["PodMonitor"]}
+        assert monitors == {owner.engine_name, owner.gateway_name}
         for obj in objs:
             ref = obj["metadata"]["ownerReferences"][0]
             assert (ref["kind"], ref["name"], ref["controller"]) == (

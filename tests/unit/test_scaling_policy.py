@@ -191,7 +191,7 @@ def test_step_limits() -> None:
     d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), signals(2, 400, 1.0), 0.0)
     assert d.desired_active == 6  # + max(4, 2)
     d, _ = decide(config, State(desired_active=10), Fleet(10, 0, 0), signals(10, 0, 0.0), 0.0)
-    assert d.desired_active == 5  # - 50%
+    assert d.desired_active == 9  # - 1 per tick
 
 
 def test_cold_start_is_learned_from_observations_with_the_prior() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_gateway.schema import Json
-from kvfleet_operator.render.common import Owner
+from kvfleet_operator.render.common import ENGINE, GATEWAY, Owner
 from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
 from kvfleet_operator.render.gateway import (
     gateway_configmap,
@@ -20,8 +20,8 @@ from kvfleet_operator.render.gateway import (
 from kvfleet_operator.render.network import (
     engine_network_policy,
     engine_pdb,
-    engine_pod_monitor,
     engine_service,
+    pod_monitor,
 )
 from kvfleet_operator.spec import parse_spec
 
@@ -50,7 +50,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         engine_deployment(owner, replicas),
         engine_pdb(owner),
         engine_network_policy(owner),
-        engine_pod_monitor(owner),
+        pod_monitor(owner, ENGINE),
     ]
     if owner.spec.gateway.enabled:
         config = gateway_configmap(owner)
@@ -59,6 +59,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
             config,
             gateway_deployment(owner, config),
             gateway_service(owner),
+            pod_monitor(owner, GATEWAY),
         ]
     return out
 

@@ -16,6 +16,13 @@ from kvfleet_operator.render.common import (
 SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
 """Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""
 MONITORING_NAMESPACE = "monitoring"
+OPERATOR_NAMESPACE = "kvfleet-system"
+"""Where `manifests/` installs the operator."""
+OPERATOR_POD_LABELS = {
+    "app.kubernetes.io/name": "kvfleet",
+    "app.kubernetes.io/component": "operator",
+}
+"""The operator Deployment's pod labels (manifests/operator.yaml)."""
 
 
 def _prom(label: str) -> str:
@@ -35,14 +42,17 @@ def engine_service(owner: Owner) -> Json:
     )
 
 
-def engine_pod_monitor(owner: Owner) -> Json:
-    """For the Prometheus Operator; plain Prometheus uses the pods' prometheus.io/* annotations."""
+def pod_monitor(owner: Owner, component: str) -> Json:
+    """For the Prometheus Operator (plain Prometheus uses the pods' prometheus.io/*
+    annotations): the engines' `sglang:*` metrics, and the gateway's TTFT, cost, budget and
+    held-request metrics (the autoscaler's scale-from-zero signal)."""
+    name = owner.engine_name if component == ENGINE else owner.gateway_name
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "metadata": owner.metadata(name, component),
         "spec": {
-            "selector": {"matchLabels": owner.selector(ENGINE)},
+            "selector": {"matchLabels": owner.selector(component)},
             "podMetricsEndpoints": [
                 {
                     "port": "http",
@@ -77,7 +87,8 @@ def engine_pdb(owner: Owner) -> Json:
 
 
 def engine_network_policy(owner: Owner) -> Json:
-    """Only this service's gateway (and metrics scrapers) reach the engine port."""
+    """Only this service's gateway, metrics scrapers and the operator's autoscaler (which
+    reads the engines' /metrics when no Prometheus is configured) reach the engine port."""
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -99,6 +110,12 @@ def engine_network_policy(owner: Owner) -> Json:
                             }
                         },
                         {"namespaceSelector": {"matchLabels": {SCRAPER_NAMESPACE_LABEL: "true"}}},
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}
+                            },
+                            "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
+                        },
                     ],
                     "ports": port,
                 },

@@ -24,8 +24,8 @@ from kvfleet_operator.scaling.observe import (
     Observation,
     PrometheusReader,
     ServicePods,
-    _parse_time,
-    _ready_since,
+    parse_time,
+    ready_since,
     role_of,
     signals_for,
 )
@@ -114,13 +114,13 @@ class Autoscaler:
         fresh: list[float] = []
         for pod in svc.engines:
             name = pod["metadata"]["name"]
-            ready = _ready_since(pod)
+            ready = ready_since(pod)
             if ready is None or name in seen:
                 continue
             seen.add(name)
             created = pod["metadata"].get("creationTimestamp")
             if created and state.since is not None:  # pods already up at start are not samples
-                fresh.append(max(0.0, ready - _parse_time(created)))
+                fresh.append(max(0.0, ready - parse_time(created)))
         return learn_cold_start(config, state, fresh)
 
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:

@@ -63,14 +63,14 @@ class ServicePods:
     gateways: list[Json]
 
 
-def _ready_since(pod: Json) -> float | None:
+def ready_since(pod: Json) -> float | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready" and c.get("status") == "True" and c.get("lastTransitionTime"):
-            return _parse_time(c["lastTransitionTime"])
+            return parse_time(c["lastTransitionTime"])
     return None
 
 
-def _parse_time(stamp: str) -> float:
+def parse_time(stamp: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
@@ -93,7 +93,7 @@ def signals_for(
             continue
         name = pod["metadata"]["name"]
         m = obs.pods.get((svc.namespace, name))
-        since = _ready_since(pod)
+        since = ready_since(pod)
         young = since is not None and now - since < grace_s
         if m is None or now - m.at > stale_s:
             if not young:  # a replica that just turned ready may not be scraped yet

@@ -49,7 +49,11 @@ class ScalingConfig:
     cold_start_s: float = fld(300.0, "Prior of the time from a new pod to a ready replica.")
     tolerance: float = fld(0.1, "Relative change below which the size is kept (as HPA's).")
     max_step_up: int = fld(4, "A tick adds at most max(this, the current size) replicas.")
-    max_step_down_share: float = fld(0.5, "A tick removes at most this share of the replicas.")
+    max_step_down: int = fld(
+        1,
+        "A tick removes at most this many replicas: one that goes comes back only after a"
+        " cold start, and KV usage falls far faster than load as a fleet empties.",
+    )
     readiness_grace_s: float = fld(
         60.0, "A replica ready for less than this counts at the target in scale-down sums."
     )
@@ -112,6 +116,8 @@ class State:
     down window after it, for lack of evidence."""
     last_queue: float | None = None
     """Waiting + held requests at the previous tick."""
+    last_up: float | None = None
+    """When the size last went up."""
 
 
 @dataclass(frozen=True)
@@ -194,9 +200,11 @@ def decide(
     from_zero = fleet.active == 0 and signals.held > 0
     if from_zero:
         need_q = max(1.0, need_q)  # someone is waiting and nothing serves
-    if fleet.starting > 0:
-        # Capacity is on the way: the queue grows because it is late, not because more is
-        # needed than what was ordered.
+    cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+    if fleet.starting > 0 and state.last_up is not None and now - state.last_up < cold:
+        # Capacity ordered less than a cold start ago is on the way: the queue grows because
+        # it is late, not because more is needed than what was ordered. (Past a cold start,
+        # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
     need = max(need_kv, need_q)
     need_down = max(kv_sum_down / config.target_kv_cache_usage, need_q)
@@ -220,7 +228,7 @@ def decide(
     if up > current:
         desired = min(up, current + max(config.max_step_up, current))
     elif down < current:
-        desired = max(down, current - max(1, math.floor(current * config.max_step_down_share)))
+        desired = max(down, current - config.max_step_down)
     else:
         desired = current
     desired = bounds(config, desired)
@@ -266,6 +274,7 @@ def decide(
         history=history,
         since=since,
         last_queue=queue,
+        last_up=now if desired > current else state.last_up,
         last_change=now if changed else state.last_change,
     )
     return decision, new_state
