@@ -36,6 +36,8 @@ class Backend:
     healthy: bool = False
     probe_failures: int = 0
     """Consecutive failed health probes."""
+    probed: bool = False
+    """Probed at least once: until then a new member is starting, not failing."""
     draining: bool = False
     inflight_requests: int = 0
     inflight_tokens: int = 0
@@ -101,10 +103,10 @@ class BackendPool:
         ]
 
     def has_members(self, model: str) -> bool:
-        """Whether any replica (healthy or not) may serve `model`: none means the fleet is
-        scaled to zero or still starting, which is worth waiting for; members that fail are
-        an outage, which is not."""
-        return any(not b.models or model in b.models for b in self.backends.values())
+        """Whether any probed replica (healthy or not) may serve `model`: none means the
+        fleet is scaled to zero or its replicas are new, which is worth waiting for; probed
+        members that fail are an outage, which is not."""
+        return any(b.probed and (not b.models or model in b.models) for b in self.backends.values())
 
     def served_models(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
@@ -128,6 +130,7 @@ class BackendPool:
             ok, gone = False, True  # nothing listens: the replica is gone, eject it now
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             ok = False
+        b.probed = True
         # A slow or failed probe of a replica that is serving is not an outage: like a
         # Kubernetes probe's failureThreshold, it takes several in a row to eject it.
         b.probe_failures = 0 if ok else b.probe_failures + 1
