@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from kubernetes.client.exceptions import ApiException
 
@@ -21,7 +20,7 @@ from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resourc
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner, selector_string
 from kvfleet_operator.scaling.autoscaler import Scaled, report
-from kvfleet_operator.status import Observed, compute_status, pod_ready, status_patch
+from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
 
 log = logging.getLogger("kvfleet.operator")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -266,7 +265,7 @@ def post_event(
     kube: Kube, body: Json, type_: str, reason: str, message: str, options: ReconcileOptions
 ) -> None:
     meta = body["metadata"]
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = k8s_time()
     event = {
         "apiVersion": "v1",
         "kind": "Event",

@@ -113,8 +113,10 @@ def failing_pods(pods: list[Json]) -> list[str]:
     return out
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def k8s_time(t: float | None = None) -> str:
+    """A Kubernetes timestamp (RFC 3339, seconds, UTC) of Unix time `t`, or of now."""
+    moment = datetime.now(UTC) if t is None else datetime.fromtimestamp(t, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
@@ -122,7 +124,7 @@ def condition(
 ) -> Json:
     status = "True" if ok else "False"
     old = next((c for c in previous if c.get("type") == type_), None)
-    since = old["lastTransitionTime"] if old and old.get("status") == status else _now()
+    since = old["lastTransitionTime"] if old and old.get("status") == status else k8s_time()
     return {
         "type": type_,
         "status": status,

@@ -38,7 +38,7 @@ from kvfleet_operator.scaling.policy import (
     learn_cold_start,
 )
 from kvfleet_operator.spec import Autoscaling, parse_spec
-from kvfleet_operator.status import ScalingReport, pod_ready
+from kvfleet_operator.status import ScalingReport, k8s_time, pod_ready
 
 log = logging.getLogger("kvfleet.autoscaler")
 
@@ -200,12 +200,6 @@ def _reported(s: Scaled) -> tuple[object, ...]:
     )
 
 
-def _stamp(t: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
     """The status the reconcile writes for a decision; times move only on change."""
     d, prev = scaled.decision, previous or {}
@@ -227,7 +221,7 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         d.desired_active,
         d.desired_warm,
     )
-    stamp = _stamp(scaled.at)
+    stamp = k8s_time(scaled.at)
     numbers["lastDecisionTime"] = prev.get("lastDecisionTime") if same else stamp
     numbers["lastScaleTime"] = stamp if resized else prev.get("lastScaleTime", stamp)
     metrics: Json = {}

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import aiohttp
 from prometheus_api_client import PrometheusConnect
@@ -71,8 +72,6 @@ def ready_since(pod: Json) -> float | None:
 
 
 def parse_time(stamp: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 

@@ -268,13 +268,17 @@ class FleetSimulator:
                     self._push(nxt.time, ARRIVAL, (nxt, False))
         self._kick(rep)
 
-    def _record(self) -> None:
+    def _roles(self) -> tuple[list[Replica], list[Replica], list[Replica]]:
+        """Live replicas by role: active (routable), warm (ready spares), starting."""
         now = self.clock.t
         live = self._live()
-        active = sum(1 for r in live if r.ready_at <= now and not r.warm and not r.draining)
-        warm = sum(1 for r in live if r.ready_at <= now and r.warm and not r.draining)
-        starting = sum(1 for r in live if r.ready_at > now)
-        self.roles_trace.append((now, active, warm, starting))
+        warm = [r for r in live if r.ready_at <= now and r.warm and not r.draining]
+        starting = [r for r in live if r.ready_at > now]
+        return self._routable(), warm, starting
+
+    def _record(self) -> None:
+        active, warm, starting = self._roles()
+        self.roles_trace.append((self.clock.t, len(active), len(warm), len(starting)))
 
     def _promote(self, rep: Replica) -> None:
         rep.promoting = True
@@ -308,10 +312,7 @@ class FleetSimulator:
     def _scale(self) -> None:
         assert self.scaler is not None
         now = self.clock.t
-        active = self._routable()
-        live = self._live()
-        warm = [r for r in live if r.ready_at <= now and r.warm and not r.draining]
-        starting = [r for r in live if r.ready_at > now]
+        active, warm, starting = self._roles()
         interval = self.config.scale_interval_s
         view = FleetView(
             now,
@@ -322,7 +323,7 @@ class FleetSimulator:
             len(starting),
             len(self._unrouted),
         )
-        for r in live:
+        for r in self._live():
             r.busy_mark = r.busy_s
         target = self._target = self.scaler.target(view)
         # Demote: the least busy active replicas stop taking requests; in flight ones finish.
