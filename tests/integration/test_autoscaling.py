@@ -207,6 +207,7 @@ async def scale_up_and_down(stack: Stack) -> None:
     )
     assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
     print(f"back to 1 active + 1 warm {time.monotonic() - down:.1f}s after the load dropped")
+    await until(lambda: len(stack.pods()) == 2, 60, "the removed pods' processes gone")
 
 
 async def test_direct_scrape_scales_up_promotes_and_back(stack: Stack) -> None:
@@ -367,3 +368,5 @@ async def test_scale_from_zero_wakes_a_replica_for_a_held_request(stack: Stack) 
     assert body["status"]["autoscaling"]["desiredActive"] == 1
     print(f"a held request was served {woke_s:.1f}s after it arrived at a fleet of zero")
     await until(lambda: not live(stack.pods()), 40, "back to zero replicas")
+    # ... and its process stopped (not only terminating) before the cluster goes away.
+    await until(lambda: not stack.pods(), 60, "the engine pod gone")
