@@ -177,7 +177,10 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
 class RedisProcess:
     """A redis-server this test can kill and bring back on the same port."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, appendonly: bool = False) -> None:
+        self.appendonly = appendonly
+        """Persist every write (AOF, fsync always): a restart keeps the data, as the
+        deployment docs require. Without it a restart comes back empty."""
         self.binary = require_binary("redis-server")
         self.port = free_port()
         self.tmp = tmp
@@ -195,7 +198,9 @@ class RedisProcess:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.appendonly else "no",
+                "--appendfsync",
+                "always",
                 "--dir",
                 str(self.tmp),
             ],
@@ -216,6 +221,18 @@ class RedisProcess:
 @pytest.fixture
 def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
     rp = RedisProcess(tmp_path)
+    rp.start()
+    try:
+        yield rp
+    finally:
+        if rp.proc is not None:
+            stop_process(rp.proc)
+
+
+@pytest.fixture
+def redis_persistent(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server with an append-only file: killed and started again, it keeps its data."""
+    rp = RedisProcess(tmp_path, appendonly=True)
     rp.start()
     try:
         yield rp

@@ -1,15 +1,18 @@
 """The gateway's aiohttp application: auth, admission, proxying, accounting, observability.
 
-One request, in order: authenticate the key → read and validate the body → reserve
-(prompt estimate + max_tokens) against the tenant's limits → proxy to a replica → settle
-to the engine's real usage, exactly once, whatever ended the request (shielded from
-cancellation) → metrics and one JSON access-log line.
+One request, in order: authenticate the key → read, validate and bound the body (all input
+errors are 4xx here, before anything is charged) → reserve (prompt bound + max_tokens)
+against the tenant's limits → proxy to a replica inside `accounting.Admitted`, which settles
+to the engine's real usage exactly once, whatever ends the request → metrics and one JSON
+access-log line.
+
+`/metrics` is served on its own port (`listen.metricsPort`): it names tenants, budgets, costs
+and backend addresses, which API clients have no business reading.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -24,10 +27,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvfleet_gateway import inbound
+from kvfleet_gateway.accounting import Admitted
 from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
-from kvfleet_gateway.errors import GatewayError, bad_request
+from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
 from kvfleet_gateway.metrics import GatewayMetrics
@@ -38,10 +42,8 @@ from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
 
 log = logging.getLogger("kvfleet.gateway")
-access_log = logging.getLogger("kvfleet.gateway.access")
 
 ANONYMOUS = Tenant("anonymous", None)
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 @dataclass
@@ -84,7 +86,7 @@ def ratelimit_headers(q: Quota) -> dict[str, str]:
 
 
 def rejection(d: Decision) -> GatewayError:
-    if d.reason == "store_unavailable":
+    if d.reason in ("store_unavailable", "store_reset"):
         return GatewayError(503, d.message, "server_error", "limits_unavailable")
     if d.reason == "budget":
         return GatewayError(429, d.message, "tokens", "insufficient_quota")
@@ -92,21 +94,25 @@ def rejection(d: Decision) -> GatewayError:
     return GatewayError(429, d.message, kind, "rate_limit_exceeded")
 
 
+def _key_error(message: str) -> GatewayError:
+    return GatewayError(401, message, "invalid_request_error", "invalid_api_key")
+
+
 def authenticate(gw: Gateway, request: web.Request) -> Tenant:
+    """The tenant of the request's key. Nothing about a presented key — not a byte of it —
+    reaches an error body or a log line, however malformed it is."""
     if gw.keys is None:
         return ANONYMOUS
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise GatewayError(
-            401,
-            "missing API key: send 'Authorization: Bearer <key>'",
-            "invalid_request_error",
-            "invalid_api_key",
-        )
-    tenant = gw.keys.ring.authenticate(key.strip())
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise _key_error("missing API key: send 'Authorization: Bearer <key>'")
+    if not (key.isascii() and key.isprintable()):
+        raise _key_error("invalid API key")  # keys are printable ASCII; hashing needs no more
+    tenant = gw.keys.ring.authenticate(key)
     if tenant is None:
-        raise GatewayError(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        raise _key_error("invalid API key")
     return tenant
 
 
@@ -117,7 +123,7 @@ def _models(gw: Gateway) -> dict[str, int | None]:
     return {m.name: m.context_length or served.get(m.name) for m in gw.config.models}
 
 
-async def _read_json(gw: Gateway, request: web.Request) -> Any:
+async def _read_json(gw: Gateway, request: web.Request) -> dict[str, Any]:
     try:
         async with asyncio.timeout(gw.config.timeouts.client_body):
             raw = await request.read()
@@ -131,10 +137,7 @@ async def _read_json(gw: Gateway, request: web.Request) -> Any:
         raise GatewayError(
             408, "the request body took too long to arrive", code="request_timeout"
         ) from None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
+    return inbound.decode(raw)
 
 
 # ---- handlers ----------------------------------------------------------------------------
@@ -157,8 +160,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    if isinstance(gw.store, RedisStore):
+        gw.metrics.settlements_pending.set(len(gw.store.pending))
     return web.Response(
-        body=generate_latest(request.app[GATEWAY].metrics.registry),
+        body=generate_latest(gw.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
     )
 
@@ -187,7 +193,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     body = await _read_json(gw, request)
     models = _models(gw)
     default_model = next(iter(models)) if len(models) == 1 else None
-    req = inbound.parse(kind, body, limits, default_model)
+    req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
     if req.model not in models and not models:
         log.warning("no healthy backend: no replica answers /v1/models (is any running?)")
         raise GatewayError(
@@ -205,16 +211,24 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             "model",
         )
     inbound.check_context(req, models[req.model])
-    decision = await gw.store.admit(
-        Ticket(
-            tenant.name,
-            limits,
-            req.reserve_tokens,
-            uuid.uuid4().hex,
-            time.time(),
-            gw.config.limits.lease_ttl,
-        )
+    route = RouteRequest(
+        req.model,
+        req.prompt_text,
+        text_blocks(req.prompt_text),
+        req.estimated_prompt_tokens,
+        req.max_tokens,
+        block_tokens=BLOCK_TOKENS,
     )
+    # Everything above may refuse the request; nothing below may leak what admission grants.
+    ticket = Ticket(
+        tenant.name,
+        limits,
+        req.reserve_tokens,
+        uuid.uuid4().hex,
+        time.time(),
+        gw.config.limits.lease_ttl,
+    )
+    decision = await gw.store.admit(ticket)
     headers = ratelimit_headers(decision.quota)
     if decision.quota.budget_remaining is not None:
         gw.metrics.budget_remaining.labels(tenant.name).set(decision.quota.budget_remaining)
@@ -225,80 +239,14 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after_s)))
         gw.metrics.requests.labels(tenant.name, req.model, str(err.status)).inc()
         return err.response(headers)
-    lease = decision.lease
-    assert lease is not None
-    route = RouteRequest(
-        req.model,
-        req.prompt_text,
-        text_blocks(req.prompt_text),
-        req.estimated_prompt_tokens,
-        req.max_tokens,
-        block_tokens=BLOCK_TOKENS,
-    )
+    assert decision.lease is not None
     ex = Exchange(tenant.name, req, route)
-    labels = (tenant.name, req.model)
-    gw.metrics.inflight.labels(*labels).inc()
-    heartbeat = asyncio.create_task(_heartbeat(gw, lease), name="lease-heartbeat")
-    try:
-        return await gw.proxy.forward(request, ex, headers)
-    except GatewayError as err:
-        ex.status = err.status
-        return err.response(headers)
-    except asyncio.CancelledError:
-        # The handler is cancelled when its client goes away (or the gateway stops): account
-        # it as a client disconnect, whatever status the stream had started with.
-        ex.client_gone, ex.status = True, 499
-        raise
-    finally:
-        heartbeat.cancel()
-        # Settle exactly once, even if this handler is being cancelled right now.
-        await asyncio.shield(_finish(gw, ex, lease))
-
-
-async def _heartbeat(gw: Gateway, lease: Any) -> None:
-    ttl = gw.config.limits.lease_ttl
-    while True:
-        await asyncio.sleep(ttl / 3)
-        await gw.store.heartbeat(lease, time.time(), ttl)
-
-
-async def _finish(gw: Gateway, ex: Exchange, lease: Any) -> None:
-    usage = ex.billed_usage()
-    try:
-        await gw.store.settle(lease, usage.total, time.time())
-    except Exception:  # never let accounting failures escape into the response path
-        log.exception("settlement failed for tenant %s", ex.tenant)
-    m, labels = gw.metrics, (ex.tenant, ex.req.model)
-    m.inflight.labels(*labels).dec()
-    m.requests.labels(*labels, str(ex.status or 500)).inc()
-    end = time.monotonic()
-    m.e2e.labels(*labels).observe(end - ex.started)
-    ttft = None if ex.first_token_at is None else ex.first_token_at - ex.started
-    if ttft is not None:
-        m.ttft.labels(*labels).observe(ttft)
-    gpu_s = m.record_usage(ex.tenant, ex.req.model, usage, gw.config.cost)
-    if gw.config.access_log:
-        access_log.info(
-            json.dumps(
-                {
-                    "ts": round(time.time(), 3),
-                    "tenant": ex.tenant,
-                    "model": ex.req.model,
-                    "kind": ex.req.kind,
-                    "stream": ex.req.stream,
-                    "backend": ex.backend.url if ex.backend else None,
-                    "status": ex.status,
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": usage.cached_tokens,
-                    "usage_reported": ex.usage is not None,
-                    "ttft_s": None if ttft is None else round(ttft, 4),
-                    "e2e_s": round(end - ex.started, 4),
-                    "gpu_seconds": round(gpu_s, 5),
-                    "client_gone": ex.client_gone,
-                }
-            )
-        )
+    async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
+        try:
+            return await gw.proxy.forward(request, ex, headers)
+        except GatewayError as err:
+            ex.status = err.status
+            return err.response(headers)
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -323,15 +271,38 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return GatewayError(404, f"no route {request.path}", code="not_found").response()
     except web.HTTPMethodNotAllowed:
         return GatewayError(405, f"{request.method} not allowed on {request.path}").response()
+    except web.HTTPException:
+        raise
+    except Exception:
+        # A bug, not the client's doing: the traceback goes to the log, never to the client.
+        log.exception("internal error on %s %s", request.method, request.path)
+        return GatewayError(
+            500, "internal error in the gateway", "server_error", "internal_error"
+        ).response()
 
 
 # ---- app ---------------------------------------------------------------------------------
 
 
+def make_metrics_app(gw: Gateway) -> web.Application:
+    """The scrapers' port: /metrics (and /healthz, for a probe that wants it)."""
+    app = web.Application()
+    app[GATEWAY] = gw
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
 def make_store(config: GatewayConfig) -> LimitStore:
     if config.limits.store == "memory":
         return MemoryStore()
-    return RedisStore(config.limits.store, config.limits.redis_outage.gateway_replicas)
+    lim = config.limits
+    return RedisStore(
+        lim.store,
+        lim.redis_outage.gateway_replicas,
+        settle_grace_s=lim.settle_grace,
+        journal=Path(lim.journal) if lim.journal else None,
+    )
 
 
 def make_app(config: GatewayConfig) -> web.Application:
@@ -386,11 +357,19 @@ def make_app(config: GatewayConfig) -> web.Application:
         else:
             yield
 
-    app.cleanup_ctx.extend([store, key_watcher, http_client, discovery])
+    async def metrics_server(app: web.Application) -> AsyncIterator[None]:
+        runner = web.AppRunner(make_metrics_app(gw), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, config.listen.host, config.listen.metrics_port).start()
+            yield
+        finally:
+            await runner.cleanup()
+
+    app.cleanup_ctx.extend([metrics_server, store, key_watcher, http_client, discovery])
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
-    r.add_get("/metrics", metrics)
     r.add_get("/v1/models", list_models)
     r.add_post("/v1/chat/completions", chat)
     r.add_post("/v1/completions", completions)

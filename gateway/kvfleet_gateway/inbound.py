@@ -1,17 +1,43 @@
-"""What a client asked for: validated, with the body to forward and the tokens to reserve.
+"""What a client asked for: decoded, validated, bounded — all before anything is charged.
 
-Validation happens before anything is charged. The forwarded body always asks the engine
-for usage (`stream_options.include_usage`) and always carries an explicit token limit, so
-the reservation made at admission is an upper bound the engine will respect.
+The admission reservation must be an upper bound of what the engine can bill, whatever the
+request contains, or a budget can be overrun by one request (a 60,000-word `role` once
+reserved 20 tokens and was billed 60,017). So the prompt side of the reservation is not an
+estimate of the message text but a bound over *every byte the engine receives*:
+
+* a byte-level BPE token (Llama 3, Qwen, Mistral with byte fallback) spans at least one byte
+  of text, and a JSON encoding has at least one byte per byte of every string in it (escapes
+  only add), so a template that renders each string of the fields it reads (`messages`,
+  `tools`, `tool_choice`, `chat_template_kwargs`; `prompt` and `suffix`; `text`) at most once
+  yields at most as many tokens as those fields' JSON has bytes, plus its own fixed text: a
+  template overhead, a per-message header, and for tools a preamble plus the tool schemas a
+  second time (they are re-rendered as indented JSON);
+* what cannot be bounded that way is refused: media parts (an image URL of 30 bytes becomes
+  thousands of tokens), `input_embeds`, `n` > 1, and fields outside the allow-list.
+
+The completion side is bounded by the `max_tokens` the gateway always forwards. Both go into
+the reservation, and settlement never bills beyond it (see `proxy.Exchange.billed_usage`), so
+the tokens billed to a tenant never exceed its budget.
+
+The forwarded body is encoded here, once: a string the engine could not decode (a lone UTF-16
+surrogate, `"\\ud800"`) is a 400 now, not a crash after admission.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvfleet_gateway.config import Limits
+from kvfleet_gateway.allowlist import (
+    ALLOWED,
+    MESSAGE_FIELDS,
+    SAMPLING_PARAMS,
+    TEXT_PARTS,
+    check_fields,
+)
+from kvfleet_gateway.config import Limits, Requests
 from kvfleet_gateway.errors import GatewayError, bad_request
 
 Kind = Literal["chat", "completion", "generate"]
@@ -19,9 +45,23 @@ FALLBACK_MAX_TOKENS = 1024
 """Injected when neither the client nor the tenant's limits give a max_tokens."""
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default for /generate
 CHARS_PER_TOKEN_ESTIMATE = 3.0
-"""Below the ~4 of English BPE on purpose: reservations should over-, not under-estimate."""
-PER_MESSAGE_OVERHEAD = 6  # role header, separators and end-of-turn of a chat template
-TEMPLATE_OVERHEAD = 8  # begin-of-text and the assistant header that opens the reply
+"""For routing only (how much prefill a request brings): below the ~4 of English BPE."""
+MAX_JSON_DEPTH = 32
+"""Deeper bodies are refused: no OpenAI request nests that far, and recursion is not free."""
+TEMPLATE_OVERHEAD = 64
+"""Tokens a chat template adds once: begin-of-text, a default system preamble, the header
+that opens the reply."""
+PER_MESSAGE_OVERHEAD = 8
+"""Role header, separators and end-of-turn of one message."""
+TOOLS_OVERHEAD = 512
+"""The instructions a template wraps tool schemas in."""
+_COMPACT = {"ensure_ascii": False, "separators": (",", ":")}
+TEMPLATE_FIELDS: dict[Kind, frozenset[str]] = {
+    "chat": frozenset({"messages", "tools", "tool_choice", "chat_template_kwargs", "input_ids"}),
+    "completion": frozenset({"prompt", "suffix"}),
+    "generate": frozenset({"text", "input_ids"}),
+}
+"""The fields whose text reaches the engine's tokenizer."""
 
 
 @dataclass(frozen=True)
@@ -30,61 +70,136 @@ class ClientRequest:
     model: str
     stream: bool
     client_wants_usage: bool
+    client_wants_continuous_usage: bool
     max_tokens: int
     prompt_text: str
+    """The text routing hashes into prefix blocks."""
     estimated_prompt_tokens: int
-    body: dict[str, Any]
-    """What is sent upstream."""
+    """A realistic prompt size, for routing decisions."""
+    prompt_bound: int
+    """An upper bound of the prompt tokens the engine can count for this body."""
+    wire: bytes
+    """The JSON body sent upstream."""
 
     @property
     def reserve_tokens(self) -> int:
-        return self.estimated_prompt_tokens + self.max_tokens
+        return self.prompt_bound + self.max_tokens
 
 
 def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
 
 
-def _int(body: dict[str, Any], key: str, minimum: int) -> int | None:
+def decode(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError:  # includes UnicodeDecodeError
+        raise bad_request("the request body is not valid JSON (UTF-8)") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    if not _depth_within(body, MAX_JSON_DEPTH):
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return True
+
+
+def _encode(value: Any) -> bytes:
+    try:
+        return json.dumps(value, **_COMPACT).encode()  # type: ignore[arg-type]
+    except UnicodeEncodeError:
+        raise bad_request(
+            "the request contains a string that is not valid Unicode (a lone UTF-16 surrogate)"
+        ) from None
+
+
+def _int(body: dict[str, Any], key: str, minimum: int, where: str = "") -> int | None:
     v = body.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad_request(f"'{key}' must be an integer", key)
+        raise bad_request(f"'{where}{key}' must be an integer", where + key)
     if v < minimum:
-        raise bad_request(f"'{key}' must be at least {minimum}, got {v}", key)
+        raise bad_request(f"'{where}{key}' must be at least {minimum}, got {v}", where + key)
     return v
 
 
-def _chat_prompt(messages: Any) -> tuple[str, int]:
+def _one(body: dict[str, Any], key: str, where: str = "") -> None:
+    """`n` and `best_of` multiply the work; the reservation covers one completion."""
+    v = body.get(key)
+    if v is not None and (isinstance(v, bool) or v != 1):
+        raise bad_request(f"only {where}{key}=1 is supported", where + key)
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+    ):
+        return value
+    return None
+
+
+def _chat_messages(messages: Any, req: Requests) -> tuple[str, int, int]:
+    """Routing text, its estimate, and the bytes of message-level tools."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
     parts: list[str] = []
+    content_chars = 0
+    tool_bytes = 0
     for i, m in enumerate(messages):
+        where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
+            raise bad_request(f"{where} must be an object with a string 'role'", "messages")
+        check_fields(f"{where}.", m, MESSAGE_FIELDS, frozenset(), req.unknown_fields == "drop")
         content = m.get("content")
         if isinstance(content, list):
-            content = "".join(
-                p.get("text", "")
-                for p in content
-                if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
+            texts = []
+            for j, p in enumerate(content):
+                kind = p.get("type") if isinstance(p, dict) else None
+                if kind not in TEXT_PARTS:
+                    raise bad_request(
+                        f"{where}.content[{j}]: content parts of type {kind!r} are not "
+                        "accepted: only text parts can be bounded for token budgets",
+                        "messages",
+                    )
+                text = p.get("text", p.get("thinking"))
+                if not isinstance(text, str):
+                    raise bad_request(f"{where}.content[{j}] needs a string 'text'", "messages")
+                texts.append(text)
+            content = "".join(texts)
         if content is not None and not isinstance(content, str):
-            raise bad_request(
-                f"messages[{i}].content must be a string or a list of parts", "messages"
-            )
+            raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
+        if m.get("tools") is not None:
+            tool_bytes += len(_encode(m["tools"]))
+        content_chars += len(content or "")
         parts.append(f"{m['role']}: {content or ''}\n")
-    text = "".join(parts)
-    content_chars = sum(len(p) - len(m["role"]) - 3 for p, m in zip(parts, messages, strict=True))
-    estimate = math.ceil(content_chars / CHARS_PER_TOKEN_ESTIMATE)
-    return text, estimate + PER_MESSAGE_OVERHEAD * len(messages) + TEMPLATE_OVERHEAD
+    return "".join(parts), estimate_tokens("x" * content_chars), tool_bytes
 
 
-def parse(kind: Kind, body: Any, limits: Limits, default_model: str | None) -> ClientRequest:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+def parse(
+    kind: Kind,
+    body: dict[str, Any],
+    limits: Limits,
+    default_model: str | None,
+    requests: Requests | None = None,
+) -> ClientRequest:
+    req = requests or Requests()
     body = dict(body)
+    check_fields("", body, ALLOWED[kind], frozenset(req.allow), req.unknown_fields == "drop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")
@@ -93,12 +208,11 @@ def parse(kind: Kind, body: Any, limits: Limits, default_model: str | None) -> C
         raise bad_request("'model' is required", "model")
     if kind == "generate" and model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
-    n = body.get("n", 1)
-    if n != 1:
-        raise bad_request("only n=1 is supported", "n")
+    _one(body, "n")
+    _one(body, "best_of")
 
     if kind == "generate":
-        return _parse_generate(body, stream, model, limits)
+        return _parse_generate(body, stream, model, limits, req)
 
     opts = body.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or not stream):
@@ -106,57 +220,93 @@ def parse(kind: Kind, body: Any, limits: Limits, default_model: str | None) -> C
             "'stream_options' must be an object and needs stream: true", "stream_options"
         )
     wants_usage = bool(opts and opts.get("include_usage"))
+    wants_continuous = bool(opts and opts.get("continuous_usage_stats"))
+    overhead = 8  # begin-of-text and similar
+    ids: list[int] | None = None
     if kind == "chat":
-        prompt, estimate = _chat_prompt(body.get("messages"))
+        prompt, estimate, tool_bytes = _chat_messages(body.get("messages"), req)
+        if body.get("tools") is not None:
+            tool_bytes += len(_encode(body["tools"]))
+        overhead = TEMPLATE_OVERHEAD + PER_MESSAGE_OVERHEAD * len(body["messages"])
+        if tool_bytes:
+            overhead += TOOLS_OVERHEAD + tool_bytes
         asked = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
         body.pop("max_completion_tokens", None)
     else:
         p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+            p = p[0]
         if isinstance(p, str):
-            prompt = p
-        elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-            if len(p) > 1:
-                raise bad_request("only one prompt per request is supported", "prompt")
-            prompt = p[0]
-        elif (
-            isinstance(p, list)
-            and p
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-        ):
-            prompt = " ".join(map(str, p))
+            prompt, estimate = p, estimate_tokens(p)
+        elif (ids := _token_ids(p)) is not None:
+            prompt, estimate = " ".join(map(str, ids)), len(ids)
+        elif isinstance(p, list) and len(p) > 1 and all(isinstance(x, str) for x in p):
+            raise bad_request("only one prompt per request is supported", "prompt")
         else:
             raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
-        estimate = (
-            len(p) if isinstance(p, list) and isinstance(p[0], int) else estimate_tokens(prompt)
-        )
         asked = _int(body, "max_tokens", 1)
     max_tokens = _cap(asked, limits, "max_tokens")
     body["max_tokens"] = max_tokens
     if stream:
-        body["stream_options"] = {**(opts or {}), "include_usage": True}
+        # Usage in every chunk: a stream cut short is still billed from the engine's counts.
+        body["stream_options"] = {
+            **(opts or {}),
+            "include_usage": True,
+            "continuous_usage_stats": True,
+        }
     assert isinstance(model, str)
-    return ClientRequest(kind, model, stream, wants_usage, max_tokens, prompt, estimate, body)
+    wire = _encode(body)
+    bound = _bound(kind, body, wire, ids, "input_ids" if kind == "chat" else "prompt")
+    bound += overhead
+    return ClientRequest(
+        kind,
+        model,
+        stream,
+        wants_usage,
+        wants_continuous,
+        max_tokens,
+        prompt,
+        estimate,
+        bound,
+        wire,
+    )
+
+
+def _bound(
+    kind: Kind, body: dict[str, Any], wire: bytes, ids: list[int] | None, ids_field: str
+) -> int:
+    """The JSON bytes of the fields the tokenizer sees (the body's, less the others'), where
+    a token-id list counts one per id rather than its digits."""
+    rest = {k: v for k, v in body.items() if k not in TEMPLATE_FIELDS[kind]}
+    n = len(wire) - len(_encode(rest))
+    if ids is not None:
+        n += len(ids) - len(_encode(body[ids_field]))
+    return max(0, n)
 
 
 def _parse_generate(
-    body: dict[str, Any], stream: bool, model: str | None, limits: Limits
+    body: dict[str, Any], stream: bool, model: str | None, limits: Limits, req: Requests
 ) -> ClientRequest:
-    text, ids = body.get("text"), body.get("input_ids")
-    if isinstance(text, str) and ids is None:
+    text, ids = body.get("text"), _token_ids(body.get("input_ids"))
+    if isinstance(text, str) and body.get("input_ids") is None:
         prompt, estimate = text, estimate_tokens(text)
-    elif (
-        text is None
-        and isinstance(ids, list)
-        and ids
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-    ):
+    elif text is None and ids is not None:
         prompt, estimate = " ".join(map(str, ids)), len(ids)
     else:
         raise bad_request("give either 'text' (a string) or 'input_ids' (a list of token ids)")
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise bad_request("'sampling_params' must be an object", "sampling_params")
-    asked = _int(sp, "max_new_tokens", 1)
+    sp = dict(sp)
+    check_fields(
+        "sampling_params.",
+        sp,
+        SAMPLING_PARAMS,
+        frozenset(req.allow),
+        req.unknown_fields == "drop",
+    )
+    _one(sp, "n", "sampling_params.")
+    asked = _int(sp, "max_new_tokens", 1, "sampling_params.")
     max_tokens = _cap(
         asked if asked is not None else GENERATE_DEFAULT_MAX_NEW_TOKENS,
         limits,
@@ -168,7 +318,11 @@ def _parse_generate(
         raise GatewayError(
             400, "this gateway serves several models: add 'model' to the body", param="model"
         )
-    return ClientRequest("generate", model, stream, True, max_tokens, prompt, estimate, body)
+    wire = _encode(body)
+    bound = _bound("generate", body, wire, ids, "input_ids") + 8
+    return ClientRequest(
+        "generate", model, stream, True, True, max_tokens, prompt, estimate, bound, wire
+    )
 
 
 def _cap(asked: int | None, limits: Limits, param: str) -> int:

@@ -26,7 +26,7 @@ WINDOW_S = 60
 SETTLED_MEMORY_S = 3600
 """How long a settled lease id is remembered (a duplicate settle can only come within a
 request's lifetime plus retries)."""
-Reason = Literal["requests", "tokens", "concurrency", "budget", "store_unavailable"]
+Reason = Literal["requests", "tokens", "concurrency", "budget", "store_unavailable", "store_reset"]
 
 
 @dataclass(frozen=True)

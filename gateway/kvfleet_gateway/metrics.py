@@ -97,6 +97,18 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             f"{p}upstream_errors", "Failures talking to engines.", ("backend", "kind"), registry=r
         )
+        self.usage_clamped = Counter(
+            f"{p}usage_clamped",
+            "Responses whose engine-reported usage fell outside the admission bound (billed"
+            " clamped to it).",
+            ("tenant",),
+            registry=r,
+        )
+        self.settlements_pending = Gauge(
+            f"{p}settlements_pending",
+            "Settlements the shared store has not taken yet (retried in the background).",
+            registry=r,
+        )
         self.gpu_seconds = Histogram(
             f"{p}request_gpu_seconds",
             "GPU-seconds attributed to each request.",

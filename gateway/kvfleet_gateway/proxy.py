@@ -5,6 +5,16 @@ to the client the moment its last byte arrives from the engine. The gateway read
 the engine's stream (it always asks for it) and drops the usage-only chunk when the client
 did not ask for it. A request that fails before any byte reached the client is retried once
 on another replica; after that, failures end the stream with an error event.
+
+What an engine sends is not trusted: usage is clamped to what admission reserved (never
+negative, never beyond the bound), an SSE event or a response body larger than a cap is cut
+with a 502 or an error event, a body that is not JSON is a 502, and a stream that ends without
+`data: [DONE]` ends with an error event, so a client can tell a cut answer from a whole one.
+
+Three timeouts, each counted against the party that caused it: `first_byte` until the
+engine's first chunk, then `idle` between chunks (an engine that stops talking — SIGSTOP, a
+hung GPU — is an upstream timeout); `client_write` for a client that stops reading (counted as
+the client's, status 499, not as an engine failure).
 """
 
 from __future__ import annotations
@@ -33,10 +43,19 @@ PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "gener
 MAX_ATTEMPTS = 3
 """Tries before the first byte (each on a different replica)."""
 RETRY_BACKOFF_S = 0.05
+"""Pause before the second try, doubled before each later one."""
 HOLD_POLL_S = 0.2
 """How often a held request looks for a replica again."""
+MAX_SSE_EVENT_BYTES = 1 << 20
+"""An upstream SSE event (or unterminated line) larger than this ends the stream."""
+MAX_UPSTREAM_BODY_BYTES = 64 << 20
+"""A non-streaming engine response larger than this is a 502."""
+USAGE_DRAIN_S = 0.5
+"""After a client leaves mid-stream, how long the gateway keeps reading the engine's chunks
+for its latest token counts before it cuts the connection (the engine then aborts)."""
+JSON_HEADERS = {"Content-Type": "application/json"}
+DONE = b"data: [DONE]"
 log = logging.getLogger("kvfleet.gateway")
-"""Pause before the second try, doubled before each later one."""
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -63,17 +82,31 @@ class Exchange:
     client_gone: bool = False
     last_event: bytes = b""
     on_first_token: Callable[[], None] | None = None
+    engine_accepted: bool = False
+    """An engine answered 200 and started on the request (its prefill is under way)."""
+    clamped: bool = False
+    """The engine reported more (or less) than the admission bound allows."""
 
     def billed_usage(self) -> Usage:
-        """The engine's numbers when it sent them; else an estimate of what was served."""
+        """The engine's counts when it reported any (in every chunk of a stream), clamped to
+        the reservation; else an estimate of the work the engine was given."""
+        req = self.req
         if self.usage is not None:
-            return self.usage
-        if self.first_token_at is None:
-            return Usage(0, 0)  # nothing was generated: nothing to charge
+            u = self.usage
+            prompt = min(max(0, u.prompt_tokens), req.prompt_bound)
+            completion = min(max(0, u.completion_tokens), req.max_tokens)
+            cached = min(max(0, u.cached_tokens), prompt)
+            self.clamped = (prompt, completion) != (u.prompt_tokens, u.completion_tokens)
+            return Usage(prompt, completion, cached)
+        if not self.engine_accepted:
+            return Usage(0, 0)  # no engine took it: nothing to charge
+        # Accepted but no counts (cut before the first chunk, or an engine that reports
+        # none): the prompt was handed to the engine for prefill; estimate what was served.
         completion = max(
             self.content_chunks, math.ceil(self.content_chars / CHARS_PER_TOKEN_ESTIMATE)
         )
-        return Usage(self.req.estimated_prompt_tokens, min(completion, self.req.max_tokens))
+        prompt = min(req.estimated_prompt_tokens, req.prompt_bound)
+        return Usage(prompt, min(completion, req.max_tokens))
 
     def token_arrived(self) -> None:
         now = time.monotonic()
@@ -84,6 +117,12 @@ class Exchange:
         self.prev_token_at = self.last_token_at or now
         self.last_token_at = now
         self.content_chunks += 1
+
+
+class _Malformed(Exception):
+    def __init__(self, kind: str, why: str) -> None:
+        super().__init__(why)
+        self.kind, self.why = kind, why
 
 
 @dataclass
@@ -156,7 +195,9 @@ class Proxy:
             backend.inflight_tokens += req.reserve_tokens
             try:
                 async with asyncio.timeout(self.timeouts.first_byte):
-                    resp = await self.session.post(f"{backend.url}{PATHS[req.kind]}", json=req.body)
+                    resp = await self.session.post(
+                        f"{backend.url}{PATHS[req.kind]}", data=req.wire, headers=JSON_HEADERS
+                    )
             except (aiohttp.ClientError, TimeoutError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "connect"
                 self.metrics.upstream_errors.labels(backend.url, kind).inc()
@@ -172,6 +213,7 @@ class Proxy:
                 last_error = f"engine answered {resp.status}"
                 continue
             backend.breaker.success()
+            ex.engine_accepted = resp.status < 400
             return backend, resp
         self.policy.on_finished(ex.route, "")
         raise GatewayError(
@@ -204,7 +246,7 @@ class Proxy:
     async def _error_passthrough(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
     ) -> web.Response:
-        raw = await upstream.read()
+        raw = await self._read_body(ex, upstream)
         ex.status = upstream.status
         try:
             data = json.loads(raw)
@@ -218,15 +260,42 @@ class Proxy:
             data = GatewayError(upstream.status, str(message), param=param).body()
         return web.json_response(data, status=upstream.status, headers=headers)
 
+    async def _read_body(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> bytes:
+        """The whole upstream body, capped and timed; a failure is the engine's (502)."""
+        try:
+            async with asyncio.timeout(self.timeouts.first_byte + self.timeouts.idle):
+                chunks, size = [], 0
+                async for chunk in upstream.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > MAX_UPSTREAM_BODY_BYTES:
+                        raise _Malformed("response", "body larger than the gateway's cap")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except TimeoutError:
+            kind, why = "timeout", "the engine did not finish its response in time"
+        except aiohttp.ClientError:
+            kind, why = "truncated", "the engine's response was cut short"
+        except _Malformed as bad:
+            kind, why = bad.kind, bad.why
+        self._upstream_failed(ex, kind)
+        raise GatewayError(502, f"bad engine response: {why}", "server_error", "upstream_error")
+
     async def _whole(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
     ) -> web.Response:
-        async with asyncio.timeout(self.timeouts.first_byte + self.timeouts.idle):
-            raw = await upstream.read()
+        raw = await self._read_body(ex, upstream)
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            self._upstream_failed(ex, "malformed")
+            raise GatewayError(
+                502, "bad engine response: not a JSON object", "server_error", "upstream_error"
+            )
         ex.status = upstream.status
         ex.token_arrived()
-        with contextlib.suppress(ValueError):
-            ex.usage = _usage(ex.req.kind, json.loads(raw))
+        ex.usage = _usage(ex.req.kind, payload)
         return web.Response(
             body=raw, status=upstream.status, headers=headers, content_type="application/json"
         )
@@ -242,45 +311,61 @@ class Proxy:
         await resp.prepare(request)  # rate-limit headers reach the client before any token
         ex.status = 200
         t = self.timeouts
-        loop = asyncio.get_running_loop()
         itl = self.metrics.itl.labels(ex.tenant, ex.req.model)
         buffer = b""
-        # One watchdog per stream, pushed forward as data flows (much cheaper than a timeout
-        # per chunk): first_byte_s before the first chunk, then idle_s of upstream silence
-        # or client_write_s of a client that does not take data, whichever is longer.
-        slack = max(t.idle, t.client_write)
+        ended = False  # the engine's [DONE] arrived
+        failure: str | None = None
         try:
-            async with asyncio.timeout(t.first_byte) as guard:
-                while True:
-                    try:
+            while not ended:
+                try:
+                    wait = t.first_byte if ex.first_token_at is None else t.idle
+                    async with asyncio.timeout(wait):
                         data = await upstream.content.readany()
-                    except aiohttp.ClientError:
-                        self._upstream_failed(ex, "stream")
-                        await resp.write(_error_event("engine stream error mid-stream"))
+                except TimeoutError:
+                    failure = self._upstream_failed(ex, "timeout", "engine timeout mid-stream")
+                    break
+                except aiohttp.ClientError:
+                    failure = self._upstream_failed(ex, "stream", "engine stream error mid-stream")
+                    break
+                if not data:
+                    break
+                buffer += data
+                ready: list[bytes] = []
+                while (end := buffer.find(b"\n\n")) >= 0:
+                    event, buffer = buffer[: end + 2], buffer[end + 2 :]
+                    if event.startswith(DONE):
+                        ended = True
+                    out = self._observe(ex, event)
+                    if out:
+                        ready.append(out)
+                        if ex.content_chunks > 1 and ex.last_token_at is not None:
+                            itl.observe(ex.last_token_at - ex.prev_token_at)
+                if len(buffer) > MAX_SSE_EVENT_BYTES:
+                    failure = self._upstream_failed(
+                        ex, "oversized_event", "the engine sent an oversized stream event"
+                    )
+                    break
+                if ready:  # events that arrived together leave together: one write
+                    try:
+                        async with asyncio.timeout(t.client_write):
+                            await resp.write(ready[0] if len(ready) == 1 else b"".join(ready))
+                    except TimeoutError:
+                        # The client stopped reading: its doing, not the engine's.
+                        log.info("client of %s stopped reading; cutting its stream", ex.tenant)
+                        ex.client_gone, ex.status = True, 499
                         break
-                    if not data:
-                        break
-                    when = guard.when()
-                    if when is not None and when - loop.time() < slack / 2:
-                        guard.reschedule(loop.time() + slack)
-                    buffer += data
-                    ready: list[bytes] = []
-                    while (end := buffer.find(b"\n\n")) >= 0:
-                        event, buffer = buffer[: end + 2], buffer[end + 2 :]
-                        out = self._observe(ex, event)
-                        if out:
-                            ready.append(out)
-                            if ex.content_chunks > 1 and ex.last_token_at is not None:
-                                itl.observe(ex.last_token_at - ex.prev_token_at)
-                    if ready:  # events that arrived together leave together: one write
-                        await resp.write(ready[0] if len(ready) == 1 else b"".join(ready))
-        except TimeoutError:
-            self._upstream_failed(ex, "timeout")
-            with contextlib.suppress(ConnectionResetError):
-                await resp.write(_error_event("engine timeout mid-stream"))
-        except ConnectionResetError:
-            ex.client_gone = True  # client hung up: stop reading, the engine aborts
+            if failure is None and not ended and not ex.client_gone:
+                failure = self._upstream_failed(
+                    ex, "incomplete", "the engine ended the stream without [DONE]"
+                )
+            if failure is not None:
+                async with asyncio.timeout(t.client_write):
+                    await resp.write(_error_event(failure))
+        except (ConnectionResetError, TimeoutError):
+            ex.client_gone = True  # client hung up: stop writing, the engine aborts
             ex.status = 499
+        if ex.client_gone and not ended:
+            await self._drain_usage(ex, upstream, buffer)
         if ex.usage is None and ex.last_event:
             self._observe(ex, ex.last_event, final=True)
         if not ex.client_gone:
@@ -288,15 +373,36 @@ class Proxy:
                 await resp.write_eof()
         return resp
 
+    async def _drain_usage(
+        self, ex: Exchange, upstream: aiohttp.ClientResponse, buffer: bytes
+    ) -> None:
+        """Read what the engine already sent (briefly) for its latest token counts, so a
+        client that leaves is billed the engine's work rather than what it read."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + USAGE_DRAIN_S
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with asyncio.timeout_at(deadline):
+                while len(buffer) <= MAX_SSE_EVENT_BYTES:
+                    while (end := buffer.find(b"\n\n")) >= 0:
+                        event, buffer = buffer[: end + 2], buffer[end + 2 :]
+                        if event.startswith(DONE):
+                            return
+                        self._observe(ex, event)
+                    data = await upstream.content.readany()
+                    if not data:
+                        return
+                    buffer += data
+
     @staticmethod
     def _not_in_flight(backend: Backend, ex: Exchange) -> None:
         backend.inflight_requests -= 1
         backend.inflight_tokens -= ex.req.reserve_tokens
 
-    def _upstream_failed(self, ex: Exchange, kind: str) -> None:
+    def _upstream_failed(self, ex: Exchange, kind: str, why: str = "") -> str:
         assert ex.backend is not None
         self.metrics.upstream_errors.labels(ex.backend.url, kind).inc()
         ex.status = 502
+        return why
 
     def _observe(self, ex: Exchange, event: bytes, final: bool = False) -> bytes | None:
         """Learn from one SSE event; return what to send the client (None: drop it)."""
@@ -322,14 +428,28 @@ class Proxy:
         if content is not None and not final:
             ex.token_arrived()
             ex.content_chars += len(content)
-        if (
-            usage is not None
-            and kind != "generate"
-            and not payload.get("choices")
-            and (not ex.req.client_wants_usage)
-        ):
-            return None  # the usage chunk the client did not ask for
-        return event
+        if usage is None or kind == "generate":
+            return event
+        if not payload.get("choices"):
+            # The final usage-only chunk: the client gets it if it asked for usage.
+            return event if ex.req.client_wants_usage else None
+        if ex.req.client_wants_continuous_usage:
+            return event
+        # The gateway asked for usage in every chunk (to bill cut streams); the client did
+        # not: some clients add up every usage they see.
+        del payload["usage"]
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _count(value: Any) -> int:
+    """A token count from an engine: an integer, else 0 (engines are not trusted)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return 0
 
 
 def _usage(kind: str, payload: Any) -> Usage | None:
@@ -339,17 +459,17 @@ def _usage(kind: str, payload: Any) -> Usage | None:
         meta = payload.get("meta_info")
         if isinstance(meta, dict) and "completion_tokens" in meta:
             return Usage(
-                int(meta.get("prompt_tokens", 0)),
-                int(meta["completion_tokens"]),
-                int(meta.get("cached_tokens", 0) or 0),
+                _count(meta.get("prompt_tokens")),
+                _count(meta["completion_tokens"]),
+                _count(meta.get("cached_tokens")),
             )
         return None
     u = payload.get("usage")
     if not isinstance(u, dict):
         return None
-    details = u.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens", 0) or 0) if isinstance(details, dict) else 0
-    return Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), cached)
+    details = u.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(_count(u.get("prompt_tokens")), _count(u.get("completion_tokens")), cached)
 
 
 def _content(kind: str, payload: dict[str, Any]) -> str | None:
@@ -358,7 +478,11 @@ def _content(kind: str, payload: dict[str, Any]) -> str | None:
     if not choices or not isinstance(choices, list):
         return None
     c = choices[0]
-    text = (c.get("delta") or {}).get("content") if kind == "chat" else c.get("text")
+    if kind == "chat":
+        delta = c.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        text = c.get("text")
     return text if isinstance(text, str) and text else None
 
 

@@ -7,21 +7,41 @@ Outage policy (documented in the README): while Redis is unreachable
 * tenants with a token budget are refused with 503 (budgets fail closed: no overspend);
 * rate and concurrency limits degrade to a local share, 1/`gateway_replicas` of each limit
   per gateway (never unlimited), through an in-memory store;
-* settlements that could not be written are retried in the background until Redis answers.
+* settlements that could not be written are retried in the background until Redis answers;
+  at shutdown they are retried for `limits.settleGrace`, then kept in `limits.journal` (when
+  configured) and replayed by the next start, or reported lost in the log.
+
+Data loss: a Redis that restarts *empty* (no AOF/RDB) would silently reset every spent
+budget. Each tenant's budget keys therefore carry a generation (`kvf:{tenant}:gen`, created
+with the tenant's first budgeted request). A gateway remembers the generation it saw; when the
+key is gone it writes a tombstone (`lost:<generation>`) and from then on every gateway, old or
+newly started, refuses that tenant's budgeted requests (503 `limits_unavailable`) until an
+administrator restores Redis's data or accepts the loss with `kvfleet budgets reset`. A gateway
+that has never seen the tenant cannot tell a first request from a loss; the tombstone is what
+carries the knowledge to it. Run Redis with `appendonly yes` so a restart keeps the data.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kvfleet_gateway.config import Limits
 from kvfleet_gateway.limiter import (
@@ -48,9 +68,25 @@ ADMIT = (
     _COMMON
     + """
 local leases, resv, rtot, rq, tq, budget = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local genkey = KEYS[7]
 local id, need, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local btok, bper = tonumber(ARGV[7]), tonumber(ARGV[8])
+local known, fresh = ARGV[9], ARGV[10]
+local gen = ''
+if btok >= 0 then
+  gen = redis.call('GET', genkey)
+  if not gen then
+    if known ~= '' then
+      redis.call('SET', genkey, 'lost:' .. known)
+      return {0, 'store_reset', '', 0, 0, 0, 0, '0', '0', -1, sec, ''}
+    end
+    redis.call('SET', genkey, fresh)
+    gen = fresh
+  elseif string.sub(gen, 1, 5) == 'lost:' then
+    return {0, 'store_reset', '', 0, 0, 0, 0, '0', '0', -1, sec, ''}
+  end
+end
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
   local r = redis.call('HGET', resv, old)
   if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, old) end
@@ -87,7 +123,7 @@ if btok >= 0 then
 end
 local function out(ok, reason, retry)
   return {ok, reason, tostring(retry), nreq, ntok, reserved, used, tostring(reset(rb)),
-          tostring(reset(tb)), period, sec}
+          tostring(reset(tb)), period, sec, gen}
 end
 if maxc >= 0 and redis.call('ZCARD', leases) >= maxc then return out(0, 'concurrency', 1) end
 if rpm >= 0 and nreq + 1 > rpm then return out(0, 'requests', wait(rb, nreq, 1, rpm)) end
@@ -145,11 +181,22 @@ return 1
 
 def _keys(tenant: str) -> dict[str, str]:
     p = f"kvf:{{{tenant}}}"
-    return {k: f"{p}:{k}" for k in ("leases", "resv", "rtot", "rq", "tq", "budget")}
+    return {k: f"{p}:{k}" for k in ("leases", "resv", "rtot", "rq", "tq", "budget", "gen")}
+
+
+LOST = "lost:"
+STORE_RESET_MESSAGE = (
+    "the budget store lost this tenant's data (Redis restarted empty); budgets fail closed"
+    " until an administrator restores it or accepts the loss (kvfleet budgets reset)"
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _num(value: Any) -> float | None:
-    text = value.decode() if isinstance(value, bytes) else str(value)
+    text = _text(value)
     return float(text) if text else None
 
 
@@ -168,14 +215,20 @@ def local_share(limits: Limits, replicas: int) -> Limits:
 
 
 class RedisStore:
-    def __init__(self, url: str, gateway_replicas: int = 1, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        gateway_replicas: int = 1,
+        retry_after_s: float = 1.0,
+        settle_grace_s: float = 10.0,
+        journal: Path | None = None,
+    ) -> None:
         self.url = url
         self.replicas = gateway_replicas
         self.retry_after_s = retry_after_s
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=2.0, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
-        self.client = aioredis.Redis(connection_pool=pool)
+        self.settle_grace_s = settle_grace_s
+        self.journal = journal
+        self.client = connect(url)
         self._admit = self.client.register_script(ADMIT)
         self._settle = self.client.register_script(SETTLE)
         self._heartbeat = self.client.register_script(HEARTBEAT)
@@ -183,6 +236,10 @@ class RedisStore:
         self._down_until = 0.0
         self.pending: list[tuple[Lease, int]] = []
         """Settlements admitted by Redis but not yet written back to it."""
+        self.generations: dict[str, str] = {}
+        """The budget-store generation last seen per tenant (see the module's docstring)."""
+        self.lost: set[str] = set()
+        """Tenants whose budget data this gateway found lost (logged once)."""
 
     @property
     def degraded(self) -> bool:
@@ -211,6 +268,8 @@ class RedisStore:
                 -1 if lim.max_concurrent is None else lim.max_concurrent,
                 -1 if budget is None else budget.tokens,
                 1 if budget is None else budget.period,
+                self.generations.get(ticket.tenant, ""),
+                uuid.uuid4().hex,
             ]
             try:
                 res = await self._admit(keys=list(k.values()), args=argv)
@@ -230,8 +289,14 @@ class RedisStore:
         return self.fallback.admit_now(local, degraded=True)
 
     def _decision(self, ticket: Ticket, res: list[Any]) -> Decision:
-        ok, reason, retry, nreq, ntok, reserved, used, rreq, rtok, period, sec = res
+        ok, reason, retry, nreq, ntok, reserved, used, rreq, rtok, period, sec, gen = res
         lim = ticket.limits
+        gen = _text(gen)
+        if gen:
+            self.generations[ticket.tenant] = gen
+            if ticket.tenant in self.lost:
+                self.lost.discard(ticket.tenant)
+                log.warning("tenant %s: the budget store serves budgets again", ticket.tenant)
 
         def left(limit: int | None, n: int) -> int | None:
             return None if limit is None else max(0, limit - n)
@@ -262,9 +327,15 @@ class RedisStore:
             "requests": f"limit of {lim.requests_per_minute} requests per minute reached",
             "tokens": f"limit of {lim.tokens_per_minute} tokens per minute reached",
             "budget": "token budget for this period is used up",
+            "store_reset": STORE_RESET_MESSAGE,
         }
         wait = _num(retry)
-        if wait is None:
+        if why == "store_reset":
+            if ticket.tenant not in self.lost:  # once per tenant, not once per request
+                self.lost.add(ticket.tenant)
+                log.error("tenant %s: %s", ticket.tenant, STORE_RESET_MESSAGE)
+            wait = self.retry_after_s
+        elif wait is None:
             messages["tokens"] = (
                 f"request needs {ticket.reserve_tokens} tokens, more than the "
                 f"limit of {lim.tokens_per_minute} per minute: lower max_tokens"
@@ -355,15 +426,94 @@ class RedisStore:
                 n = await self.flush_pending()
                 log.info("wrote %d delayed settlements to redis", n)
 
+    def _replay_journal(self) -> None:
+        if self.journal is None or not self.journal.exists():
+            return
+        lines = self.journal.read_text().splitlines()
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                self.pending.append((Lease(**entry["lease"]), int(entry["used"])))
+            except (ValueError, TypeError, KeyError):
+                log.error("skipping an unreadable line of the settlement journal %s", self.journal)
+        self.journal.unlink()
+        if lines:
+            log.info("replaying %d settlements from %s", len(self.pending), self.journal)
+
+    async def _drain_pending(self) -> None:
+        """At shutdown: keep trying for the grace period, then journal (or report) the rest."""
+        deadline = time.monotonic() + self.settle_grace_s
+        while self.pending and time.monotonic() < deadline:
+            try:
+                await self.flush_pending()
+            except RedisError:
+                await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        if not self.pending:
+            return
+        tokens = sum(used for _, used in self.pending)
+        if self.journal is not None:
+            with self.journal.open("a") as f:
+                for lease, used in self.pending:
+                    f.write(json.dumps({"lease": dataclasses.asdict(lease), "used": used}) + "\n")
+            log.warning(
+                "redis unreachable at shutdown: %d settlements (%d tokens) kept in %s for the"
+                " next start",
+                len(self.pending),
+                tokens,
+                self.journal,
+            )
+        else:
+            log.error(
+                "redis unreachable at shutdown: %d settlements (%d tokens) are lost (configure"
+                " limits.journal to keep them)",
+                len(self.pending),
+                tokens,
+            )
+        self.pending.clear()
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[RedisStore]:
+        self._replay_journal()
         try:
             async with every(self.retry_after_s, self._retry_pending, "redis-settlement-retry"):
                 yield self
         finally:
-            with contextlib.suppress(RedisError):
-                await self.flush_pending()
+            await self._drain_pending()
             await self.client.aclose()
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A client whose commands retry on a fresh connection: after a Redis restart every
+    pooled connection is dead, and each must be replaced, not reported as an outage."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=64,
+        timeout=2.0,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=2),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=5,
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+async def reset_lost_budgets(url: str, tenant: str | None = None) -> list[str]:
+    """Accept a data loss: give each tombstoned tenant (or `tenant`) a new generation, so
+    gateways serve its budget again, counted from zero. Returns the tenants reset."""
+    client = connect(url)
+    reset: list[str] = []
+    try:
+        pattern = f"kvf:{{{tenant}}}:gen" if tenant else "kvf:{*}:gen"
+        async for key in client.scan_iter(match=pattern):
+            value = await client.get(key)
+            if value is not None and _text(value).startswith(LOST):
+                await client.set(key, uuid.uuid4().hex)
+                name = _text(key)
+                reset.append(name[name.index("{") + 1 : name.rindex("}")])
+    finally:
+        await client.aclose()
+    return sorted(reset)
 
 
 assert WINDOW_S == 60  # the Lua scripts hard-code the 60-second window

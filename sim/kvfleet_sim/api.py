@@ -39,6 +39,8 @@ class GenRequest:
     ignore_eos: bool = False
     seed: int | None = None
     include_usage: bool = False
+    continuous_usage: bool = False
+    """`stream_options.continuous_usage_stats`: usage in every chunk."""
     model: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -135,6 +137,7 @@ def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
     return {
         "stream": stream,
         "include_usage": bool(opts.get("include_usage", False)),
+        "continuous_usage": bool(opts.get("continuous_usage_stats", False)),
         "stop": _stop(body.get("stop")),
         "ignore_eos": bool(body.get("ignore_eos", False)),
         "seed": _seed(body.get("seed")),

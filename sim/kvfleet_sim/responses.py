@@ -133,6 +133,7 @@ class _Chunker:
         return text
 
     def _openai(self, choice: dict[str, Any]) -> bytes:
+        req = self.req
         obj = "text_completion" if self.gen.kind == "completion" else "chat.completion.chunk"
         return _event(
             {
@@ -141,7 +142,11 @@ class _Chunker:
                 "created": self.created,
                 "model": self.st.config.served_model_name,
                 "choices": [choice],
-                "usage": None,
+                # SGLang's `stream_options.continuous_usage_stats`: the counts so far, in
+                # every chunk (the prompt is counted from the first one).
+                "usage": api.usage(req.prompt_len, req.output_len, req.cached_tokens)
+                if self.gen.continuous_usage
+                else None,
             }
         )
 

@@ -23,7 +23,7 @@ from kvfleet_gateway.config import (
 )
 from kvfleet_gateway.keys import hash_key
 from kvfleet_sim.faults import FaultPlan
-from tests.support.gateway import gateway_config
+from tests.support.gateway import gateway_config, metrics_url
 
 KEY_A, KEY_B = "kvf-test-key-a", "kvf-test-key-b"
 
@@ -311,8 +311,11 @@ async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path
     cfg = dataclasses.replace(cfg, cost=CostConfig(gpu_hourly_price=3.6))
     gw = await gateway_server(cfg)
     await call(gw, "/v1/chat/completions", {**CHAT, "stream": True})
-    async with aiohttp.ClientSession() as s, s.get(f"{gw}/metrics") as r:
-        text = await r.text()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{gw}/metrics") as r:  # not on the clients' port
+            assert r.status == 404
+        async with s.get(metrics_url(cfg)) as r:
+            text = await r.text()
     assert (
         'kvfleet_gateway_requests_total{model="llama-3.1-8b",status="200",tenant="team-a"} 1.0'
         in text

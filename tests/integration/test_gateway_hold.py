@@ -27,7 +27,7 @@ from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
-from tests.support.gateway import gateway_config
+from tests.support.gateway import gateway_config, metrics_url
 from tests.support.objects import ENGINE_SELECTOR, engine_pod
 from tests.support.waiting import until
 
@@ -53,7 +53,7 @@ async def post(url: str) -> tuple[int, dict[str, str], Any]:
 
 
 async def held(url: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
         text = await r.text()
     for line in text.splitlines():
         if line.startswith("kvfleet_gateway_held_requests{"):
@@ -82,10 +82,11 @@ async def test_held_until_a_replica_appears(
 ) -> None:
     engine = await sim_server(host="127.0.0.2", port=ENGINE_PORT)
     async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
-        gw = await gateway_server(config(cluster.kubeconfig, tmp_path, timeout=30))
+        cfg = config(cluster.kubeconfig, tmp_path, timeout=30)
+        gw, scrape = await gateway_server(cfg), metrics_url(cfg)
         try:
             waiting = [asyncio.create_task(post(gw)) for _ in range(3)]
-            assert await until(lambda: held(gw), what="held requests exported") == 3
+            assert await until(lambda: held(scrape), what="held requests exported") == 3
             # The autoscaler's replica arrives: Ready, labelled active.
             async with (
                 aiohttp.ClientSession() as s,
@@ -96,7 +97,7 @@ async def test_held_until_a_replica_appears(
                 assert r.status == 201
             results = await asyncio.gather(*waiting)
             assert [r[0] for r in results] == [200, 200, 200], engine
-            assert await held(gw) == 0
+            assert await held(scrape) == 0
         finally:
             await gateway_server.stop(gw)  # its watch ends before the API server does
 

@@ -17,9 +17,11 @@ from kvfleet_gateway.config import (
     LimitsConfig,
     Listen,
     RedisOutage,
+    Requests,
     Routing,
     Timeouts,
 )
+from kvfleet_sim.procs import free_port
 
 
 def gateway_config(
@@ -37,11 +39,12 @@ def gateway_config(
     timeouts: Timeouts | None = None,
     max_body_bytes: int = GatewayConfig.max_body_bytes,
     hold: Hold | None = None,
+    requests: Requests | None = None,
 ) -> GatewayConfig:
     """A gateway on 127.0.0.1 in front of `static` engines (or pods), with the keys file
     `keys` (None: no auth)."""
     return GatewayConfig(
-        listen=Listen(host="127.0.0.1"),
+        listen=Listen(host="127.0.0.1", metrics_port=free_port()),
         backends=Backends(static=tuple(static), kubernetes=kubernetes),
         routing=Routing(policy=policy, scrape_interval=Duration(scrape_interval)),
         auth=Auth(keys_file=str(keys) if keys else None, insecure_no_auth=keys is None),
@@ -55,4 +58,10 @@ def gateway_config(
         timeouts=timeouts or Timeouts(),
         max_body_bytes=max_body_bytes,
         hold=hold or Hold(),
+        requests=requests or Requests(),
     )
+
+
+def metrics_url(config: GatewayConfig) -> str:
+    """Where a gateway started from `config` serves /metrics (its own port, not the API's)."""
+    return f"http://{config.listen.host}:{config.listen.metrics_port}/metrics"

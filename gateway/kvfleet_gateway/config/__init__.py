@@ -29,10 +29,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 
+from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
 from kvfleet_gateway.schema import ConfigError, Duration, Rule, fld, parse, to_json
 
@@ -52,6 +53,7 @@ __all__ = [
     "Listen",
     "ModelConfig",
     "RedisOutage",
+    "Requests",
     "Routing",
     "TenantLimits",
     "Timeouts",
@@ -122,7 +124,14 @@ class TenantLimits:
 @dataclass(frozen=True, kw_only=True)
 class Listen:
     host: str = fld("0.0.0.0", "Address to listen on.")
-    port: int = fld(8080, "Port to listen on.", minimum=1, maximum=65535)
+    port: int = fld(8080, "Port of the API (clients).", minimum=1, maximum=65535)
+    metrics_port: int = fld(
+        9090,
+        "Port of /metrics, apart from the API: the metrics name tenants, budgets, costs and"
+        " backend addresses, so only scrapers (not clients) should reach it.",
+        minimum=1,
+        maximum=65535,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +207,16 @@ class LimitsConfig:
         Duration(60),
         "Concurrency leases expire after this long without a heartbeat (a crashed gateway).",
     )
+    settle_grace: Duration = fld(
+        Duration(10),
+        "At shutdown, how long settlements not yet written to Redis are retried before they"
+        " go to the journal (or are reported lost).",
+    )
+    journal: str | None = fld(
+        None,
+        "File where settlements Redis could not take are kept across a gateway restart and"
+        " replayed at start (an emptyDir survives container restarts).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +244,11 @@ class Timeouts:
     client_write: Duration = fld(
         Duration(30), "Time a slow client may take to accept one chunk before it is cut off."
     )
+    drain: Duration = fld(
+        Duration(45),
+        "At shutdown (SIGTERM), how long requests in flight may finish; keep it below the"
+        " pod's terminationGracePeriodSeconds.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,6 +261,21 @@ class Hold:
         "Longest wait for a replica; then 503 no_capacity with Retry-After, nothing billed.",
     )
     max_requests: int = fld(1000, "Requests held at once; more are refused at once.", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requests:
+    """What clients may send (kvfleet_gateway.allowlist has the lists)."""
+
+    unknown_fields: Literal["reject", "drop"] = fld(
+        "reject", "A field the gateway does not know: refused with 400, or dropped."
+    )
+    allow: tuple[Governed, ...] = fld(
+        (),
+        "Engine extras clients may use, each refused with 400 unless listed here:"
+        " lora_path, custom_logit_processor, custom_params, priority, return_hidden_states,"
+        " return_routed_experts.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +298,7 @@ class GatewayConfig:
     cost: CostConfig = fld(CostConfig, "Cost accounting.")
     timeouts: Timeouts = fld(Timeouts, "Upstream and client timeouts.")
     hold: Hold = fld(Hold, "Waiting for capacity (scale from zero).")
+    requests: Requests = fld(Requests, "Which request fields are forwarded to engines.")
     max_body_bytes: int = fld(4 * 2**20, "Largest request body accepted.", minimum=1024)
     health_interval: Duration = fld(Duration(2), "Period of active /health checks.")
     access_log: bool = fld(True, "Log one line per request (never prompts or keys).")
