@@ -91,10 +91,11 @@ class GatewayServers:
 
     async def __call__(self, config: Any) -> str:
         from kvfleet_gateway.app import make_app as make_gateway
+        from kvfleet_gateway.serving import GatewayRunner
 
         port = free_port()
         # lingering_time: see aiohttp#1800 (a half-sent body is drained after the response)
-        runner = web.AppRunner(make_gateway(config), access_log=None, lingering_time=0.2)
+        runner = GatewayRunner(make_gateway(config), access_log=None, lingering_time=0.2)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         url = f"http://127.0.0.1:{port}"

@@ -152,6 +152,8 @@ def kvfleet_gateway(
         "127.0.0.1",
         "--port",
         str(port),
+        "--metrics-port",
+        str(free_port()),
         "--insecure-no-auth",
         "--policy",
         policy,

@@ -1,7 +1,9 @@
-"""`kvfleet gateway` and `kvfleet keys`: run the gateway; make and hash API keys."""
+"""`kvfleet gateway`, `kvfleet keys` and `kvfleet budgets`: run the gateway; make and hash
+API keys; accept a budget-store data loss."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import secrets
@@ -10,9 +12,9 @@ from pathlib import Path
 
 import click
 import yaml
-from aiohttp import web
 
 from kvfleet_cli.options import use_uvloop
+from kvfleet_gateway import serving
 from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import (
     DEFAULT_POLICY,
@@ -43,6 +45,12 @@ from kvfleet_gateway.keys import hash_key
     "--port", type=int, default=None, help=f"Port (default {Listen.port}); overrides listen.port."
 )
 @click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help=f"Port of /metrics (default {Listen.metrics_port}); overrides listen.metricsPort.",
+)
+@click.option(
     "--policy",
     type=click.Choice(POLICY_NAMES),
     default=DEFAULT_POLICY,
@@ -69,6 +77,7 @@ def gateway(
     backends: tuple[str, ...],
     host: str | None,
     port: int | None,
+    metrics_port: int | None,
     policy: str,
     keys_file: Path | None,
     store: str,
@@ -99,22 +108,26 @@ def gateway(
             )
         else:
             raise click.UsageError("give --config FILE or at least one --backend URL")
-        listen = Listen(host=host or config.listen.host, port=port or config.listen.port)
+        listen = Listen(
+            host=host or config.listen.host,
+            port=port or config.listen.port,
+            metrics_port=metrics_port or config.listen.metrics_port,
+        )
         config = dataclasses.replace(config, listen=listen)
         app = make_app(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(
-        f"kvfleet gateway on http://{listen.host}:{listen.port} → "
-        f"{len(config.backends.static)} static backend(s), policy {config.routing.policy}",
+        f"kvfleet gateway on http://{listen.host}:{listen.port} (metrics on :"
+        f"{listen.metrics_port}) → {len(config.backends.static)} static backend(s), "
+        f"policy {config.routing.policy}",
         err=True,
     )
     use_uvloop()
+    # SIGTERM: stop accepting, let requests in flight finish for timeouts.drain, then cut.
     # A client that sent half a body gets its 408, then aiohttp keeps draining the rest for
     # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
-    web.run_app(
-        app, host=listen.host, port=listen.port, print=None, access_log=None, lingering_time=1.0
-    )
+    serving.run(app, listen.host, listen.port, config.timeouts.drain, lingering_time=1.0)
 
 
 @click.group("keys")
@@ -142,3 +155,32 @@ def keys_hash(key: str | None) -> None:
     if not raw:
         raise click.UsageError("no key given")
     click.echo(hash_key(raw))
+
+
+@click.group("budgets")
+def budgets() -> None:
+    """Token budgets kept in Redis."""
+
+
+@budgets.command("reset")
+@click.option("--store", required=True, help="The gateways' limits.store, a redis:// URL.")
+@click.option("--tenant", default=None, help="Only this tenant (default: every lost tenant).")
+def budgets_reset(store: str, tenant: str | None) -> None:
+    """Accept a lost budget store: after Redis restarted without its data, gateways refuse
+    budgeted requests (503) until its data is restored, or until this command starts the
+    lost tenants' budgets again from zero."""
+    from redis.exceptions import RedisError
+
+    from kvfleet_gateway.redis_store import reset_lost_budgets
+
+    if not store.startswith(("redis://", "rediss://", "unix://")):
+        raise click.UsageError("--store must be a redis:// URL")
+    try:
+        reset = asyncio.run(reset_lost_budgets(store, tenant))
+    except RedisError as exc:
+        raise click.ClickException(f"cannot reach {store}: {exc.__class__.__name__}") from None
+    if not reset:
+        click.echo("no tenant's budget is marked lost; nothing changed")
+        return
+    for name in reset:
+        click.echo(f"budget of tenant {name} starts again from zero")

@@ -37,6 +37,7 @@ COMMANDS: dict[str, Entry] = {
     ),
     "gateway": Entry("kvfleet_cli.gateway_cmds", "gateway", "Run the token-aware gateway."),
     "keys": Entry("kvfleet_cli.gateway_cmds", "keys", "Make and hash API keys."),
+    "budgets": Entry("kvfleet_cli.gateway_cmds", "budgets", "Accept a lost budget store (Redis)."),
     "sim": Entry(
         "kvfleet_sim.cli", "sim", "Stand-in: the SGLang-compatible engine simulator.", "sim"
     ),

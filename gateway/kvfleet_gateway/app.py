@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvfleet_gateway import inbound
@@ -284,6 +285,26 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
 # ---- app ---------------------------------------------------------------------------------
 
 
+class RedactMalformedRequests(logging.Filter):
+    """aiohttp logs a malformed request with its parser's message, which quotes the bad
+    bytes — an `Authorization` header with a stray control byte put the whole API key in the
+    log. Keep the event, drop the quote."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "refused a malformed HTTP request (%s)"
+            record.args = (type(exc).__name__,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _redact_server_logs() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, RedactMalformedRequests) for f in server_log.filters):
+        server_log.addFilter(RedactMalformedRequests())
+
+
 def make_metrics_app(gw: Gateway) -> web.Application:
     """The scrapers' port: /metrics (and /healthz, for a probe that wants it)."""
     app = web.Application()
@@ -308,6 +329,7 @@ def make_store(config: GatewayConfig) -> LimitStore:
 def make_app(config: GatewayConfig) -> web.Application:
     if config.auth.keys_file is None and not config.auth.insecure_no_auth:
         raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
+    _redact_server_logs()
     policy = make_policy(config.routing.policy, config.routing.tuning)
     gw = Gateway(
         config=config,

@@ -67,8 +67,17 @@ def test_every_example_renders_valid_objects(path: Path) -> None:
             assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvfleet"
             assert obj["metadata"]["labels"]["kvfleet.dev/inferenceservice"] == owner.name
             if obj["kind"] == "PodMonitor":  # a CRD of the Prometheus Operator: no bundled schema
+                # It names a port the selected pods declare (the gateway's metrics port is not
+                # its API port).
                 endpoint = obj["spec"]["podMetricsEndpoints"][0]
-                assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+                selector = obj["spec"]["selector"]["matchLabels"]
+                (pods,) = [
+                    d["spec"]["template"]
+                    for d in kinds["Deployment"]
+                    if d["spec"]["selector"]["matchLabels"] == selector
+                ]
+                ports = {p["name"] for c in pods["spec"]["containers"] for p in c["ports"]}
+                assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
                 continue
             kubernetes_validate.validate(obj, K8S, strict=True)
 

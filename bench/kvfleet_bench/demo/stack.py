@@ -52,7 +52,9 @@ class TenantStats:
     budget_left: str = "-"
 
 
-def _configs(work: Path, backends: list[str], port: int) -> tuple[Path, dict[str, str]]:
+def _configs(
+    work: Path, backends: list[str], port: int, metrics_port: int
+) -> tuple[Path, dict[str, str]]:
     raw = {
         "support-chat": "kvf-" + secrets.token_urlsafe(16),
         "doc-search": "kvf-" + secrets.token_urlsafe(16),
@@ -73,7 +75,7 @@ def _configs(work: Path, backends: list[str], port: int) -> tuple[Path, dict[str
     }
     (work / "keys.yaml").write_text(yaml.safe_dump(keys))
     config = {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": "127.0.0.1", "port": port, "metricsPort": metrics_port},
         "backends": {"static": backends},
         "routing": {"policy": "kvfleet"},
         "auth": {"keysFile": str(work / "keys.yaml")},
@@ -193,7 +195,9 @@ def _render(
     return Group(t, r)
 
 
-async def _drive(gw: str, urls: list[str], keys: dict[str, str], duration: float) -> dict[str, Any]:
+async def _drive(
+    gw: str, gw_metrics: str, urls: list[str], keys: dict[str, str], duration: float
+) -> dict[str, Any]:
     rng = random.Random(11)
     tenants = {"support-chat": TenantStats(), "doc-search": TenantStats()}
     tasks: set[asyncio.Task[None]] = set()
@@ -219,7 +223,7 @@ async def _drive(gw: str, urls: list[str], keys: dict[str, str], duration: float
         cost = 0.0
         with Live(refresh_per_second=4) as live:
             while not all(t.done() for t in loads):
-                texts = await asyncio.gather(*(_scrape(session, u) for u in [*urls, gw]))
+                texts = await asyncio.gather(*(_scrape(session, u) for u in [*urls, gw_metrics]))
                 replicas = [(u, parse_metrics(text)) for u, text in zip(urls, texts, strict=False)]
                 for line in texts[-1].splitlines():
                     if line.startswith("kvfleet_gateway_cost_total"):
@@ -249,8 +253,8 @@ def run_stack_demo(duration: float, work: Path) -> dict[str, Any]:
     import sys
 
     with engines(3, work, stream_interval=4, name="demo-engine") as urls:
-        port = free_port()
-        config, keys = _configs(work, urls, port)
+        port, metrics_port = free_port(), free_port()
+        config, keys = _configs(work, urls, port, metrics_port)
         argv = [
             sys.executable,
             "-m",
@@ -266,4 +270,5 @@ def run_stack_demo(duration: float, work: Path) -> dict[str, Any]:
             argv, ready_url=f"{gw}/readyz", log_path=work / "gateway.log", timeout=30
         ):
             time.sleep(1.0)  # a first round of health checks and /metrics scrapes
-            return asyncio.run(_drive(gw, urls, keys, duration))
+            gw_metrics = f"http://127.0.0.1:{metrics_port}"
+            return asyncio.run(_drive(gw, gw_metrics, urls, keys, duration))

@@ -21,6 +21,7 @@ from kvfleet_operator.render.network import (
     engine_network_policy,
     engine_pdb,
     engine_service,
+    gateway_network_policy,
     pod_monitor,
 )
 from kvfleet_operator.spec import parse_spec
@@ -59,6 +60,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
             config,
             gateway_deployment(owner, config),
             gateway_service(owner),
+            gateway_network_policy(owner),
             pod_monitor(owner, GATEWAY),
         ]
     return out

@@ -9,6 +9,8 @@ from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 ENGINE, GATEWAY = "engine", "gateway"
 ENGINE_PORT, GATEWAY_PORT = 30000, 8080
+GATEWAY_METRICS_PORT = 9090
+"""The gateway's /metrics: apart from the API, reachable by scrapers only."""
 ISVC_LABEL = "kvfleet.dev/inferenceservice"
 ROLE_LABEL = "kvfleet.dev/role"
 COMPONENT_LABEL = "app.kubernetes.io/component"

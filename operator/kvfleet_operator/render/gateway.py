@@ -17,6 +17,7 @@ from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
     GATEWAY,
+    GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
     RESTRICTED_CONTAINER,
     ROLE_LABEL,
@@ -26,6 +27,8 @@ from kvfleet_operator.render.common import (
 )
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
+STATE_DIR = "/var/lib/kvfleet"
+"""An emptyDir: the settlement journal survives a container restart (not a pod's deletion)."""
 CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
 CONFIG_HASH = "kvfleet.dev/config-hash"
 RUN_AS = 10001
@@ -40,6 +43,8 @@ def gateway_config(owner: Owner) -> GatewayConfig:
         "tenants": to_json(g.tenants),
         "redisOutage": {"gatewayReplicas": g.replicas},
     }
+    if g.limits_store != "memory":
+        limits["journal"] = f"{STATE_DIR}/settlements.jsonl"
     model: Json = {"name": spec.model.name}
     if spec.engine.context_length:
         model["contextLength"] = spec.engine.context_length
@@ -47,7 +52,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
     if g.api_keys_secret:
         auth["keysFile"] = f"{KEYS_DIR}/{KEYS_KEY}"
     doc = {
-        "listen": {"host": "0.0.0.0", "port": GATEWAY_PORT},
+        "listen": {"host": "0.0.0.0", "port": GATEWAY_PORT, "metricsPort": GATEWAY_METRICS_PORT},
         "models": [model],
         "backends": {
             "kubernetes": {
@@ -83,10 +88,12 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
     volumes: list[Json] = [
         {"name": "config", "configMap": {"name": owner.gateway_name}},
         {"name": "tmp", "emptyDir": {}},
+        {"name": "state", "emptyDir": {}},
     ]
     mounts: list[Json] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "state", "mountPath": STATE_DIR},
     ]
     if g.api_keys_secret:
         # The gateway polls the file: a rotated Secret takes effect without a restart.
@@ -99,7 +106,10 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
         "imagePullPolicy": "IfNotPresent",
         "command": ["kvfleet"],
         "args": ["gateway", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": merge_resources(
             {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
             g.resources.requests,
@@ -135,7 +145,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
                     "annotations": {
                         CONFIG_HASH: config_hash,
                         "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(GATEWAY_PORT),
+                        "prometheus.io/port": str(GATEWAY_METRICS_PORT),
                         "prometheus.io/path": "/metrics",
                     },
                 },

@@ -1,4 +1,4 @@
-"""Around the engine pods: headless Service, PodMonitor, PodDisruptionBudget, NetworkPolicy."""
+"""Around the pods: headless Service, PodMonitors, PodDisruptionBudget, NetworkPolicies."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
     GATEWAY,
+    GATEWAY_METRICS_PORT,
+    GATEWAY_PORT,
     ISVC_LABEL,
     ROLE_LABEL,
     Owner,
@@ -55,7 +57,7 @@ def pod_monitor(owner: Owner, component: str) -> Json:
             "selector": {"matchLabels": owner.selector(component)},
             "podMetricsEndpoints": [
                 {
-                    "port": "http",
+                    "port": "http" if component == ENGINE else "metrics",
                     "path": "/metrics",
                     "interval": "15s",
                     "scrapeTimeout": "10s",
@@ -102,22 +104,46 @@ def engine_network_policy(owner: Owner) -> Json:
                     "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
                     "ports": port,
                 },
+                {"from": _scrapers(), "ports": port},
+            ],
+        },
+    }
+
+
+def _scrapers() -> list[Json]:
+    """Prometheus (the monitoring namespace, or any namespace labelled as a scraper) and the
+    operator's autoscaler (its direct reader)."""
+    return [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+            }
+        },
+        {"namespaceSelector": {"matchLabels": {SCRAPER_NAMESPACE_LABEL: "true"}}},
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}
+            },
+            "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
+        },
+    ]
+
+
+def gateway_network_policy(owner: Owner) -> Json:
+    """Clients reach the API port from anywhere the cluster's network allows; /metrics (it
+    names tenants, budgets, costs and backends) only from scrapers and the operator."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": owner.metadata(owner.gateway_name, GATEWAY),
+        "spec": {
+            "podSelector": {"matchLabels": owner.selector(GATEWAY)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": GATEWAY_PORT}]},
                 {
-                    "from": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
-                            }
-                        },
-                        {"namespaceSelector": {"matchLabels": {SCRAPER_NAMESPACE_LABEL: "true"}}},
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}
-                            },
-                            "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
-                        },
-                    ],
-                    "ports": port,
+                    "from": _scrapers(),
+                    "ports": [{"protocol": "TCP", "port": GATEWAY_METRICS_PORT}],
                 },
             ],
         },

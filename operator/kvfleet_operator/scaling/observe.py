@@ -22,13 +22,12 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvfleet_gateway.schema import Json
-from kvfleet_operator.render.common import ROLE_LABEL
+from kvfleet_operator.render.common import ENGINE_PORT, GATEWAY_METRICS_PORT, ROLE_LABEL
 from kvfleet_operator.scaling.policy import ReplicaSignals, Signals
 from kvfleet_operator.status import pod_ready
 
 HELD_METRIC = "kvfleet_gateway_held_requests"
 """The gateway's gauge of requests waiting for a replica (scale from zero)."""
-ENGINE_PORT, GATEWAY_PORT = 30000, 8080
 
 Key = tuple[str, str]
 """(namespace, name)"""
@@ -210,7 +209,7 @@ class DirectReader:
                 if url:
                     jobs.append(("engine", (svc.namespace, pod["metadata"]["name"]), url))
             for pod in svc.gateways:
-                url = _pod_url(pod, GATEWAY_PORT)
+                url = _pod_url(pod, GATEWAY_METRICS_PORT)
                 if url:
                     jobs.append(("gateway", (svc.namespace, svc.name), url))
         async with aiohttp.ClientSession(timeout=self.timeout) as session:

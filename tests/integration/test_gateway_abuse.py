@@ -1,0 +1,435 @@
+"""The gateway tried as an attacker and as a bad day would: every finding of the adversarial
+review (issue 13) as a test, over real HTTP, against the simulator or an engine that
+misbehaves on purpose."""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kvfleet_gateway.config import Duration, Limits, Requests, Timeouts, TokenBudget
+from kvfleet_gateway.keys import hash_key
+from tests.support.fake_engine import MODEL, chunk, fake_engine, sse, usage
+from tests.support.gateway import gateway_config, metrics_url
+
+CANARY = "kvf-CANARY-7f3a9c"
+"""A key whose every appearance outside the request that carried it is a leak."""
+BUDGET = 5_000
+
+
+def keys(tmp_path: Path, **limits: Any) -> Path:
+    f = tmp_path / "keys.yaml"
+    budget = {"tokenBudget": {"tokens": BUDGET, "period": "1d"}}
+    f.write_text(
+        json.dumps(
+            {"tenants": [{"name": "t", "keys": [hash_key(CANARY)], "limits": budget | limits}]}
+        )
+    )
+    return f
+
+
+def auth(key: str = CANARY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def post(
+    url: str, body: Any, path: str = "/v1/chat/completions", key: str = CANARY
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + path, data=json.dumps(body), headers=auth(key)) as r,
+    ):
+        raw = await r.read()
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, raw
+
+
+async def billed(gateway_server: Any, gw: str) -> int:
+    state = gateway_server.state(gw)
+    limits = state.config.limits_for("t", state.keys.ring.tenant("t").limits)
+    used = await state.store.budget_used("t", limits, time.time())
+    active = await state.store.active_leases("t", time.time())
+    assert active == 0, "a lease leaked"
+    return int(used)
+
+
+def chat(content: Any = "hello", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": content}],
+        **extra,
+    }
+
+
+PAD = " word" * 60_000  # 60,000 words: ~60,000 tokens for any real tokenizer
+
+
+@pytest.mark.parametrize(
+    "door",
+    ["role", "name", "tools", "tool_calls", "chat_template_kwargs", "text_part", "system"],
+)
+async def test_no_field_gets_a_prompt_around_the_budget(
+    door: str, sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 1: the reservation bounds every field the template reads; 50 parallel padded
+    requests are refused or billed within the budget."""
+    engine = await sim_server(time_scale=0.01, simulate_eos=False)
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path)))
+    m: dict[str, Any] = {"role": "user", "content": "hi"}
+    body = chat()
+    if door == "role":
+        m["role"] = "user" + PAD
+    elif door == "name":
+        m["name"] = PAD
+    elif door == "tools":
+        body["tools"] = [{"type": "function", "function": {"name": "f", "description": PAD}}]
+    elif door == "tool_calls":
+        m = {
+            "role": "assistant",
+            "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": PAD}}],
+        }
+    elif door == "chat_template_kwargs":
+        body["chat_template_kwargs"] = {"x": PAD}
+    elif door == "text_part":
+        m["content"] = [{"type": "text", "text": PAD}]
+    elif door == "system":
+        body["messages"] = [{"role": "system", "content": PAD}, m]
+    if door != "system":
+        body["messages"] = [m] if door != "tool_calls" else [m, {"role": "user", "content": "x"}]
+    results = await asyncio.gather(*(post(gw, body) for _ in range(50)))
+    assert {status for status, _ in results} <= {200, 429}
+    assert any(status == 429 for status, _ in results)
+    assert await billed(gateway_server, gw) <= BUDGET
+
+
+async def test_media_and_embeddings_cannot_be_bounded_and_are_refused(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    engine = await sim_server()
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path)))
+    image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    for body, path in [
+        (chat(image), "/v1/chat/completions"),
+        ({"text": "hi", "input_embeds": [[0.1]]}, "/generate"),
+        ({"text": "hi", "image_data": "http://x/y.png"}, "/generate"),
+    ]:
+        status, err = await post(gw, body, path)
+        assert status == 400, err
+    assert await billed(gateway_server, gw) == 0
+
+
+async def test_a_stream_cut_after_its_first_chunk_is_billed_the_engines_prompt(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 2: the engine counted the prompt; the gateway bills its count, not 26."""
+    engine = await sim_server(time_scale=0.5, simulate_eos=False)
+    f = tmp_path / "keys.yaml"
+    f.write_text(json.dumps({"tenants": [{"name": "t", "keys": [hash_key(CANARY)]}]}))
+    cfg = gateway_config([engine], f, defaults=Limits(token_budget=TokenBudget(tokens=10**6)))
+    gw = await gateway_server(cfg)
+    body = chat(" word" * 20_000, stream=True, max_tokens=500)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{gw}/v1/chat/completions", json=body, headers=auth()) as r,
+    ):
+        first = await r.content.readuntil(b"\n\n")
+        assert b"usage" not in first  # the client did not ask for usage
+    used = 0
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        state = gateway_server.state(gw)
+        if not state.metrics.inflight.labels("t", MODEL)._value.get():
+            used = int(await state.store.budget_used("t", cfg.limits.defaults, time.time()))
+            break
+    async with aiohttp.ClientSession() as s, s.get(f"{engine}/metrics") as r:
+        text = await r.text()
+    engine_prompt = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sglang:prompt_tokens_total")
+    )
+    assert engine_prompt > 20_000
+    assert used >= engine_prompt
+
+
+async def test_a_lone_surrogate_is_a_400_and_leaks_nothing(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 3: once a 500 that held the tenant's only slot and its reservation for 60 s."""
+    engine = await sim_server()
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path, maxConcurrent=1)))
+    raw = b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", '
+    raw += b'"content": "a\\ud800b"}], "max_tokens": 8}'
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{gw}/v1/chat/completions", data=raw, headers=auth()) as r,
+    ):
+        assert r.status == 400
+        assert "surrogate" in (await r.json())["error"]["message"]
+    assert (await post(gw, chat()))[0] == 200  # the one slot is free
+    assert await billed(gateway_server, gw) > 0
+
+
+async def raw_request(port: int, head: bytes, body: bytes = b"") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + b"\r\n\r\n" + body)
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+async def test_secrets_never_reach_a_log_an_error_or_metrics(
+    sim_server: Any, gateway_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 6 and 9: a canary key through every error path; /metrics on its own port."""
+    caplog.set_level(logging.DEBUG)
+    engine = await sim_server()
+    cfg = gateway_config([engine], keys(tmp_path))
+    gw = await gateway_server(cfg)
+    port = int(gw.rsplit(":", 1)[1])
+    body = json.dumps(chat()).encode()
+    responses = []
+    for value in [
+        CANARY.encode() + b"\x01",  # a trailing control byte
+        CANARY.encode() + b"\xff\xfe",  # not UTF-8
+        CANARY.encode() + b"x",  # a wrong key that contains the real one
+        b"Basic " + CANARY.encode(),
+    ]:
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\nAuthorization: Bearer "
+            + value
+        )
+        answer = await raw_request(port, head, body)
+        responses.append(answer)
+        status = int(answer.split(b" ", 2)[1])
+        assert 400 <= status < 500, answer[:200]
+    # Bad bodies from the right key: each a 4xx that does not quote the request.
+    for raw in [
+        b"[" * 100_000,  # JSON nested 10^5 deep
+        b'{"model": 1, "messages": "' + CANARY.encode() + b'"}',
+        b"\xff" + CANARY.encode(),
+    ]:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{gw}/v1/chat/completions", data=raw, headers=auth()) as r,
+        ):
+            answer = await r.read()
+            assert r.status == 400, answer[:200]
+            responses.append(answer)
+    assert (await post(gw, chat()))[0] == 200
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{gw}/metrics") as r:
+            assert r.status == 404  # not on the clients' port
+        async with s.get(metrics_url(cfg)) as r:
+            metrics = await r.text()
+    for where, text in [
+        ("log", caplog.text),
+        ("responses", b"".join(responses).decode(errors="replace")),
+        ("metrics", metrics),
+    ]:
+        assert CANARY not in text and hash_key(CANARY) not in text, where
+
+
+async def test_a_stopped_engine_times_out_after_idle_not_first_byte(
+    sim_processes: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 7: a SIGSTOPped engine held a stream 120 s with idle set to 60 s."""
+    engine = sim_processes("--time-scale", "1.0", "--no-eos")
+    timeouts = Timeouts(first_byte=Duration(30), idle=Duration(1))
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path), timeouts=timeouts))
+    pid = await _engine_pid(engine)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            f"{gw}/v1/chat/completions", json=chat(stream=True, max_tokens=400), headers=auth()
+        ) as r,
+    ):
+        await r.content.readuntil(b"\n\n")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            rest = await asyncio.wait_for(r.content.read(), 10)
+            waited = time.monotonic() - t0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert b"engine timeout mid-stream" in rest
+    assert waited < 3.0, waited
+    errors = gateway_server.state(gw).metrics.upstream_errors.labels(engine, "timeout")
+    assert errors._value.get() == 1
+
+
+async def _engine_pid(url: str) -> int:
+    port = url.rsplit(":", 1)[1]
+    out = await asyncio.create_subprocess_exec(
+        "fuser", f"{port}/tcp", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    text, _ = await out.communicate()
+    if text.strip():
+        return int(text.split()[0])
+    return await asyncio.to_thread(_pid_from_proc, port)
+
+
+def _pid_from_proc(port: str) -> int:
+    """No fuser: the `sim serve` process whose command line has this port."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--port" in cmd and port.encode() in cmd:
+                return int(pid)
+    raise AssertionError(f"no process listens on port {port}")
+
+
+async def test_a_client_that_stops_reading_is_cut_after_client_write(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 7: a client that stops reading held its slot 120 s and was counted as an
+    engine timeout; it is cut after client_write, as a client disconnect (499)."""
+
+    async def firehose(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        with_usage = chunk("x" * 4000, usage(10, 1))
+        for _ in range(20_000):  # 80 MB: more than every socket buffer on the way
+            await resp.write(with_usage)
+        return resp
+
+    async with fake_engine(firehose) as engine:
+        timeouts = Timeouts(client_write=Duration(1), idle=Duration(30))
+        cfg = gateway_config([engine.url], keys(tmp_path, maxConcurrent=1), timeouts=timeouts)
+        gw = await gateway_server(cfg)
+        port = int(gw.rsplit(":", 1)[1])
+        body = json.dumps(chat(stream=True, max_tokens=1000)).encode()
+        _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+        writer.transport.pause_reading()  # the client stops reading
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"Authorization: Bearer "
+            + CANARY.encode()
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+        state = gateway_server.state(gw)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15:
+            if state.metrics.requests.labels("t", MODEL, "499")._value.get():
+                break
+            await asyncio.sleep(0.1)
+        writer.close()
+        assert state.metrics.requests.labels("t", MODEL, "499")._value.get() == 1
+        assert time.monotonic() - t0 < 10
+        assert state.metrics.upstream_errors.labels(engine.url, "timeout")._value.get() == 0
+        assert (await post(gw, chat()))[0] in (200, 502)  # the slot is free again
+
+
+@pytest.mark.parametrize(
+    "case", ["negative_usage", "endless_line", "truncated_body", "no_done", "not_json"]
+)
+async def test_untrusted_upstream_data(case: str, gateway_server: Any, tmp_path: Path) -> None:
+    """Finding 8: the engine's bytes are input like the client's."""
+
+    async def reply(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if case == "negative_usage":
+            return web.json_response(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "usage": usage(-100_000, -5),
+                }
+            )
+        if case == "endless_line":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: {")
+            for _ in range(4000):  # 4 MB without an event boundary
+                await resp.write(b"x" * 1024)
+            return resp
+        if case == "truncated_body":
+            resp = web.StreamResponse(
+                headers={"Content-Type": "application/json", "Content-Length": "1000"}
+            )
+            await resp.prepare(request)
+            await resp.write(b'{"id": "x", "choi')
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        if case == "no_done":
+            return await sse(request, chunk("a", usage(5, 1)), chunk("b", usage(5, 2)))
+        return web.Response(text="<html>oops</html>", content_type="application/json")
+
+    async with fake_engine(reply) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        stream = case in ("endless_line", "no_done")
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{gw}/v1/chat/completions", json=chat(stream=stream), headers=auth()) as r,
+        ):
+            status, raw = r.status, await r.read()
+        state = gateway_server.state(gw)
+        if case == "negative_usage":
+            assert status == 200
+            assert await billed(gateway_server, gw) == 0  # never a credit
+            assert state.metrics.usage_clamped.labels("t")._value.get() == 1
+        elif stream:
+            assert status == 200
+            assert raw.rstrip().endswith(b"}")  # the last event is the gateway's error event
+            assert b'"code": "upstream_error"' in raw.rsplit(b"data: ", 1)[1]
+            assert len(raw) < 2 << 20  # the endless line was not buffered whole
+        else:
+            assert status == 502, raw
+            assert json.loads(raw)["error"]["code"] == "upstream_error"
+        await billed(gateway_server, gw)  # no lease left behind
+
+
+async def test_engine_extras_are_governed_by_the_allow_list(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 10: cost-changing and internal SGLang fields no longer pass unchecked."""
+
+    async def reply(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        return web.json_response(
+            {"text": "hi", "meta_info": {"prompt_tokens": 3, "completion_tokens": 1}}
+        )
+
+    async with fake_engine(reply) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        for body in [
+            {"text": "hi", "sampling_params": {"n": 4}},
+            {"text": "hi", "rid": "someone-elses-request"},
+            {"text": "hi", "custom_logit_processor": "gASV..."},
+            {"text": "hi", "lora_path": "adapter-a"},
+            {"text": "hi", "bootstrap_host": "10.0.0.9"},
+            {"text": "hi", "sampling_params": {"max_new_tokens": 4, "bogus": 1}},
+            {"text": "hi", "whatever": 1},
+        ]:
+            status, err = await post(gw, body, "/generate")
+            assert status == 400, body
+            assert err["error"]["param"] is not None
+        assert engine.bodies == []
+        # Allowed by name in the config, lora_path passes; unknown fields may be dropped.
+        allow = Requests(allow=("lora_path",), unknown_fields="drop")
+        gw2 = await gateway_server(gateway_config([engine.url], keys(tmp_path), requests=allow))
+        status, _ = await post(gw2, {"text": "hi", "lora_path": "a", "whatever": 1}, "/generate")
+        assert status == 200
+        assert engine.bodies[-1]["lora_path"] == "a" and "whatever" not in engine.bodies[-1]
