@@ -62,6 +62,31 @@ def gateway_bench(out_dir: Path, seconds: float, as_json: bool) -> None:
         click.echo(json.dumps(result))
 
 
+@bench.command("reliability")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--requests", type=int, default=1000, show_default=True)
+@click.option("--seeds", type=int, default=3, show_default=True)
+def reliability_bench(out_dir: Path, requests: int, seeds: int) -> None:
+    """Adversarial requests over 3 gateways sharing Redis, with a Redis restart (needs
+    redis-server)."""
+    import tempfile
+
+    from kvfleet_bench.reliability import run_reliability_bench
+
+    with tempfile.TemporaryDirectory(prefix="kvfleet-reliability-") as work:
+        runs = run_reliability_bench(out_dir, Path(work), seeds, requests)
+    for r in runs:
+        click.echo(
+            f"seed {r.seed}: billed {r.billed:,} of {r.budget:,} (engines counted "
+            f"{r.engine_tokens:,}); leases left {r.leases_left}, reserved left "
+            f"{r.reserved_left}; 5xx (not 503) {r.server_errors}; last refusal "
+            f"{r.last_refusal_after_restart_s:.1f}s after Redis was back"
+        )
+    click.echo(f"wrote {out_dir / 'reliability.md'}")
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
