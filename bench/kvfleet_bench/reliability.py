@@ -148,7 +148,7 @@ async def _engine_tokens(session: aiohttp.ClientSession, engines: list[str]) -> 
 
 
 async def run_once(
-    seed: int, work: Path, requests: int = 1000, gateways: int = 3, budget: int = 400_000
+    seed: int, work: Path, requests: int = 1000, gateways: int = 3, budget: int = 60_000
 ) -> Run:
     binary = shutil.which("redis-server")
     if binary is None:

@@ -2,6 +2,7 @@
 streams are cancelled, and the documented behaviour when Redis dies."""
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from kvfleet_gateway import inbound
-from kvfleet_gateway.config import GatewayConfig, Limits
+from kvfleet_gateway.config import Duration, GatewayConfig, Limits
 from kvfleet_gateway.keys import hash_key
 from tests.support.gateway import gateway_config
 
@@ -254,3 +255,36 @@ async def test_redis_restarted_empty_fails_budgets_closed_until_reset(
         assert await reset_lost_budgets(redis_proc.url) == ["budgeted"]
         assert (await chat(s, gw, KEY_BUDGET))[0] == 200
         assert (await chat(s, fresh, KEY_BUDGET))[0] == 200
+
+
+async def test_settlements_redis_missed_survive_a_gateway_restart(
+    sim_server: Any, gateway_server: Any, redis_persistent: RedisProcess, tmp_path: Path
+) -> None:
+    """A gateway that stops while Redis is down keeps what it could not settle in its
+    journal; the next start writes it to Redis."""
+    engine = await sim_server(time_scale=0.05, simulate_eos=False)
+    kf = keys(tmp_path, 10**6)
+    cfg = gw_config([engine], kf, redis_persistent.url)
+    journal = tmp_path / "settlements.jsonl"
+    limits = dataclasses.replace(cfg.limits, journal=str(journal), settle_grace=Duration(0.5))
+    cfg = dataclasses.replace(cfg, limits=limits)
+    gw = await gateway_server(cfg)
+    period = str(int(time.time() // 86400))
+    async with aiohttp.ClientSession() as s:
+        slow = asyncio.create_task(chat(s, gw, KEY_BUDGET, max_tokens=300, stream=True))
+        await asyncio.sleep(0.3)
+        redis_persistent.kill()
+        assert (await slow)[0] == 200  # finished while Redis was down: settled nowhere yet
+    await gateway_server.stop(gw)
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["used"] > 300
+    redis_persistent.start()
+    before = int(redis_persistent.client().hget("kvf:{budgeted}:budget", period) or 0)
+    await gateway_server(cfg)  # replays the journal at start
+    for _ in range(50):
+        after = int(redis_persistent.client().hget("kvf:{budgeted}:budget", period) or 0)
+        if after > before:
+            break
+        await asyncio.sleep(0.2)
+    assert after - before == json.loads(lines[0])["used"]
+    assert not journal.exists()

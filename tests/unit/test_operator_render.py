@@ -278,3 +278,20 @@ def test_render_check_with_sglangs_own_parser() -> None:
     for path in EXAMPLES:
         result = CliRunner().invoke(cli, ["render", "--check", "-f", str(path)])
         assert result.exit_code == 0, result.stderr
+
+
+def test_the_example_redis_persists_every_write_it_takes() -> None:
+    """Budgets live in it: a restart must keep them (append-only file on a volume, and no
+    eviction of budget keys under memory pressure)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "redis.yaml").read_text()) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    (svc,) = [d for d in docs if d["kind"] == "Service"]
+    (isvc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    store = isvc["spec"]["gateway"]["limitsStore"]
+    assert store == f"redis://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:6379/0"
