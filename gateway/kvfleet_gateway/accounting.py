@@ -72,7 +72,11 @@ class Admitted:
     async def _finish(self) -> None:
         ex, m = self.ex, self.metrics
         usage = ex.billed_usage()
-        if ex.clamped:
+        reported = ex.usage
+        if reported is not None and (usage.prompt_tokens, usage.completion_tokens) != (
+            reported.prompt_tokens,
+            reported.completion_tokens,
+        ):
             m.usage_clamped.labels(ex.tenant).inc()
             log.warning(
                 "engine %s reported usage outside the admission bound for tenant %s; billed"

@@ -84,8 +84,6 @@ class Exchange:
     on_first_token: Callable[[], None] | None = None
     engine_accepted: bool = False
     """An engine answered 200 and started on the request (its prefill is under way)."""
-    clamped: bool = False
-    """The engine reported more (or less) than the admission bound allows."""
 
     def billed_usage(self) -> Usage:
         """The engine's counts when it reported any (in every chunk of a stream), clamped to
@@ -96,7 +94,6 @@ class Exchange:
             prompt = min(max(0, u.prompt_tokens), req.prompt_bound)
             completion = min(max(0, u.completion_tokens), req.max_tokens)
             cached = min(max(0, u.cached_tokens), prompt)
-            self.clamped = (prompt, completion) != (u.prompt_tokens, u.completion_tokens)
             return Usage(prompt, completion, cached)
         if not self.engine_accepted:
             return Usage(0, 0)  # no engine took it: nothing to charge
@@ -117,12 +114,6 @@ class Exchange:
         self.prev_token_at = self.last_token_at or now
         self.last_token_at = now
         self.content_chunks += 1
-
-
-class _Malformed(Exception):
-    def __init__(self, kind: str, why: str) -> None:
-        super().__init__(why)
-        self.kind, self.why = kind, why
 
 
 @dataclass
@@ -262,21 +253,21 @@ class Proxy:
 
     async def _read_body(self, ex: Exchange, upstream: aiohttp.ClientResponse) -> bytes:
         """The whole upstream body, capped and timed; a failure is the engine's (502)."""
+        kind, why = "response", "body larger than the gateway's cap"
         try:
             async with asyncio.timeout(self.timeouts.first_byte + self.timeouts.idle):
                 chunks, size = [], 0
                 async for chunk in upstream.content.iter_chunked(1 << 16):
                     size += len(chunk)
                     if size > MAX_UPSTREAM_BODY_BYTES:
-                        raise _Malformed("response", "body larger than the gateway's cap")
+                        break
                     chunks.append(chunk)
-                return b"".join(chunks)
+                else:
+                    return b"".join(chunks)
         except TimeoutError:
             kind, why = "timeout", "the engine did not finish its response in time"
         except aiohttp.ClientError:
             kind, why = "truncated", "the engine's response was cut short"
-        except _Malformed as bad:
-            kind, why = bad.kind, bad.why
         self._upstream_failed(ex, kind)
         raise GatewayError(502, f"bad engine response: {why}", "server_error", "upstream_error")
 
@@ -329,10 +320,9 @@ class Proxy:
                     break
                 if not data:
                     break
-                buffer += data
+                events, buffer = _split_events(buffer + data)
                 ready: list[bytes] = []
-                while (end := buffer.find(b"\n\n")) >= 0:
-                    event, buffer = buffer[: end + 2], buffer[end + 2 :]
+                for event in events:
                     if event.startswith(DONE):
                         ended = True
                     out = self._observe(ex, event)
@@ -383,8 +373,8 @@ class Proxy:
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with asyncio.timeout_at(deadline):
                 while len(buffer) <= MAX_SSE_EVENT_BYTES:
-                    while (end := buffer.find(b"\n\n")) >= 0:
-                        event, buffer = buffer[: end + 2], buffer[end + 2 :]
+                    events, buffer = _split_events(buffer)
+                    for event in events:
                         if event.startswith(DONE):
                             return
                         self._observe(ex, event)
@@ -439,6 +429,15 @@ class Proxy:
         # not: some clients add up every usage they see.
         del payload["usage"]
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Whole SSE events (each ends with a blank line) and the incomplete rest."""
+    events: list[bytes] = []
+    while (end := buffer.find(b"\n\n")) >= 0:
+        events.append(buffer[: end + 2])
+        buffer = buffer[end + 2 :]
+    return events, buffer
 
 
 def _count(value: Any) -> int:
