@@ -55,6 +55,8 @@ PER_MESSAGE_OVERHEAD = 8
 """Role header, separators and end-of-turn of one message."""
 TOOLS_OVERHEAD = 512
 """The instructions a template wraps tool schemas in."""
+PROMPT_OVERHEAD = 8
+"""Begin-of-text and similar, for prompts that bypass the chat template."""
 _COMPACT = {"ensure_ascii": False, "separators": (",", ":")}
 TEMPLATE_FIELDS: dict[Kind, frozenset[str]] = {
     "chat": frozenset({"messages", "tools", "tool_choice", "chat_template_kwargs", "input_ids"}),
@@ -62,6 +64,8 @@ TEMPLATE_FIELDS: dict[Kind, frozenset[str]] = {
     "generate": frozenset({"text", "input_ids"}),
 }
 """The fields whose text reaches the engine's tokenizer."""
+IDS_FIELD: dict[Kind, str] = {"chat": "input_ids", "completion": "prompt", "generate": "input_ids"}
+"""Where a prompt given as token ids sits."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,11 @@ class ClientRequest:
 
 
 def estimate_tokens(text: str) -> int:
-    return math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
+    return _estimate(len(text))
+
+
+def _estimate(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN_ESTIMATE)
 
 
 def decode(raw: bytes) -> dict[str, Any]:
@@ -187,7 +195,7 @@ def _chat_messages(messages: Any, req: Requests) -> tuple[str, int, int]:
             tool_bytes += len(_encode(m["tools"]))
         content_chars += len(content or "")
         parts.append(f"{m['role']}: {content or ''}\n")
-    return "".join(parts), estimate_tokens("x" * content_chars), tool_bytes
+    return "".join(parts), _estimate(content_chars), tool_bytes
 
 
 def parse(
@@ -221,7 +229,7 @@ def parse(
         )
     wants_usage = bool(opts and opts.get("include_usage"))
     wants_continuous = bool(opts and opts.get("continuous_usage_stats"))
-    overhead = 8  # begin-of-text and similar
+    overhead = PROMPT_OVERHEAD
     ids: list[int] | None = None
     if kind == "chat":
         prompt, estimate, tool_bytes = _chat_messages(body.get("messages"), req)
@@ -256,8 +264,7 @@ def parse(
         }
     assert isinstance(model, str)
     wire = _encode(body)
-    bound = _bound(kind, body, wire, ids, "input_ids" if kind == "chat" else "prompt")
-    bound += overhead
+    bound = _bound(kind, body, wire, ids) + overhead
     return ClientRequest(
         kind,
         model,
@@ -272,15 +279,13 @@ def parse(
     )
 
 
-def _bound(
-    kind: Kind, body: dict[str, Any], wire: bytes, ids: list[int] | None, ids_field: str
-) -> int:
+def _bound(kind: Kind, body: dict[str, Any], wire: bytes, ids: list[int] | None) -> int:
     """The JSON bytes of the fields the tokenizer sees (the body's, less the others'), where
     a token-id list counts one per id rather than its digits."""
     rest = {k: v for k, v in body.items() if k not in TEMPLATE_FIELDS[kind]}
     n = len(wire) - len(_encode(rest))
     if ids is not None:
-        n += len(ids) - len(_encode(body[ids_field]))
+        n += len(ids) - len(_encode(body[IDS_FIELD[kind]]))
     return max(0, n)
 
 
@@ -319,7 +324,7 @@ def _parse_generate(
             400, "this gateway serves several models: add 'model' to the body", param="model"
         )
     wire = _encode(body)
-    bound = _bound("generate", body, wire, ids, "input_ids") + 8
+    bound = _bound("generate", body, wire, ids) + PROMPT_OVERHEAD
     return ClientRequest(
         "generate", model, stream, True, True, max_tokens, prompt, estimate, bound, wire
     )
