@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
@@ -17,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import yaml
 from aiohttp import web
 
+from kvfleet_bench.redis_server import RedisServer
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.procs import free_port, running_process, sim_serve_argv, stop_process, wait_tcp
+from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
 from kvfleet_sim.server import ServerConfig, make_app
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -175,71 +174,33 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
         yield start
 
 
-class RedisProcess:
-    """A redis-server this test can kill and bring back on the same port."""
+RedisProcess = RedisServer
+"""A redis-server a test can kill and bring back on the same port."""
 
-    def __init__(self, tmp: Path, appendonly: bool = False) -> None:
-        self.appendonly = appendonly
-        """Persist every write (AOF, fsync always): a restart keeps the data, as the
-        deployment docs require. Without it a restart comes back empty."""
-        self.binary = require_binary("redis-server")
-        self.port = free_port()
-        self.tmp = tmp
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes" if self.appendonly else "no",
-                "--appendfsync",
-                "always",
-                "--dir",
-                str(self.tmp),
-            ],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_tcp("127.0.0.1", self.port)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
+def redis_server(tmp: Path, appendonly: bool = False) -> RedisServer:
+    return RedisServer(require_binary("redis-server"), tmp, appendonly)
 
 
 @pytest.fixture
 def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    rp = RedisProcess(tmp_path)
+    rp = redis_server(tmp_path)
     rp.start()
     try:
         yield rp
     finally:
-        if rp.proc is not None:
-            stop_process(rp.proc)
+        rp.stop()
 
 
 @pytest.fixture
 def redis_persistent(tmp_path: Path) -> Iterator[RedisProcess]:
     """A redis-server with an append-only file: killed and started again, it keeps its data."""
-    rp = RedisProcess(tmp_path, appendonly=True)
+    rp = redis_server(tmp_path, appendonly=True)
     rp.start()
     try:
         yield rp
     finally:
-        if rp.proc is not None:
-            stop_process(rp.proc)
+        rp.stop()
 
 
 @pytest.fixture

@@ -18,17 +18,16 @@ import json
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import redis
 from aiohttp import web
 
+from kvfleet_bench.redis_server import RedisServer
 from kvfleet_gateway.app import GATEWAY, make_app
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.keys import hash_key
@@ -36,7 +35,7 @@ from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.serving import GatewayRunner
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.procs import free_port, wait_tcp
+from kvfleet_sim.procs import free_port
 from kvfleet_sim.server import ServerConfig
 from kvfleet_sim.server import make_app as make_sim
 
@@ -69,29 +68,6 @@ class Run:
     server_errors: int
     last_refusal_after_restart_s: float
     wall_s: float
-
-
-@dataclass
-class _Redis:
-    binary: str
-    work: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.work)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
-        wait_tcp("127.0.0.1", self.port)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
 
 
 def _body(kind: str, rng: random.Random) -> tuple[bytes, str, bool]:
@@ -153,7 +129,7 @@ async def run_once(
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    store = _Redis(binary, work)
+    store = RedisServer(binary, work, appendonly=True)
     store.start()
     runners: list[web.AppRunner] = []
     try:
@@ -243,7 +219,7 @@ async def run_once(
                 await asyncio.sleep(0.1)
             engine_tokens = await _engine_tokens(session, engines)
         wall = time.monotonic() - t0
-        client = redis.Redis(port=store.port)
+        client = store.client()
         period = str(int(time.time() // 86400))
         billed = int(client.hget("kvf:{adv}:budget", period) or 0)
         leases = int(client.zcard("kvf:{adv}:leases"))
@@ -271,9 +247,7 @@ async def run_once(
     finally:
         for runner in reversed(runners):
             await runner.cleanup()
-        if store.proc is not None:
-            store.proc.kill()
-            store.proc.wait(10)
+        store.stop()
 
 
 def report(runs: list[Run]) -> str:
