@@ -354,6 +354,14 @@ class Proxy:
         except (ConnectionResetError, TimeoutError):
             ex.client_gone = True  # client hung up: stop writing, the engine aborts
             ex.status = 499
+        except Exception:
+            # A bug while relaying: the headers are sent, so no error response can follow;
+            # the client must still see the stream end with an error, not hang.
+            log.exception("relaying a stream failed for tenant %s", ex.tenant)
+            ex.status = 500
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
+                async with asyncio.timeout(t.client_write):
+                    await resp.write(_error_event("internal error in the gateway"))
         if ex.client_gone and not ended:
             await self._drain_usage(ex, upstream, buffer)
         if ex.usage is None and ex.last_event:
@@ -474,7 +482,7 @@ def _usage(kind: str, payload: Any) -> Usage | None:
 def _content(kind: str, payload: dict[str, Any]) -> str | None:
     """The new text in a chunk (None for chunks that carry no generated text)."""
     choices = payload.get("choices")
-    if not choices or not isinstance(choices, list):
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         return None
     c = choices[0]
     if kind == "chat":

@@ -433,3 +433,47 @@ async def test_engine_extras_are_governed_by_the_allow_list(
         status, _ = await post(gw2, {"text": "hi", "lora_path": "a", "whatever": 1}, "/generate")
         assert status == 200
         assert engine.bodies[-1]["lora_path"] == "a" and "whatever" not in engine.bodies[-1]
+
+
+async def test_odd_chunk_shapes_pass_through_without_a_server_error(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """An engine chunk whose `choices` holds something other than objects is relayed as is;
+    it does not crash the stream."""
+
+    async def reply(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        odd = b'data: {"id": "x", "choices": ["x", 1]}\n\n'
+        return await sse(request, chunk("a", usage(5, 1)), odd, b"data: [DONE]\n\n")
+
+    async with fake_engine(reply) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{gw}/v1/chat/completions", json=chat(stream=True), headers=auth()) as r,
+        ):
+            status, raw = r.status, await r.read()
+        assert status == 200
+        assert b'"choices": ["x", 1]' in raw and raw.rstrip().endswith(b"data: [DONE]")
+        assert await billed(gateway_server, gw) == 6
+
+
+async def test_a_bug_while_relaying_ends_the_stream_instead_of_hanging_it(
+    sim_server: Any, gateway_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvfleet_gateway import proxy
+
+    def broken(kind: str, payload: dict[str, Any]) -> str | None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(proxy, "_content", broken)
+    engine = await sim_server()
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path, maxConcurrent=1)))
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{gw}/v1/chat/completions", json=chat(stream=True), headers=auth()) as r,
+    ):
+        raw = await asyncio.wait_for(r.read(), 10)
+    assert b"internal error in the gateway" in raw
+    state = gateway_server.state(gw)
+    assert state.metrics.requests.labels("t", MODEL, "500")._value.get() == 1
+    await billed(gateway_server, gw)  # the slot and the reservation are released
