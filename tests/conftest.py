@@ -118,24 +118,37 @@ async def gateway_server() -> AsyncIterator[GatewayServers]:
         await servers.stop(url)
 
 
+class SimProcesses:
+    """`kvfleet sim serve` processes: `url = sims(*flags)`; `sims.pid(url)` is that server's pid
+    (asking the kernel who owns the port also finds every client connected to it)."""
+
+    def __init__(self, stack: ExitStack, tmp_path: Path) -> None:
+        self._stack = stack
+        self._tmp_path = tmp_path
+        self._pids: dict[str, int] = {}
+
+    def __call__(self, *extra: str, model: str = "llama-3.1-8b", gpu: str = "h100") -> str:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = self._stack.enter_context(
+            running_process(
+                sim_serve_argv(port, model, gpu, extra=extra),
+                ready_url=f"{url}/health",
+                log_path=self._tmp_path / f"sim-{port}.log",
+            )
+        )
+        self._pids[url] = proc.pid
+        return url
+
+    def pid(self, url: str) -> int:
+        return self._pids[url]
+
+
 @pytest.fixture
-def sim_processes(tmp_path: Path) -> Iterator[Callable[..., str]]:
+def sim_processes(tmp_path: Path) -> Iterator[SimProcesses]:
     """Start `kvfleet sim serve` processes; all are stopped at teardown, even on failure."""
     with ExitStack() as stack:
-
-        def start(*extra: str, model: str = "llama-3.1-8b", gpu: str = "h100") -> str:
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            stack.enter_context(
-                running_process(
-                    sim_serve_argv(port, model, gpu, extra=extra),
-                    ready_url=f"{url}/health",
-                    log_path=tmp_path / f"sim-{port}.log",
-                )
-            )
-            return url
-
-        yield start
+        yield SimProcesses(stack, tmp_path)
 
 
 @pytest.fixture

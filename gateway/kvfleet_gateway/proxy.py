@@ -306,10 +306,13 @@ class Proxy:
         buffer = b""
         ended = False  # the engine's [DONE] arrived
         failure: str | None = None
+        # SGLang sends its first event (the role chunk) once prefill has produced a token, so
+        # any byte ends the first_byte wait — even when that token's text is still held back.
+        heard = False
         try:
             while not ended:
                 try:
-                    wait = t.first_byte if ex.first_token_at is None else t.idle
+                    wait = t.idle if heard else t.first_byte
                     async with asyncio.timeout(wait):
                         data = await upstream.content.readany()
                 except TimeoutError:
@@ -320,6 +323,7 @@ class Proxy:
                     break
                 if not data:
                     break
+                heard = True
                 events, buffer = _split_events(buffer + data)
                 ready: list[bytes] = []
                 for event in events:

@@ -252,7 +252,7 @@ async def test_a_stopped_engine_times_out_after_idle_not_first_byte(
     engine = sim_processes("--time-scale", "1.0", "--no-eos")
     timeouts = Timeouts(first_byte=Duration(30), idle=Duration(1))
     gw = await gateway_server(gateway_config([engine], keys(tmp_path), timeouts=timeouts))
-    pid = await _engine_pid(engine)
+    pid = sim_processes.pid(engine)
     async with (
         aiohttp.ClientSession() as s,
         s.post(
@@ -273,28 +273,32 @@ async def test_a_stopped_engine_times_out_after_idle_not_first_byte(
     assert errors._value.get() == 1
 
 
-async def _engine_pid(url: str) -> int:
-    port = url.rsplit(":", 1)[1]
-    out = await asyncio.create_subprocess_exec(
-        "fuser", f"{port}/tcp", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+async def test_an_engine_silent_after_its_role_chunk_times_out_after_idle(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """SGLang's first event is the role chunk with empty content, sent after prefill; an engine
+    that hangs right after it is idle, not still in its first_byte wait (CI saw a 30 s wait)."""
+    role = chunk("").replace(
+        b'"delta": {"content": ""}', b'"delta": {"role": "assistant", "content": ""}'
     )
-    text, _ = await out.communicate()
-    if text.strip():
-        return int(text.split()[0])
-    return await asyncio.to_thread(_pid_from_proc, port)
 
+    async def hang_after_role(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        resp = await sse(request, role)
+        await asyncio.sleep(60)
+        return resp
 
-def _pid_from_proc(port: str) -> int:
-    """No fuser: the `sim serve` process whose command line has this port."""
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"--port" in cmd and port.encode() in cmd:
-                return int(pid)
-    raise AssertionError(f"no process listens on port {port}")
+    async with fake_engine(hang_after_role) as engine:
+        timeouts = Timeouts(first_byte=Duration(30), idle=Duration(1))
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path), timeouts=timeouts))
+        t0 = time.monotonic()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{gw}/v1/chat/completions", json=chat(stream=True), headers=auth()) as r,
+        ):
+            rest = await asyncio.wait_for(r.content.read(), 10)
+        waited = time.monotonic() - t0
+    assert b'"role": "assistant"' in rest and b"engine timeout mid-stream" in rest
+    assert 1.0 <= waited < 3.0, waited
 
 
 async def test_a_client_that_stops_reading_is_cut_after_client_write(
