@@ -40,6 +40,13 @@ class KubeAccess:
     cert_file: str | None = None
     key_file: str | None = None
     verify: bool = True
+    token_file: str | None = None
+    """In a pod: the projected service-account token, read again for every request because
+    the kubelet rotates it (a token read once at start expires within hours)."""
+
+    def headers(self) -> dict[str, str]:
+        token = Path(self.token_file).read_text().strip() if self.token_file else self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -60,13 +67,20 @@ def kube_access(kubeconfig: str | None = None) -> KubeAccess:
     )
     if kubeconfig is None and host and port and (SA_DIR / "token").exists():
         return KubeAccess(
-            f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt")
+            f"https://{host}:{port}",
+            ca_file=str(SA_DIR / "ca.crt"),
+            token_file=str(SA_DIR / "token"),
         )
     from kubernetes import client, config  # the reference loader for kubeconfig files
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    token = (cfg.api_key or {}).get("authorization", "").removeprefix("Bearer ").strip() or None
+    # The kubernetes package keeps a kubeconfig's token under "BearerToken" (older versions:
+    # "authorization"), with its "Bearer " prefix.
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+        "authorization"
+    )
+    token = (header or "").removeprefix("Bearer ").strip() or None
     return KubeAccess(
         cfg.host.rstrip("/"),
         token,
@@ -138,7 +152,7 @@ class PodDiscovery:
             self.on_change(urls)
 
     async def _list(self, session: aiohttp.ClientSession) -> str:
-        async with session.get(self._pods_url) as r:
+        async with session.get(self._pods_url, headers=self.access.headers()) as r:
             if r.status != 200:
                 raise aiohttp.ClientResponseError(
                     r.request_info, (), status=r.status, message=await r.text()
@@ -161,7 +175,7 @@ class PodDiscovery:
         if rv:
             url += f"&resourceVersion={quote(rv)}"
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.resync_s + 30)
-        async with session.get(url, timeout=timeout) as r:
+        async with session.get(url, timeout=timeout, headers=self.access.headers()) as r:
             if r.status == 410:
                 raise Gone()
             if r.status != 200:
@@ -187,11 +201,10 @@ class PodDiscovery:
                 self._publish()
 
     async def run(self) -> None:
-        headers = {"Authorization": f"Bearer {self.access.token}"} if self.access.token else {}
         backoff = 0.5
         connector = aiohttp.TCPConnector(ssl=self.access.ssl_context())
         loop = asyncio.get_running_loop()
-        async with aiohttp.ClientSession(headers=headers, connector=connector) as session:
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     started = loop.time()
@@ -202,7 +215,7 @@ class PodDiscovery:
                     await asyncio.sleep(max(0.0, MIN_RELIST_S - (loop.time() - started)))
                 except Gone:
                     log.info("pod watch expired (410); listing again")
-                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
                     log.warning("kubernetes API unavailable (%s); retrying in %.1fs", exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)

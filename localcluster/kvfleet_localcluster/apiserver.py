@@ -14,9 +14,10 @@ server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,17 @@ import aiohttp.web
 import kmock
 import yaml
 
+from kvfleet_localcluster import access
+from kvfleet_localcluster.auth import (
+    PUBLIC_PATHS,
+    Attributes,
+    Authenticator,
+    User,
+    authorize,
+    forbidden_message,
+    request_attributes,
+)
+from kvfleet_localcluster.logs import LogSource, serve_logs
 from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
 from kvfleet_localcluster.store import ApiError, Gone, Kind, PatchType, Store
 from kvfleet_localcluster.tables import to_table
@@ -41,6 +53,51 @@ CRD_GROUP, CRD_PLURAL = "apiextensions.k8s.io", "customresourcedefinitions"
 def _wants_table(raw: aiohttp.web.BaseRequest) -> bool:
     """kubectl get asks for `application/json;as=Table;g=meta.k8s.io;v=v1`."""
     return "as=Table" in raw.headers.get("Accept", "")
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
+FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
+
+
+@dataclass
+class _WriteContext:
+    """What the admission of the write being served needs from its request."""
+
+    validation: str = "Warn"
+    unknown: list[str] = field(default_factory=list)
+
+
+_WRITE: contextvars.ContextVar[_WriteContext] = contextvars.ContextVar("write")
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One authorized request: who did what (what `kubectl auth can-i` would be asked)."""
+
+    user: str
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    user_agent: str
+
+
+def _status(err: ApiError) -> aiohttp.web.Response:
+    return aiohttp.web.json_response(err.status(), status=err.code)
+
+
+def _field_manager(raw: aiohttp.web.BaseRequest) -> str:
+    """`fieldManager`, else the client's user agent up to its first '/', as the API server
+    names a manager nobody named."""
+    given = raw.query.get("fieldManager")
+    if given is not None:
+        if len(given) > 128:
+            raise ApiError(422, "Invalid", "fieldManager: Too long: may not be more than 128")
+        return given
+    return raw.headers.get("User-Agent", "unknown").split("/", 1)[0][:128] or "unknown"
 
 
 _DISCOVERY = re.compile(r"^/(api/v1|apis/[^/]+/[^/]+)/?$")
@@ -63,6 +120,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.store = Store()
         self.store.listeners.append(self._on_event)
         self.store.admission.append(self._admit_custom_resource)
+        self.store.admission.append(self._admit_pod)
         self.validate_custom_resources = True
         """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server
         does; False stands in for one that lets anything through (an old, pre-CEL server)."""
@@ -71,6 +129,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self._closed = False
         self.request_log: list[tuple[str, str, str]] = []
         """(method, path, User-Agent) of every request: what a client cost."""
+        self.authn = Authenticator(
+            lambda ns, name: self.store.exists("", "serviceaccounts", ns, name)
+        )
+        self.audit: list[AuditRecord] = []
+        """Every authorized request, with its user: what a client actually used."""
+        self.logs: LogSource | None = None
+        """The node's container logs (`pods/log`); None: no kubelet runs."""
 
     # ---- resources ------------------------------------------------------------------------
     def load_resources(self) -> None:
@@ -87,18 +152,53 @@ class ClusterAPI(kmock.KubernetesEmulator):
         if schema is None or not self.validate_custom_resources:
             return
         errors: list[str] = []
+        write = _WRITE.get(_WriteContext())
+        unknown: list[str] = []
         # Main writes check the spec (status is carried over), status writes the status.
         for part in ("status",) if subresource == "status" else ("spec",):
             sub = (schema.get("properties") or {}).get(part)
             if sub is not None and part in obj:
                 apply_defaults(sub, obj[part])
-                errors += validate(sub, obj[part], part)
+                errors += validate(sub, obj[part], part, unknown)
+        name = (obj.get("metadata") or {}).get("name", "")
+        if unknown and write.validation == "Strict":
+            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+                f"strict decoding error: {fields}",
+            )
+        write.unknown += unknown
         if errors:
-            name = (obj.get("metadata") or {}).get("name", "")
             raise ApiError(
                 422,
                 "Invalid",
                 f'{kind.kind}.{kind.group} "{name}" is invalid: ' + ", ".join(errors),
+            )
+
+    def ensure_default_service_account(self, namespace: str) -> None:
+        """The ServiceAccount controller's job: every namespace has a `default` account."""
+        if not self.store.exists("", "serviceaccounts", namespace, "default"):
+            kind = self.kind("", "v1", "serviceaccounts")
+            self.store.create(kind, namespace, {"metadata": {"name": "default"}})
+
+    def _admit_pod(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        """The ServiceAccount admission plugin: a new pod runs as an account that exists."""
+        meta = obj.get("metadata") or {}
+        if kind.key != ("", "pods") or subresource or "uid" in meta:
+            return
+        ns = meta.get("namespace", "default")
+        account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
+        if account == "default":
+            self.ensure_default_service_account(ns)
+        elif not self.store.exists("", "serviceaccounts", ns, account):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{meta.get("name") or meta.get("generateName", "")}" is forbidden: '
+                f'error looking up service account {ns}/{account}: serviceaccount "{account}" '
+                "not found",
             )
 
     def served_kinds(self) -> list[ServedKind]:
@@ -125,6 +225,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
             self.register_crd(obj)
+        if kind.key == ("", "namespaces") and event == "ADDED":
+            self.ensure_default_service_account(obj["metadata"]["name"])
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -205,7 +307,33 @@ class ClusterAPI(kmock.KubernetesEmulator):
 
     # ---- HTTP -----------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        self.request_log.append((raw.method, raw.path, raw.headers.get("User-Agent", "")))
+        agent = raw.headers.get("User-Agent", "")
+        self.request_log.append((raw.method, raw.path, agent))
+        if raw.path in HEALTH_PATHS:  # public, as the system:public-info-viewer role has it
+            return aiohttp.web.Response(text="ok")
+        user = self.authn.authenticate(raw.headers.get("Authorization"))
+        if user is None and raw.path not in PUBLIC_PATHS:
+            return _status(ApiError(401, "Unauthorized", "Unauthorized"))
+        attrs = request_attributes(raw.method, raw.path, raw.query)
+        if user is not None:
+            allowed, _ = authorize(user, attrs, access.policy(self.store))
+            if not allowed:
+                return _status(ApiError(403, "Forbidden", forbidden_message(user, attrs)))
+            self.audit.append(
+                AuditRecord(
+                    user.name,
+                    attrs.verb,
+                    attrs.group,
+                    attrs.resource,
+                    attrs.subresource,
+                    attrs.namespace,
+                    attrs.name,
+                    agent,
+                )
+            )
+            special = await self._special(user, attrs, raw)
+            if special is not None:
+                return special
         # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
         # fails; namespaces are objects like any other here.
         if raw.path.startswith("/openapi/"):
@@ -243,7 +371,42 @@ class ClusterAPI(kmock.KubernetesEmulator):
         try:
             return await self._serve(self.kind("", "v1", "namespaces"), request, raw)
         except ApiError as err:
-            return aiohttp.web.json_response(err.status(), status=err.code)
+            return _status(err)
+
+    async def _special(
+        self, user: User, attrs: Attributes, raw: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse | None:
+        """Endpoints that are not stored objects: reviews, token requests, logs."""
+        if not attrs.resource_request:
+            return None
+        try:
+            if (attrs.group, attrs.resource) in access.REVIEWS and attrs.verb == "create":
+                body = await self._read_json(raw)
+                return self._json(access.review(user, attrs, body, self.store), 201)
+            if (attrs.resource, attrs.subresource) == ("serviceaccounts", "token"):
+                if attrs.verb != "create":
+                    raise ApiError(405, "MethodNotAllowed", "token requests are POSTs")
+                body = await self._read_json(raw)
+                token = access.token_request(
+                    self.authn, self.store, attrs.namespace, attrs.name, body
+                )
+                return self._json(token, 201)
+            if (attrs.resource, attrs.subresource) == ("pods", "log") and attrs.verb == "get":
+                pod = self.store.get(self.kind("", "v1", "pods"), attrs.namespace, attrs.name)
+                if self.logs is None:
+                    raise ApiError(400, "BadRequest", "no kubelet runs in this cluster")
+                return await serve_logs(raw, pod, self.logs, lambda: self._closed)
+        except ApiError as err:
+            return _status(err)
+        return None
+
+    @staticmethod
+    async def _read_json(raw: aiohttp.web.BaseRequest) -> Any:
+        body = await raw.read()
+        try:
+            return json.loads(body) if body else None
+        except ValueError:
+            raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
 
     @staticmethod
     def _fix_discovery(response: aiohttp.web.Response) -> aiohttp.web.Response:
@@ -265,7 +428,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             kind = self.kind(resource.group or "", resource.version or "", resource.plural)
             return await self._serve(kind, request, raw)
         except ApiError as err:
-            return aiohttp.web.json_response(err.status(), status=err.code)
+            return _status(err)
 
     async def _serve(
         self, kind: Kind, request: Any, raw: aiohttp.web.BaseRequest
@@ -275,6 +438,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
         method = raw.method
         if method == "GET" and q.get("watch") in ("true", "1"):
             return await self._watch(kind, ns, name, raw)
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
+            return await self._write(kind, request, raw)
         if name is None:
             if method == "GET":
                 items, rv = self.store.list_objects(
@@ -290,8 +455,6 @@ class ClusterAPI(kmock.KubernetesEmulator):
                         "items": items,
                     }
                 )
-            if method == "POST":
-                return self._json(self.store.create(kind, ns, self._body(raw, request)), 201)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
         if method == "GET":
             if sub == "scale":
@@ -300,22 +463,76 @@ class ClusterAPI(kmock.KubernetesEmulator):
             if _wants_table(raw) and not sub:
                 return self._json(self._table(kind, [obj], obj["metadata"]["resourceVersion"]))
             return self._json(obj)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    async def _write(
+        self, kind: Kind, request: Any, raw: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse:
+        """POST, PUT, PATCH, DELETE: with `dryRun=All` (everything but storing and telling
+        watchers), `fieldManager` and `fieldValidation` (Strict / Warn, the default / Ignore)."""
+        q = raw.query
+        dry_values = q.getall("dryRun", [])
+        if any(v != "All" for v in dry_values):
+            raise ApiError(400, "BadRequest", f"unsupported dryRun value(s) {dry_values}: use All")
+        validation = q.get("fieldValidation", "Warn")
+        if validation not in FIELD_VALIDATION:
+            raise ApiError(
+                400, "BadRequest", f"fieldValidation must be one of {', '.join(FIELD_VALIDATION)}"
+            )
+        manager = _field_manager(raw)
+        body = await raw.read()
+        write = _WriteContext(validation)
+        token = _WRITE.set(write)
+        try:
+            result, status = self._dispatch_write(
+                kind, request, raw, body, bool(dry_values), manager
+            )
+        finally:
+            _WRITE.reset(token)
+        response = self._json(result, status)
+        for u in write.unknown if validation == "Warn" else ():
+            response.headers.add("Warning", f'299 - "unknown field \\"{u}\\""')
+        return response
+
+    def _dispatch_write(
+        self,
+        kind: Kind,
+        request: Any,
+        raw: aiohttp.web.BaseRequest,
+        body: bytes,
+        dry: bool,
+        manager: str,
+    ) -> tuple[Any, int]:
+        ns, name, sub, q = request.namespace, request.name, request.subresource, raw.query
+        method = raw.method
+        if name is None:
+            if method == "POST":
+                return self.store.create(kind, ns, self._body(raw, request), dry, manager), 201
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
         if method == "PUT":
-            return self._json(self.store.replace(kind, ns, name, self._body(raw, request), sub))
+            obj = self._body(raw, request)
+            return self.store.replace(kind, ns, name, obj, sub, dry, manager), 200
         if method == "PATCH":
             ctype = raw.headers.get("Content-Type", "").split(";")[0].strip()
             patch_type = PATCH_TYPES.get(ctype)
             if patch_type is None:
                 raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
-            body = await raw.read()
-            patch = yaml.safe_load(body) if patch_type == "apply" else json.loads(body)
-            return self._json(self.store.patch(kind, ns, name, patch_type, patch, sub))
+            try:
+                patch = yaml.safe_load(body) if patch_type == "apply" else json.loads(body)
+            except ValueError as exc:
+                raise ApiError(400, "BadRequest", f"the patch is not valid: {exc}") from None
+            force = q.get("force") in ("true", "1")
+            if force and patch_type != "apply":
+                raise ApiError(400, "BadRequest", "force is only allowed for apply patches")
+            result = self.store.patch(kind, ns, name, patch_type, patch, sub, dry, manager, force)
+            return result, 200
         if method == "DELETE":
             options = self._body(raw, request, required=False) or {}
             policy = (
                 q.get("propagationPolicy") or options.get("propagationPolicy") or ("Background")
             )
-            return self._json(self.store.delete(kind, ns, name, policy))
+            dry = dry or "All" in (options.get("dryRun") or [])
+            return self.store.delete(kind, ns, name, policy, dry), 200
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 
     def _table(self, kind: Kind, items: list[dict[str, Any]], rv: str) -> dict[str, Any]:
@@ -341,6 +558,14 @@ class ClusterAPI(kmock.KubernetesEmulator):
     def _json(obj: Any, status: int = 200) -> aiohttp.web.Response:
         return aiohttp.web.json_response(obj, status=status)
 
+    @staticmethod
+    def _bookmark(kind: Kind, rv: int) -> dict[str, Any]:
+        return {
+            "apiVersion": kind.api_version,
+            "kind": kind.kind,
+            "metadata": {"resourceVersion": str(rv)},
+        }
+
     async def _watch(
         self, kind: Kind, ns: str | None, name: str | None, raw: aiohttp.web.BaseRequest
     ) -> aiohttp.web.StreamResponse:
@@ -351,11 +576,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
         labels = q.get("labelSelector")
         timeout = float(q.get("timeoutSeconds") or 1800)
         bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        # Watch-list (kubectl ≥ 1.35 lists this way): the current objects as ADDED events,
+        # then a bookmark annotated initial-events-end, then changes.
+        initial = q.get("sendInitialEvents") in ("true", "1")
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         try:
-            events, seen = self.store.events_since(
-                kind, ns, q.get("resourceVersion"), labels, fields
-            )
+            since = None if initial else q.get("resourceVersion")
+            events, seen = self.store.events_since(kind, ns, since, labels, fields)
         except Gone as gone:
             await resp.prepare(raw)
             await resp.write(
@@ -371,6 +598,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     await resp.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
                     seen = max(seen, int(obj["metadata"]["resourceVersion"]))
                 events = []
+                if initial:
+                    initial = False
+                    mark = self._bookmark(kind, seen)
+                    mark["metadata"]["annotations"] = {INITIAL_EVENTS_END: "true"}
+                    await resp.write(
+                        json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
+                    )
                 remaining = deadline - loop.time()
                 if remaining <= 0 or self._closed:
                     break
@@ -379,11 +613,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     await asyncio.wait_for(changed.wait(), timeout=min(remaining, 60))
                 except TimeoutError:
                     if bookmarks:
-                        mark = {
-                            "apiVersion": kind.api_version,
-                            "kind": kind.kind,
-                            "metadata": {"resourceVersion": str(self.store.rv)},
-                        }
+                        mark = self._bookmark(kind, self.store.rv)
                         await resp.write(
                             json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
                         )

@@ -22,9 +22,10 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from kvfleet_localcluster.kubelet import KubeletConfig, PodRunner
+from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig, PodRunner
 from kvfleet_localcluster.store import ApiError, Kind, Store
 
 log = logging.getLogger("kvfleet.cluster")
@@ -42,6 +43,9 @@ DEPLOYMENT = Kind(
 CONFIG_KINDS = {
     "ConfigMap": Kind("", "v1", "configmaps", "ConfigMap", True, frozenset()),
     "Secret": Kind("", "v1", "secrets", "Secret", True, frozenset()),
+    "PersistentVolumeClaim": Kind(
+        "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, frozenset({"status"})
+    ),
 }
 HASH_LABEL = "pod-template-hash"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -77,12 +81,16 @@ class Cluster:
 
     store: Store
     kubelet: KubeletConfig = field(default_factory=lambda: KubeletConfig(run_processes=False))
+    access: ClusterAccess | None = None
+    """The API server as pods reach it (service-account tokens, CA); None: no credentials."""
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _ips: dict[str, str] = field(default_factory=dict)
     _next_ip: int = 1
     """127.0.0.1 is the host; pods get 127.0.0.2, .3, ... (then 127.0.1.x)."""
     _runners: dict[str, tuple[PodRunner, asyncio.Task[None]]] = field(default_factory=dict)
     _stopping: set[asyncio.Task[None]] = field(default_factory=set)
+    _failed: dict[str, str] = field(default_factory=dict)
+    """Deployment uid → why its last pod creation failed (its ReplicaFailure condition)."""
 
     def __post_init__(self) -> None:
         self.store.kinds.setdefault(POD.key, POD)
@@ -116,7 +124,16 @@ class Cluster:
             }
         ]
         template.pop("status", None)
-        self.store.create(POD, dep["metadata"]["namespace"], template)
+        meta = dep["metadata"]
+        try:
+            self.store.create(POD, dep["metadata"]["namespace"], template)
+        except ApiError as exc:  # e.g. its ServiceAccount does not exist: retried next pass
+            self._failed[dep["metadata"]["uid"]] = exc.message
+            log.warning(
+                "deployment %s: cannot create a pod: %s", dep["metadata"]["name"], exc.message
+            )
+        else:
+            self._failed.pop(dep["metadata"]["uid"], None)
 
     def reconcile_deployment(self, dep: dict[str, Any]) -> None:
         ns, spec = dep["metadata"]["namespace"], dep.get("spec") or {}
@@ -140,13 +157,24 @@ class Cluster:
         pods = self._owned_pods(dep)
         ready = sum(1 for p in pods if is_ready(p))
         updated = sum(1 for p in pods if p["metadata"]["labels"].get(HASH_LABEL) == thash)
+        conditions = [{"type": "Available", "status": "True" if ready >= want else "False"}]
+        failure = self._failed.get(dep["metadata"]["uid"])
+        if failure:
+            conditions.append(
+                {
+                    "type": "ReplicaFailure",
+                    "status": "True",
+                    "reason": "FailedCreate",
+                    "message": failure,
+                }
+            )
         status = {
             "observedGeneration": dep["metadata"]["generation"],
             "replicas": len(pods),
             "readyReplicas": ready,
             "availableReplicas": ready,
             "updatedReplicas": updated,
-            "conditions": [{"type": "Available", "status": "True" if ready >= want else "False"}],
+            "conditions": conditions,
         }
         if (dep.get("status") or {}) != status:
             self.store.patch(
@@ -196,6 +224,8 @@ class Cluster:
                 self.kubelet,
                 lambda status, ns=ns, name=name: self._write_status(ns, name, status),
                 self._read,
+                self.access,
+                pod["metadata"],
             )
             self._runners[key] = (runner, asyncio.create_task(runner.run()))
         for key in [k for k in self._runners if k not in live]:
@@ -204,6 +234,23 @@ class Cluster:
             stopping = asyncio.create_task(self._stop_runner(runner, task))
             self._stopping.add(stopping)
             stopping.add_done_callback(self._stopping.discard)
+
+    # ---- container logs (the API server's pods/log) ------------------------------------------
+    def runs(self, namespace: str, pod: str, container: str) -> list[Path]:
+        base = self.kubelet.state_dir
+        if base is None:
+            return []
+        files = (base / "pods" / f"{namespace}_{pod}").glob(f"{container}.*.log")
+        numbered = [(int(f.name.rsplit(".", 2)[1]), f) for f in files if f.name.count(".") >= 2]
+        return [f for _, f in sorted(numbered)]
+
+    def running(self, namespace: str, pod: str, container: str, run: Path) -> bool:
+        entry = self._runners.get(f"{namespace}/{pod}")
+        if entry is None:
+            return False
+        runner = entry[0]
+        alive = runner.proc is not None and runner.proc.returncode is None
+        return alive and run.name == f"{container}.{runner.restarts}.log"
 
     @staticmethod
     async def _stop_runner(runner: PodRunner, task: asyncio.Task[None]) -> None:

@@ -9,10 +9,19 @@ manifest names. Startup, readiness and liveness probes are executed against the 
 set the pod's conditions; a process that exits is restarted with the kubelet's doubling
 backoff; a deleted pod gets SIGTERM, then SIGKILL after its grace period.
 
-No mount namespaces exist here, so volumes are emulated: ConfigMaps and Secrets are written
-to a per-pod directory, and each mountPath is substituted by that directory in the command
-line, environment and mounted text files. Pods reach the API server through the cluster's
-kubeconfig (`KUBECONFIG`), standing in for their service-account token.
+No mount or network namespaces exist here, so both are emulated. Volumes: ConfigMaps and
+Secrets are written to a per-pod directory; each mountPath is substituted by that directory
+in the command line, environment and mounted text files; the service-account volume, whose
+path client libraries hard-code, is redirected inside the process (`podshim/sitecustomize.py`,
+loaded through PYTHONPATH). The network: that shim binds a wildcard listener (0.0.0.0, ::) to
+the pod's address.
+
+Pods log in to the API server as on a real node: the service-account volume at
+/var/run/secrets/kubernetes.io/serviceaccount (a token issued for the pod's ServiceAccount,
+the cluster CA, the namespace) and KUBERNETES_SERVICE_HOST/PORT. A container whose env or
+volumes reference a Secret, ConfigMap, key or PVC that does not exist does not start
+(`CreateContainerConfigError`, `ContainerCreating`) until it appears. The downward API
+(`fieldRef`: metadata.name, metadata.namespace, status.podIP, ...) fills env values.
 Containers of other images run no process and become Ready after a delay (as in the
 no-process mode used by fast tests).
 """
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import re
@@ -29,6 +39,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +48,10 @@ from typing import Any
 import aiohttp
 
 log = logging.getLogger("kvfleet.cluster.kubelet")
+SHIM_DIR = Path(__file__).parent / "podshim"
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+CREATING = ("ContainerCreating", "CreateContainerConfigError")
+"""Waiting reasons of a container that has not started yet (the pod is Pending)."""
 
 Json = dict[str, Any]
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -89,8 +104,6 @@ class KubeletConfig:
     state_dir: Path | None = None
     """Where pods' volumes and logs live (`<state_dir>/pods/<ns>_<pod>/`); None: a temporary
     directory of the local cluster, removed when it stops."""
-    kubeconfig: Path | None = None
-    """Given to pods as KUBECONFIG: their way to the API server."""
     time_scale: float = 0.1
     """Multiplier on probe periods, restart backoff and grace periods: 0.1 makes a local
     pod start, restart and stop ten times faster than on a real node; 1.0 = kubelet timing."""
@@ -104,6 +117,26 @@ class KubeletConfig:
     kvfleet_command: tuple[str, ...] = (sys.executable, "-m", "kvfleet_cli")
     """What runs a kvfleet-image container (the image's `kvfleet` entry point): by default
     this Python's; a runtime-only install's `kvfleet` to test what the image ships."""
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """How a pod reaches the API server: what the kubelet puts in its service-account volume
+    and environment."""
+
+    host: str
+    port: int
+    ca_pem: bytes
+    issue_token: Callable[[str, str], str]
+    """(namespace, service account) → a token (the TokenRequest API)."""
+
+
+class ConfigMissing(Exception):
+    """A referenced Secret, ConfigMap, key or PVC does not exist: the container cannot start."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
 
 
 def gpu_of(pod_spec: Json) -> str:
@@ -167,10 +200,7 @@ def container_argv(
         notes = [f"kubelet: dropped flags the simulator does not model: {d}" for d in dropped]
         return argv, notes
     if command and Path(command[0]).name == "kvfleet":
-        argv = [*config.kvfleet_command, *command[1:]]
-        if command[1:2] == ["gateway"]:
-            argv += ["--host", pod_ip]
-        return argv, []
+        return [*config.kvfleet_command, *command[1:]], []
     return None
 
 
@@ -197,7 +227,11 @@ class PodRunner:
     status_writer: Any
     """Callable(status_patch: Json) writing the pod's status through the API."""
     secrets: Any
-    """Callable(ns, kind, name) -> object | None, reading ConfigMaps and Secrets."""
+    """Callable(ns, kind, name) -> object | None, reading ConfigMaps, Secrets and PVCs."""
+    access: ClusterAccess | None = None
+    """The API server, for the pod's service-account volume; None: pods get no credentials."""
+    meta: Json = field(default_factory=dict)
+    """The pod's metadata (name, namespace, uid, labels) for the downward API."""
     restarts: int = 0
     ready: bool = False
     proc: asyncio.subprocess.Process | None = None
@@ -230,34 +264,140 @@ class PodRunner:
             for key, data in files.items():
                 (local / key).write_bytes(data)
             mounts[m["mountPath"]] = local
+        if self.access is not None and self.spec.get("automountServiceAccountToken") is not False:
+            mounts[SERVICE_ACCOUNT_PATH] = self._service_account_volume(self.access)
         for m in container.get("volumeMounts") or []:  # mounted text refers to other mounts
             if "configMap" in volumes.get(m["name"], {}):
                 for f in mounts[m["mountPath"]].iterdir():
                     f.write_text(substitute(f.read_text(), mounts))
         return mounts
 
+    def _service_account_volume(self, access: ClusterAccess) -> Path:
+        """What the kubelet projects into every pod: a token, the CA, the namespace."""
+        local = self.pod_dir / "volumes" / "kube-api-access"
+        local.mkdir(parents=True, exist_ok=True)
+        account = self.spec.get("serviceAccountName") or "default"
+        (local / "token").write_text(access.issue_token(self.ns, account))
+        (local / "ca.crt").write_bytes(access.ca_pem)
+        (local / "namespace").write_text(self.ns)
+        return local
+
+    def _field(self, path: str) -> str:
+        """The downward API's `fieldRef.fieldPath`."""
+        labels = self.meta.get("labels") or {}
+        annotations = self.meta.get("annotations") or {}
+        if m := re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path):
+            return str((labels if m.group(1) == "labels" else annotations).get(m.group(2), ""))
+        values = {
+            "metadata.name": self.name,
+            "metadata.namespace": self.ns,
+            "metadata.uid": str(self.meta.get("uid", "")),
+            "spec.nodeName": "local",
+            "spec.serviceAccountName": self.spec.get("serviceAccountName") or "default",
+            "status.podIP": self.pod_ip,
+            "status.podIPs": self.pod_ip,
+            "status.hostIP": "127.0.0.1",
+        }
+        if path not in values:
+            raise ConfigMissing("CreateContainerConfigError", f"unsupported fieldPath {path!r}")
+        return values[path]
+
+    def _key_value(self, kind: str, ref: Json) -> str | None:
+        obj = self.secrets(self.ns, kind, ref.get("name", ""))
+        optional = bool(ref.get("optional"))
+        if obj is None:
+            if optional:
+                return None
+            raise ConfigMissing(
+                "CreateContainerConfigError", f'{kind.lower()} "{ref.get("name")}" not found'
+            )
+        data = obj.get("data") or {}
+        if ref.get("key") not in data:
+            if optional:
+                return None
+            raise ConfigMissing(
+                "CreateContainerConfigError",
+                f"couldn't find key {ref.get('key')} in {kind} {self.ns}/{ref.get('name')}",
+            )
+        raw = data[ref["key"]]
+        return base64.b64decode(raw).decode() if kind == "Secret" else str(raw)
+
+    def check_references(self, container: Json) -> None:
+        """Raise ConfigMissing as the kubelet would before creating the container."""
+        for vol in self.spec.get("volumes") or []:
+            for kind, key, name_key in (
+                ("Secret", "secret", "secretName"),
+                ("ConfigMap", "configMap", "name"),
+                ("PersistentVolumeClaim", "persistentVolumeClaim", "claimName"),
+            ):
+                src = vol.get(key)
+                if src is None or src.get("optional"):
+                    continue
+                if self.secrets(self.ns, kind, src.get(name_key, "")) is None:
+                    raise ConfigMissing(
+                        "ContainerCreating",
+                        f'MountVolume.SetUp failed for volume "{vol.get("name")}": '
+                        f'{kind.lower()} "{src.get(name_key)}" not found',
+                    )
+        for src in container.get("envFrom") or []:
+            for kind, key in (("Secret", "secretRef"), ("ConfigMap", "configMapRef")):
+                ref = src.get(key)
+                if (
+                    ref
+                    and not ref.get("optional")
+                    and self.secrets(self.ns, kind, ref.get("name", "")) is None
+                ):
+                    raise ConfigMissing(
+                        "CreateContainerConfigError",
+                        f'{kind.lower()} "{ref.get("name")}" not found',
+                    )
+        self._env(container, {})
+
     def _env(self, container: Json, mounts: dict[str, Path]) -> dict[str, str]:
         env = dict(os.environ)
-        if self.config.kubeconfig:
-            env["KUBECONFIG"] = str(self.config.kubeconfig)
-        env.pop("KUBERNETES_SERVICE_HOST", None)
+        for leaked in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+            env.pop(leaked, None)  # a pod sees the cluster as a pod does, not as its host
+        if self.access is not None:
+            env["KUBERNETES_SERVICE_HOST"] = self.access.host
+            env["KUBERNETES_SERVICE_PORT"] = str(self.access.port)
+        env["KVFLEET_POD_IP"] = self.pod_ip
+        # Only the service-account path goes through the shim: libraries hard-code it, while
+        # every other mount is substituted in the command line, env and files above — and
+        # remapping, say, a pod's /tmp would hide the host's /tmp the process runs from.
+        shimmed = {m: str(d) for m, d in mounts.items() if m == SERVICE_ACCOUNT_PATH}
+        env["KVFLEET_POD_MOUNTS"] = json.dumps(shimmed)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH", "")) if p
+        )
+        for src in container.get("envFrom") or []:
+            for kind, key in (("Secret", "secretRef"), ("ConfigMap", "configMapRef")):
+                ref = src.get(key)
+                obj = self.secrets(self.ns, kind, ref.get("name", "")) if ref else None
+                for k, v in ((obj or {}).get("data") or {}).items():
+                    value = base64.b64decode(v).decode() if kind == "Secret" else str(v)
+                    env[f"{src.get('prefix', '')}{k}"] = value
         for var in container.get("env") or []:
+            source = var.get("valueFrom") or {}
             if "value" in var:
                 env[var["name"]] = substitute(str(var["value"]), mounts)
-            elif ref := (var.get("valueFrom") or {}).get("secretKeyRef"):
-                sec = self.secrets(self.ns, "Secret", ref["name"]) or {}
-                raw = (sec.get("data") or {}).get(ref["key"])
-                if raw is not None:
-                    env[var["name"]] = base64.b64decode(raw).decode()
+            elif ref := source.get("secretKeyRef"):
+                if (secret := self._key_value("Secret", ref)) is not None:
+                    env[var["name"]] = secret
+            elif ref := source.get("configMapKeyRef"):
+                if (config := self._key_value("ConfigMap", ref)) is not None:
+                    env[var["name"]] = config
+            elif ref := source.get("fieldRef"):
+                env[var["name"]] = self._field(ref.get("fieldPath", ""))
         return env
 
     # ---- status ---------------------------------------------------------------------------
     def _write(self, container: Json, state: Json, ready: bool, started: bool) -> None:
         self.ready = ready
         cond = "True" if ready else "False"
+        waiting = (state.get("waiting") or {}).get("reason")
         self.status_writer(
             {
-                "phase": "Running",
+                "phase": "Pending" if waiting in CREATING else "Running",
                 "podIP": self.pod_ip,
                 "podIPs": [{"ip": self.pod_ip}],
                 "hostIP": "127.0.0.1",
@@ -307,9 +447,26 @@ class PodRunner:
             return False
 
     # ---- life -----------------------------------------------------------------------------
+    async def _wait_for_references(self, container: Json) -> None:
+        """Hold the container in ContainerCreating / CreateContainerConfigError until every
+        Secret, ConfigMap, key and PVC it needs exists, re-checking as the kubelet does."""
+        reported = None
+        while True:
+            try:
+                self.check_references(container)
+                return
+            except ConfigMissing as missing:
+                if reported != missing.message:
+                    reported = missing.message
+                    log.info("pod %s/%s: %s", self.ns, self.name, missing.message)
+                    waiting = {"waiting": {"reason": missing.reason, "message": missing.message}}
+                    self._write(container, waiting, False, False)
+            await asyncio.sleep(self._scaled(10.0))
+
     async def run(self) -> None:
         container = (self.spec.get("containers") or [{}])[0]
         gpu = gpu_of(self.spec)
+        await self._wait_for_references(container)
         if (
             container_argv(container, self.pod_ip, gpu, self.config) is None
             or not self.config.run_processes
@@ -322,6 +479,7 @@ class PodRunner:
         backoff = 10.0
         async with aiohttp.ClientSession() as session:
             while True:
+                await self._wait_for_references(container)
                 mounts = self._materialize(container)
                 argv, notes = container_argv(container, self.pod_ip, gpu, self.config, mounts) or (
                     [],
@@ -355,7 +513,7 @@ class PodRunner:
         notes: list[str],
         mounts: dict[str, Path],
     ) -> int:
-        logfile = self.pod_dir / f"{container.get('name', 'main')}.log"
+        logfile = self.pod_dir / f"{container.get('name', 'main')}.{self.restarts}.log"
         with logfile.open("ab") as out:
             for note in notes:
                 out.write(note.encode() + b"\n")

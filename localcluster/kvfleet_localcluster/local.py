@@ -3,25 +3,34 @@
     async with LocalCluster(LocalClusterConfig(...)) as cluster:
         print(cluster.url)            # kubectl --kubeconfig cluster.kubeconfig ...
 
-One implementation serves the tests, the demo and `kvfleet cluster up`. Leaving the block
-stops every pod process (SIGTERM, then SIGKILL) before the API server goes away.
+One implementation serves the tests, the demo and `kvfleet cluster up`. The API server
+serves HTTPS only, with a CA made at start; the kubeconfig carries that CA and an admin
+token (group system:masters), and pods get service-account tokens — so every client logs in
+as it would on a real cluster. Leaving the block stops every pod process (SIGTERM, then
+SIGKILL) before the API server goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
-import kmock
+import aiohttp
+import aiohttp.web
 import yaml
 
+from kvfleet_localcluster import pki
 from kvfleet_localcluster.apiserver import ClusterAPI
+from kvfleet_localcluster.auth import AUTHENTICATED, MASTERS, User
 from kvfleet_localcluster.controllers import Cluster
-from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig
+
+ADMIN = User("kvfleet-admin", (MASTERS, AUTHENTICATED))
 
 
 @dataclass(frozen=True)
@@ -43,20 +52,31 @@ class LocalClusterConfig:
     API server's own semantics."""
 
 
-def kubeconfig_document(url: str, namespace: str) -> dict[str, object]:
+def kubeconfig_document(url: str, namespace: str, ca_pem: bytes, token: str) -> dict[str, object]:
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "current-context": "kvfleet-local",
-        "clusters": [{"name": "kvfleet-local", "cluster": {"server": url}}],
+        "clusters": [
+            {
+                "name": "kvfleet-local",
+                "cluster": {
+                    "server": url,
+                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                },
+            }
+        ],
         "contexts": [
             {
                 "name": "kvfleet-local",
-                "context": {"cluster": "kvfleet-local", "user": "admin", "namespace": namespace},
+                "context": {
+                    "cluster": "kvfleet-local",
+                    "user": "kvfleet-admin",
+                    "namespace": namespace,
+                },
             }
         ],
-        # The emulated API server does not authenticate; clients still want a user.
-        "users": [{"name": "admin", "user": {"token": "kvfleet-local"}}],
+        "users": [{"name": "kvfleet-admin", "user": {"token": token}}],
     }
 
 
@@ -64,15 +84,26 @@ class LocalCluster:
     def __init__(self, config: LocalClusterConfig) -> None:
         self.config = config
         self.api = ClusterAPI()
-        self._server: kmock.Server | None = None
+        self.pki = pki.issue([config.host, "127.0.0.1", "localhost"])
+        self.admin_token = self.api.authn.add_user(ADMIN)
+        self._runner: aiohttp.web.ServerRunner | None = None
+        self._port: int | None = None
         self._controllers: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.cluster: Cluster | None = None
 
     @property
     def url(self) -> str:
-        assert self._server is not None, "not started"
-        return str(self._server.url).rstrip("/")
+        assert self._port is not None, "not started"
+        return f"https://{self.config.host}:{self._port}"
+
+    def session(self, token: str | None = None) -> aiohttp.ClientSession:
+        """An HTTP client that trusts the cluster CA and sends `token` (default: the admin's),
+        for code that speaks to the API server without a Kubernetes client."""
+        return aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {token or self.admin_token}"},
+            connector=aiohttp.TCPConnector(ssl=self.pki.client_context()),
+        )
 
     @property
     def kubeconfig(self) -> Path:
@@ -81,21 +112,40 @@ class LocalCluster:
     async def __aenter__(self) -> LocalCluster:
         cfg = self.config
         await self.api.__aenter__()
-        self._server = kmock.Server(self.api, host=cfg.host, port=cfg.port)
-        await self._server.__aenter__()
-        self.api.load_resources()
-        if cfg.crds_dir is not None:
-            self.api.load_crds(cfg.crds_dir)
-        cfg.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        cfg.kubeconfig.write_text(
-            yaml.safe_dump(kubeconfig_document(self.url, cfg.namespace), sort_keys=False)
-        )
-        kubelet = replace(cfg.kubelet, kubeconfig=cfg.kubelet.kubeconfig or cfg.kubeconfig)
+        kubelet = cfg.kubelet
         if kubelet.state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cluster-")
             kubelet = replace(kubelet, state_dir=Path(self._tmp.name))
+        assert kubelet.state_dir is not None
+        tls = self.pki.server_context(kubelet.state_dir / "pki")
+        # Open watches and log streams end when the cluster stops; a short shutdown timeout
+        # cuts whatever a client still holds open instead of waiting a minute for it.
+        self._runner = aiohttp.web.ServerRunner(
+            aiohttp.web.Server(self.api), handle_signals=False, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, cfg.host, cfg.port or 0, ssl_context=tls)
+        await site.start()
+        self._port = self._runner.addresses[0][1]
+        self.api.load_resources()
+        if cfg.crds_dir is not None:
+            self.api.load_crds(cfg.crds_dir)
+        for ns in sorted({"default", cfg.namespace}):
+            self.api.ensure_default_service_account(ns)
+        cfg.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        cfg.kubeconfig.touch(mode=0o600)  # it holds an admin token
+        cfg.kubeconfig.write_text(
+            yaml.safe_dump(
+                kubeconfig_document(self.url, cfg.namespace, self.pki.ca_pem, self.admin_token),
+                sort_keys=False,
+            )
+        )
         if cfg.controllers:
-            self.cluster = Cluster(self.api.store, kubelet)
+            access = ClusterAccess(
+                cfg.host, self._port, self.pki.ca_pem, self.api.authn.issue_service_account_token
+            )
+            self.cluster = Cluster(self.api.store, kubelet, access)
+            self.api.logs = self.cluster
             self._controllers = asyncio.create_task(self.cluster.run(resync_s=cfg.resync_s))
         return self
 
@@ -110,8 +160,8 @@ class LocalCluster:
             self._controllers.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._controllers
-        if self._server is not None:
-            await self._server.__aexit__(exc_type, exc, tb)
+        if self._runner is not None:
+            await self._runner.cleanup()
         await self.api.__aexit__(exc_type, exc, tb)
         if self._tmp is not None:
             self._tmp.cleanup()

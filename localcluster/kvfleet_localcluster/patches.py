@@ -232,6 +232,16 @@ def label_matcher(selector: str | None) -> LabelCheck:
     return lambda labels: all(c(labels) for c in checks)
 
 
+def equality_terms(selector: str | None) -> list[tuple[str, str]]:
+    """The `key=value` terms of a label selector (what an index can answer)."""
+    out = []
+    for term in _split_terms(selector or ""):
+        if "!=" not in term and "=" in term and not _SET.match(term):
+            key, value = (x.strip() for x in term.replace("==", "=").split("=", 1))
+            out.append((key, value))
+    return out
+
+
 def _field(path: str, value: str, negate: bool) -> Callable[[dict[str, Any]], bool]:
     def check(obj: dict[str, Any]) -> bool:
         node: Any = obj

@@ -17,12 +17,14 @@ import secrets
 import string
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvfleet_localcluster import ssa
 from kvfleet_localcluster.patches import (
     PatchError,
+    equality_terms,
     field_matcher,
     json_patch,
     label_matcher,
@@ -31,6 +33,8 @@ from kvfleet_localcluster.patches import (
 )
 
 HISTORY = 10_000
+SERVER_MANAGER = "kvfleet-local"
+"""The field manager of writes that name none (the local cluster's own controllers)."""
 PatchType = Literal["merge", "json", "strategic", "apply"]
 
 
@@ -110,9 +114,25 @@ def _body(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+ObjectKey = tuple[str, str]
+"""(namespace or "", name) within one kind."""
+FullKey = tuple[str, str, str, str]
+"""(group, plural, namespace or "", name)."""
+
+
 @dataclass
 class Store:
-    objects: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
+    objects: dict[tuple[str, str], dict[ObjectKey, dict[str, Any]]] = field(default_factory=dict)
+    """Objects by kind (group, plural), then by (namespace, name): a get is one lookup and a
+    list reads only its kind (and, with a namespace, only that namespace's objects)."""
+    by_label: dict[tuple[str, str], dict[tuple[str, str], set[ObjectKey]]] = field(
+        default_factory=dict
+    )
+    """Per kind, (label key, value) → objects carrying it: equality selectors read only the
+    objects they match."""
+    by_uid: dict[str, FullKey] = field(default_factory=dict)
+    dependents: dict[str, set[FullKey]] = field(default_factory=dict)
+    """Owner uid → objects whose ownerReferences name it (garbage collection without a scan)."""
     rv: int = 0
     history: dict[tuple[str, str], deque[tuple[int, str, dict[str, Any]]]] = field(
         default_factory=dict
@@ -139,14 +159,60 @@ class Store:
         for listener in self.listeners:
             listener(kind, event, obj)
 
-    def _key(self, kind: Kind, ns: str | None, name: str) -> tuple[str, str, str, str]:
+    def _key(self, kind: Kind, ns: str | None, name: str) -> FullKey:
         return kind.group, kind.plural, (ns or "") if kind.namespaced else "", name
 
+    def _lookup(self, key: FullKey) -> dict[str, Any] | None:
+        return self.objects.get(key[:2], {}).get(key[2:])
+
+    def _put(self, key: FullKey, obj: dict[str, Any]) -> None:
+        self._unindex(key)
+        self.objects.setdefault(key[:2], {})[key[2:]] = obj
+        meta = obj["metadata"]
+        labels = self.by_label.setdefault(key[:2], {})
+        for pair in (meta.get("labels") or {}).items():
+            labels.setdefault(pair, set()).add(key[2:])
+        self.by_uid[meta["uid"]] = key
+        for ref in meta.get("ownerReferences") or []:
+            self.dependents.setdefault(ref.get("uid", ""), set()).add(key)
+
+    def _unindex(self, key: FullKey) -> dict[str, Any] | None:
+        old = self.objects.get(key[:2], {}).pop(key[2:], None)
+        if old is None:
+            return None
+        meta = old["metadata"]
+        labels = self.by_label.get(key[:2], {})
+        for pair in (meta.get("labels") or {}).items():
+            holders = labels.get(pair)
+            if holders is not None:
+                holders.discard(key[2:])
+                if not holders:
+                    del labels[pair]
+        self.by_uid.pop(meta["uid"], None)
+        for ref in meta.get("ownerReferences") or []:
+            deps = self.dependents.get(ref.get("uid", ""))
+            if deps is not None:
+                deps.discard(key)
+                if not deps:
+                    del self.dependents[ref.get("uid", "")]
+        return old
+
     def _find(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
-        obj = self.objects.get(self._key(kind, ns, name))
+        obj = self._lookup(self._key(kind, ns, name))
         if obj is None:
             raise ApiError(404, "NotFound", f'{kind.plural} "{name}" not found')
         return obj
+
+    def peek(self, group: str, plural: str, ns: str | None = None) -> list[dict[str, Any]]:
+        """The stored objects of a kind, not copies: for in-process readers (RBAC, the
+        kubelet) that only read. Nothing may modify what this returns."""
+        objs = self.objects.get((group, plural), {})
+        if ns is None:
+            return list(objs.values())
+        return [o for (n, _), o in objs.items() if n == ns]
+
+    def exists(self, group: str, plural: str, ns: str, name: str) -> bool:
+        return (ns, name) in self.objects.get((group, plural), {})
 
     # ---- reads ----------------------------------------------------------------------------
     def get(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
@@ -159,13 +225,17 @@ class Store:
             match_labels, match_fields = label_matcher(labels), field_matcher(fields)
         except ValueError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from exc
+        objs = self.objects.get(kind.key, {})
+        keys: Iterable[ObjectKey] = objs.keys()
+        for pair in equality_terms(labels):  # narrow by the index, then check every term
+            keys = [k for k in self.by_label.get(kind.key, {}).get(pair, ()) if k in objs]
+            break
         items = [
-            copy.deepcopy(o)
-            for (g, p, n, _), o in sorted(self.objects.items())
-            if (g, p) == kind.key
-            and (not ns or n == ns)
-            and match_labels(o["metadata"].get("labels") or {})
-            and match_fields(o)
+            copy.deepcopy(objs[k])
+            for k in sorted(keys)
+            if (not ns or k[0] == ns)
+            and match_labels(objs[k]["metadata"].get("labels") or {})
+            and match_fields(objs[k])
         ]
         return items, str(self.rv)
 
@@ -192,10 +262,27 @@ class Store:
         log = self.history.get(kind.key, deque())
         if log and since < log[0][0] - 1 and len(log) == log.maxlen:
             raise Gone(rv)
-        return [(e, o) for r, e, o in log if r > since and wanted(o)], self.rv
+        tail = []
+        for r, e, o in reversed(log):  # only what is newer than `since`: a short walk
+            if r <= since:
+                break
+            if wanted(o):
+                tail.append((e, o))
+        tail.reverse()
+        return tail, self.rv
 
     # ---- writes ---------------------------------------------------------------------------
-    def create(self, kind: Kind, ns: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(
+        self,
+        kind: Kind,
+        ns: str | None,
+        obj: dict[str, Any],
+        dry_run: bool = False,
+        manager: str = SERVER_MANAGER,
+        applied: bool = False,
+    ) -> dict[str, Any]:
+        """Store a new object. `dry_run`: validate, default and admit it, return what would be
+        stored, store nothing and tell no watcher (the API server's `dryRun=All`)."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
@@ -214,32 +301,41 @@ class Store:
                 )
             meta["namespace"] = ns or meta.get("namespace") or "default"
         key = self._key(kind, meta.get("namespace"), meta["name"])
-        if key in self.objects:
+        if self._lookup(key) is not None:
             raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         _secret_string_data(kind, obj)
         for admit in self.admission:
             admit(kind, obj, None)
-        meta.update(
-            uid=str(uuid.uuid4()),
-            creationTimestamp=_now(),
-            generation=1,
-            resourceVersion=self._bump(),
-        )
-        self.objects[key] = obj
+        if not applied:  # an apply recorded its own fields
+            meta.pop("managedFields", None)
+            ssa.record_update(None, obj, manager, kind.api_version)
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        if dry_run:
+            return obj
+        meta["resourceVersion"] = self._bump()
+        self._put(key, obj)
         self._emit(kind, "ADDED", obj)
         created = copy.deepcopy(obj)
-        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
-        if owners and not any(o["metadata"]["uid"] in owners for o in self.objects.values()):
+        owners = {r.get("uid", "") for r in meta.get("ownerReferences") or []}
+        if owners and not any(uid in self.by_uid for uid in owners):
             # As the garbage collector does: a dependent whose owners are all gone (deleted
             # while it was being created) is collected; the create itself succeeded.
             self.delete(kind, meta.get("namespace"), meta["name"])
         return created
 
     def _commit(
-        self, kind: Kind, old: dict[str, Any], new: dict[str, Any], subresource: str | None
+        self,
+        kind: Kind,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        subresource: str | None,
+        dry_run: bool = False,
+        manager: str = SERVER_MANAGER,
+        applied: bool = False,
     ) -> dict[str, Any]:
-        """Store `new` in place of `old` with the subresource rules; bump versions."""
+        """Store `new` in place of `old` with the subresource rules; bump versions; record
+        what `manager` changed (unless an apply already recorded its fields)."""
         meta_old = old["metadata"]
         if subresource == "status":
             merged = copy.deepcopy(old)
@@ -263,16 +359,21 @@ class Store:
         _secret_string_data(kind, new)
         for admit in self.admission:
             admit(kind, new, subresource)
+        if subresource != "status" and not applied:
+            new["metadata"]["managedFields"] = copy.deepcopy(meta_old.get("managedFields"))
+            ssa.record_update(old, new, manager, kind.api_version)
         if new == old:
             return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
+        if dry_run:
+            return new
         new["metadata"]["resourceVersion"] = self._bump()
         key = self._key(kind, meta_old.get("namespace"), meta_old["name"])
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-            del self.objects[key]
+            self._unindex(key)
             self._emit(kind, "DELETED", new)
             self._collect(new["metadata"]["uid"])
         else:
-            self.objects[key] = new
+            self._put(key, new)
             self._emit(kind, "MODIFIED", new)
         return copy.deepcopy(new)
 
@@ -283,6 +384,8 @@ class Store:
         name: str,
         obj: dict[str, Any],
         subresource: str | None = None,
+        dry_run: bool = False,
+        manager: str = SERVER_MANAGER,
     ) -> dict[str, Any]:
         old = self._find(kind, ns, name)
         given = (obj.get("metadata") or {}).get("resourceVersion")
@@ -295,8 +398,8 @@ class Store:
                 "to the latest version and try again",
             )
         if subresource == "scale":
-            return self.set_scale(kind, ns, name, obj)
-        return self._commit(kind, old, copy.deepcopy(obj), subresource)
+            return self.set_scale(kind, ns, name, obj, dry_run)
+        return self._commit(kind, old, copy.deepcopy(obj), subresource, dry_run, manager)
 
     def patch(
         self,
@@ -306,11 +409,16 @@ class Store:
         patch_type: PatchType,
         patch: Any,
         subresource: str | None = None,
+        dry_run: bool = False,
+        manager: str = SERVER_MANAGER,
+        force: bool = False,
     ) -> dict[str, Any]:
+        if patch_type == "apply":
+            return self._server_side_apply(kind, ns, name, patch, dry_run, manager, force)
         old = self._find(kind, ns, name)
         if subresource == "scale":
             current = self.get_scale(kind, ns, name)
-            return self.set_scale(kind, ns, name, self._apply(current, patch_type, patch))
+            return self.set_scale(kind, ns, name, self._apply(current, patch_type, patch), dry_run)
         new = self._apply(copy.deepcopy(old), patch_type, patch)
         given = (
             (patch.get("metadata") or {}).get("resourceVersion")
@@ -319,7 +427,33 @@ class Store:
         )
         if given and given != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", f'the object "{name}" has been modified')
-        return self._commit(kind, old, new, subresource)
+        return self._commit(kind, old, new, subresource, dry_run, manager)
+
+    def _server_side_apply(
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        config: Any,
+        dry_run: bool,
+        manager: str,
+        force: bool,
+    ) -> dict[str, Any]:
+        if not isinstance(config, dict):
+            raise ApiError(400, "BadRequest", "an apply configuration must be an object")
+        if not manager:
+            raise ApiError(
+                400, "BadRequest", "PATCH of type apply requires the fieldManager parameter"
+            )
+        live = self._lookup(self._key(kind, ns, name))
+        try:
+            new = ssa.apply(live, config, manager, kind.api_version, force)
+        except ssa.ApplyConflict as conflict:
+            raise ApiError(409, "Conflict", str(conflict)) from None
+        if live is None:  # apply creates what does not exist
+            new.setdefault("metadata", {})["name"] = name
+            return self.create(kind, ns, new, dry_run, manager, applied=True)
+        return self._commit(kind, live, new, None, dry_run, manager, applied=True)
 
     @staticmethod
     def _apply(doc: dict[str, Any], patch_type: PatchType, patch: Any) -> dict[str, Any]:
@@ -328,7 +462,7 @@ class Store:
                 result = json_patch(doc, patch)
             elif patch_type == "strategic":
                 result = strategic_merge_patch(doc, patch)
-            else:  # merge, and server-side apply for a single field manager
+            else:
                 result = merge_patch(doc, patch)
         except PatchError as exc:
             raise ApiError(422, "Invalid", str(exc)) from exc
@@ -337,7 +471,12 @@ class Store:
         return result
 
     def delete(
-        self, kind: Kind, ns: str | None, name: str, propagation: str = "Background"
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        propagation: str = "Background",
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         obj = self._find(kind, ns, name)
         meta = obj["metadata"]
@@ -345,12 +484,16 @@ class Store:
             if not meta.get("deletionTimestamp"):
                 new = copy.deepcopy(obj)
                 new["metadata"]["deletionTimestamp"] = _now()
+                if dry_run:
+                    return new
                 new["metadata"]["resourceVersion"] = self._bump()
-                self.objects[self._key(kind, meta.get("namespace"), name)] = new
+                self._put(self._key(kind, meta.get("namespace"), name), new)
                 self._emit(kind, "MODIFIED", new)
                 return copy.deepcopy(new)
             return copy.deepcopy(obj)
-        del self.objects[self._key(kind, meta.get("namespace"), name)]
+        if dry_run:
+            return copy.deepcopy(obj)
+        self._unindex(self._key(kind, meta.get("namespace"), name))
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = self._bump()
         self._emit(kind, "DELETED", gone)
@@ -362,17 +505,17 @@ class Store:
 
     def _dependents(self, uid: str) -> list[tuple[Kind, dict[str, Any]]]:
         out = []
-        for (g, p, _, _), o in list(self.objects.items()):
-            refs = o["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") == uid for r in refs):
-                out.append((self.kinds[(g, p)], o))
+        for key in sorted(self.dependents.get(uid, ())):
+            obj = self._lookup(key)
+            if obj is not None:
+                out.append((self.kinds[key[:2]], obj))
         return out
 
     def _collect(self, uid: str) -> None:
         """Garbage-collect what the deleted owner owned (background cascading deletion)."""
         for kind, o in self._dependents(uid):
             meta = o["metadata"]
-            if self._key(kind, meta.get("namespace"), meta["name"]) in self.objects:
+            if self._lookup(self._key(kind, meta.get("namespace"), meta["name"])) is not None:
                 self.delete(kind, meta.get("namespace"), meta["name"])
 
     def _orphan(self, uid: str) -> None:
@@ -411,7 +554,7 @@ class Store:
         }
 
     def set_scale(
-        self, kind: Kind, ns: str | None, name: str, scale: dict[str, Any]
+        self, kind: Kind, ns: str | None, name: str, scale: dict[str, Any], dry_run: bool = False
     ) -> dict[str, Any]:
         if "scale" not in kind.subresources:
             raise ApiError(404, "NotFound", f"{kind.plural} has no scale subresource")
@@ -421,5 +564,8 @@ class Store:
         old = self._find(kind, ns, name)
         new = copy.deepcopy(old)
         _path_set(new, kind.spec_replicas_path, replicas)
-        self._commit(kind, old, new, None)
-        return self.get_scale(kind, ns, name)
+        self._commit(kind, old, new, None, dry_run)
+        result = self.get_scale(kind, ns, name)
+        if dry_run:
+            result["spec"]["replicas"] = replicas
+        return result

@@ -71,8 +71,9 @@ def _scalar_errors(schema: Json, value: Any, path: str) -> list[str]:
     return out
 
 
-def validate(schema: Json, value: Any, path: str) -> list[str]:
-    """Errors of `value` against `schema`; unknown object fields are pruned (in place)."""
+def validate(schema: Json, value: Any, path: str, unknown: list[str] | None = None) -> list[str]:
+    """Errors of `value` against `schema`; unknown object fields are pruned (in place) and
+    their paths added to `unknown` (for fieldValidation Strict and Warn)."""
     kind = schema.get("type")
     if kind in _TYPES and (
         not isinstance(value, _TYPES[kind]) or (kind != "boolean" and isinstance(value, bool))
@@ -86,11 +87,13 @@ def validate(schema: Json, value: Any, path: str) -> list[str]:
         extra = schema.get("additionalProperties")
         for name in list(value):
             if name in props:
-                out += validate(props[name], value[name], f"{path}.{name}")
+                out += validate(props[name], value[name], f"{path}.{name}", unknown)
             elif isinstance(extra, dict):
-                out += validate(extra, value[name], f"{path}.{name}")
+                out += validate(extra, value[name], f"{path}.{name}", unknown)
             elif props and not schema.get("x-kubernetes-preserve-unknown-fields"):
                 del value[name]  # the API server prunes fields its schema does not know
+                if unknown is not None:
+                    unknown.append(f"{path}.{name}")
         out += [
             f"{path}.{r}: Required value" for r in schema.get("required") or [] if r not in value
         ]
@@ -100,7 +103,7 @@ def validate(schema: Json, value: Any, path: str) -> list[str]:
                 f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items"
             )
         for i, item in enumerate(value):
-            out += validate(schema["items"], item, f"{path}[{i}]")
+            out += validate(schema["items"], item, f"{path}[{i}]", unknown)
     if not out:  # rules see a value whose own fields are valid, as in Kubernetes
         for rule in schema.get("x-kubernetes-validations") or []:
             try:

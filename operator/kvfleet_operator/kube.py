@@ -85,9 +85,16 @@ def resource_of(obj: Json) -> Resource:
         raise ValueError(f"the operator does not manage {obj.get('apiVersion')}/{obj.get('kind')}")  # noqa: B904
 
 
+FIELD_MANAGER = "kvfleet-operator"
+"""How the operator's writes are named in `metadata.managedFields`."""
+
+
 class Kube:
-    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self, api: kubernetes.client.ApiClient, field_manager: str = FIELD_MANAGER
+    ) -> None:
         self.api = api
+        self.field_manager = field_manager
         self.calls: collections.Counter[str] = collections.Counter()
 
     @property
@@ -135,13 +142,22 @@ class Kube:
 
     def create(self, obj: Json) -> Json:
         res = resource_of(obj)
-        return self.request("POST", res.path(obj["metadata"].get("namespace")), obj)
+        return self.request(
+            "POST",
+            res.path(obj["metadata"].get("namespace")),
+            obj,
+            query={"fieldManager": self.field_manager},
+        )
 
     def patch(
         self, res: Resource, namespace: str | None, name: str, patch: Json, sub: str | None = None
     ) -> Json:
         return self.request(
-            "PATCH", res.path(namespace, name, sub), patch, "application/merge-patch+json"
+            "PATCH",
+            res.path(namespace, name, sub),
+            patch,
+            "application/merge-patch+json",
+            query={"fieldManager": self.field_manager},
         )
 
     def delete(self, res: Resource, namespace: str | None, name: str) -> None:

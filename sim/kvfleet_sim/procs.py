@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,14 +29,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 def wait_http_ok(
     url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
-    """Poll until `url` answers 2xx; fail early if the process died."""
+    """Poll until `url` answers 2xx; fail early if the process died. An https URL is probed
+    without verifying its certificate, as the kubelet probes HTTPS endpoints."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
+    context = ssl._create_unverified_context() if url.startswith("https") else None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
                 if 200 <= resp.status < 300:
                     return
         except (urllib.error.URLError, OSError) as exc:

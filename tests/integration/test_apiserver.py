@@ -27,8 +27,16 @@ POD = {
 
 
 class Api:
-    def __init__(self, url: str, session: aiohttp.ClientSession, server: ClusterAPI) -> None:
-        self.url, self.s, self.server = url, session, server
+    def __init__(
+        self, url: str, session: aiohttp.ClientSession, server: ClusterAPI, cluster: LocalCluster
+    ) -> None:
+        self.url, self.s, self.server, self.cluster = url, session, server, cluster
+
+    def client_configuration(self) -> Any:
+        """The official client, logged in with the cluster's kubeconfig."""
+        from kvfleet_operator.login import Credentials, client_configuration
+
+        return client_configuration(Credentials(kubeconfig=str(self.cluster.kubeconfig)))
 
     async def __call__(
         self, method: str, path: str, body: Any = None, ctype: str = "application/json"
@@ -46,9 +54,9 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """The local cluster's API server alone (no controllers: nothing writes but the test)."""
     async with (
         LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster,
-        aiohttp.ClientSession() as session,
+        cluster.session() as session,
     ):
-        yield Api(cluster.url, session, cluster.api)
+        yield Api(cluster.url, session, cluster.api, cluster)
 
 
 async def test_create_sets_metadata_and_conflicts(api: Api) -> None:
@@ -338,7 +346,7 @@ async def test_the_real_kubernetes_client(api: Api) -> None:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    cfg = client.Configuration(host=api.url)
+    cfg = api.client_configuration()
 
     def scenario() -> None:
         with client.ApiClient(cfg) as c:

@@ -61,7 +61,7 @@ def ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def http(local_cluster: Env) -> AsyncIterator[Http]:
-    async with aiohttp.ClientSession() as s:
+    async with local_cluster.cluster.session() as s:
         yield Http(local_cluster.cluster.url, s)
 
 

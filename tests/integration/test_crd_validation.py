@@ -26,7 +26,7 @@ def isvc(name: str, **spec: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    async with LocalCluster(cluster_config(tmp_path)) as cluster, aiohttp.ClientSession() as s:
+    async with LocalCluster(cluster_config(tmp_path)) as cluster, cluster.session() as s:
         yield cluster.url, s
 
 

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kvfleet_gateway.config import KubernetesBackends
@@ -41,7 +40,7 @@ async def test_gateway_follows_ready_pods(
     config = cluster_config(tmp_path, controllers=False, crds=False)
     async with LocalCluster(config) as cluster:
         url, kubeconfig = cluster.url, cluster.kubeconfig
-        async with aiohttp.ClientSession() as s:
+        async with cluster.session() as s:
 
             async def put(p: dict[str, Any]) -> None:
                 async with s.post(f"{url}/api/v1/namespaces/ai/pods", json=p) as r:

@@ -89,7 +89,7 @@ async def test_held_until_a_replica_appears(
             assert await until(lambda: held(scrape), what="held requests exported") == 3
             # The autoscaler's replica arrives: Ready, labelled active.
             async with (
-                aiohttp.ClientSession() as s,
+                cluster.session() as s,
                 s.post(
                     f"{cluster.url}/api/v1/namespaces/ai/pods", json=engine_pod("e", "127.0.0.2")
                 ) as r,

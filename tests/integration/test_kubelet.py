@@ -34,7 +34,7 @@ class Api:
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     kubelet = KubeletConfig(time_scale=0.02, state_dir=tmp_path / "state")
     config = LocalClusterConfig(kubeconfig=tmp_path / "kubeconfig", kubelet=kubelet, resync_s=0.2)
-    async with LocalCluster(config) as cluster, aiohttp.ClientSession() as s:
+    async with LocalCluster(config) as cluster, cluster.session() as s:
         yield Api(cluster.url, s)
 
 

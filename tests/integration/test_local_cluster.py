@@ -97,7 +97,7 @@ def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
     started = time.monotonic()
     tmp, kubectl, processes = stack
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"https://127.0.0.1:{port}"
     cluster = processes.enter_context(
         running_process(
             [
@@ -113,7 +113,7 @@ def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
                 "--state-dir",
                 f"{tmp}/state",
             ],
-            ready_url=f"{url}/api",
+            ready_url=f"{url}/healthz",
             log_path=Path(tmp) / "cluster.log",
         )
     )

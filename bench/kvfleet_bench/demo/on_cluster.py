@@ -151,14 +151,18 @@ def _render(view: ClusterView, stats: TenantStats, elapsed: float, duration: flo
     return Group(head, pods, traffic, events)
 
 
-async def _scenario(url: str, key: str, duration: float) -> dict[str, Any]:
+async def _scenario(cluster: LocalCluster, key: str, duration: float) -> dict[str, Any]:
     rng = random.Random(5)
     stats = TenantStats()
     inflight: set[asyncio.Task[None]] = set()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        view = ClusterView(session, url)
+    url = cluster.url
+    async with (
+        cluster.session() as api,  # the API server: TLS with the cluster CA, admin token
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+    ):
+        view = ClusterView(api, url)
         for path, obj in _objects(hash_key(key)):
-            async with session.post(url + path, json=obj) as r:
+            async with api.post(url + path, json=obj) as r:
                 assert r.status == 201, await r.text()
         with Live(refresh_per_second=4) as live:
             while view.gateway_ip() is None:  # the operator and the kubelet at work
@@ -177,7 +181,7 @@ async def _scenario(url: str, key: str, duration: float) -> dict[str, Any]:
                     task.add_done_callback(inflight.discard)
                 if not scaled and elapsed > duration * 0.3:  # kubectl scale kis llama --replicas=3
                     scaled = True
-                    async with session.patch(
+                    async with api.patch(
                         f"{url}{ISVC_PATH}/{NAME}/scale",
                         json={"spec": {"replicas": 3}},
                         headers={"Content-Type": "application/merge-patch+json"},
@@ -186,7 +190,7 @@ async def _scenario(url: str, key: str, duration: float) -> dict[str, Any]:
                 if not deleted and elapsed > duration * 0.6:  # a node loses a pod
                     deleted = True
                     victim = next(p for p in view.pods if "engine" in p["metadata"]["name"])
-                    async with session.delete(
+                    async with api.delete(
                         f"{url}/api/v1/namespaces/{NS}/pods/{victim['metadata']['name']}"
                     ):
                         pass
@@ -215,7 +219,6 @@ async def _run(duration: float, work: Path) -> dict[str, Any]:
         resync_s=0.5,
     )
     async with LocalCluster(config) as cluster:
-        url = cluster.url
         stop, ready = threading.Event(), threading.Event()
         credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
         controller = Controller(
@@ -230,7 +233,7 @@ async def _run(duration: float, work: Path) -> dict[str, Any]:
         operator.start()
         try:
             await asyncio.to_thread(ready.wait, 20)
-            return await _scenario(url, "kvf-" + secrets.token_urlsafe(16), duration)
+            return await _scenario(cluster, "kvf-" + secrets.token_urlsafe(16), duration)
         finally:
             stop.set()
             await asyncio.to_thread(operator.join, 20)

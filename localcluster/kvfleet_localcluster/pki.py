@@ -1,0 +1,118 @@
+"""The local cluster's certificates: a CA, and the API server's serving certificate.
+
+A real API server serves only TLS, and every client — kubectl from a kubeconfig, a pod from
+its mounted `ca.crt` — checks the server against the cluster CA. So the local one does too:
+the CA is written into the kubeconfig (`certificate-authority-data`) and into every pod's
+service-account volume, and in-cluster clients (the `kubernetes` package's in-cluster loader
+always uses `https://`) log in exactly as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class ClusterPKI:
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    def write(self, directory: Path) -> tuple[Path, Path, Path]:
+        """ca.crt, apiserver.crt, apiserver.key in `directory` (the key readable by us only)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        ca, cert, key = (
+            directory / "ca.crt",
+            directory / "apiserver.crt",
+            directory / "apiserver.key",
+        )
+        ca.write_bytes(self.ca_pem)
+        cert.write_bytes(self.cert_pem)
+        key.touch(mode=0o600)
+        key.write_bytes(self.key_pem)
+        return ca, cert, key
+
+    def server_context(self, directory: Path) -> ssl.SSLContext:
+        _, cert, key = self.write(directory)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        """What a client that trusts the cluster CA uses (tests' raw HTTP clients)."""
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def issue(hosts: list[str]) -> ClusterPKI:
+    """A fresh CA and a serving certificate for `hosts` (IP addresses or DNS names)."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("kvfleet-local-ca"))
+        .issuer_name(_name("kvfleet-local-ca"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt_names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            alt_names.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("kube-apiserver"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ClusterPKI(
+        ca_pem=ca_cert.public_bytes(serialization.Encoding.PEM),
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
+        key_pem=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )

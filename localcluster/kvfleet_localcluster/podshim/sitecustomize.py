@@ -1,0 +1,92 @@
+"""Loaded first by every Python process the local cluster's kubelet starts (via PYTHONPATH):
+the pod's own network and mount namespaces, emulated inside the process.
+
+* Network: a listening socket bound to the wildcard (`0.0.0.0`, `::`, `""`) is bound to the
+  pod's address instead, so three pods that all listen on 0.0.0.0:30000 each get their own
+  127.0.0.x:30000, as three pods on a real node do. (An IPv6-only wildcard socket, which
+  no pod address here could serve, gets a private port on ::1.)
+* Mounts: paths under the mount paths the kubelet lists — the service-account volume at
+  /var/run/secrets/kubernetes.io/serviceaccount, whose path client libraries hard-code —
+  open the pod's copy of that volume.
+
+Configured by the kubelet through KVFLEET_POD_IP and KVFLEET_POD_MOUNTS (JSON:
+mountPath → directory). Nothing here runs outside a local-cluster pod.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import socket
+import ssl
+from typing import Any
+
+_POD_IP = os.environ.get("KVFLEET_POD_IP", "")
+_MOUNTS: dict[str, str] = json.loads(os.environ.get("KVFLEET_POD_MOUNTS") or "{}")
+_WILDCARD = {"", "0.0.0.0", "::", "::0", "0:0:0:0:0:0:0:0"}
+
+
+def _pod_bind(original: Any) -> Any:
+    def bind(self: socket.socket, address: Any) -> None:
+        if isinstance(address, tuple) and address and address[0] in _WILDCARD:
+            if self.family == socket.AF_INET:
+                address = (_POD_IP, *address[1:])
+            elif self.family == socket.AF_INET6:
+                v6only = self.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+                if v6only:
+                    address = ("::1", 0, *address[2:])
+                else:
+                    address = (f"::ffff:{_POD_IP}", *address[1:])
+        original(self, address)
+
+    return bind
+
+
+def _mapped(path: Any) -> Any:
+    if isinstance(path, bytes):
+        return os.fsencode(_mapped(os.fsdecode(path)))
+    if not isinstance(path, str | os.PathLike):
+        return path
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        return path
+    for mount in sorted(_MOUNTS, key=len, reverse=True):
+        if text == mount or text.startswith(mount.rstrip("/") + "/"):
+            return _MOUNTS[mount] + text[len(mount.rstrip("/")) :]
+    return path
+
+
+def _wrap_path_call(original: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_mapped(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    return call
+
+
+if _POD_IP:
+    socket.socket.bind = _pod_bind(socket.socket.bind)  # type: ignore[method-assign]
+
+if _MOUNTS:
+    builtins.open = io.open = _wrap_path_call(io.open)
+    for _name in ("open", "stat", "lstat", "access", "listdir", "scandir"):
+        setattr(os, _name, _wrap_path_call(getattr(os, _name)))
+    _load_verify = ssl.SSLContext.load_verify_locations
+
+    def _load_verify_locations(
+        self: ssl.SSLContext, cafile: Any = None, capath: Any = None, cadata: Any = None
+    ) -> None:
+        _load_verify(self, _mapped(cafile), _mapped(capath), cadata)
+
+    ssl.SSLContext.load_verify_locations = _load_verify_locations  # type: ignore[method-assign]
+    _load_chain = ssl.SSLContext.load_cert_chain
+
+    def _load_cert_chain(
+        self: ssl.SSLContext, certfile: Any, keyfile: Any = None, password: Any = None
+    ) -> None:
+        _load_chain(self, _mapped(certfile), _mapped(keyfile), password)
+
+    ssl.SSLContext.load_cert_chain = _load_cert_chain  # type: ignore[method-assign,assignment]
