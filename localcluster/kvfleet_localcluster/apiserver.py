@@ -25,13 +25,15 @@ import aiohttp.web
 import kmock
 import yaml
 
-from kvfleet_localcluster import access
+from kvfleet_localcluster import access, protobuf
 from kvfleet_localcluster.auth import (
     PUBLIC_PATHS,
+    RBAC_GROUP,
     Attributes,
     Authenticator,
     User,
     authorize,
+    escalations,
     forbidden_message,
     request_attributes,
 )
@@ -66,9 +68,12 @@ class _WriteContext:
 
     validation: str = "Warn"
     unknown: list[str] = field(default_factory=list)
+    user: User | None = None
+    """Who writes (None: the cluster's own controllers)."""
 
 
 _WRITE: contextvars.ContextVar[_WriteContext] = contextvars.ContextVar("write")
+_USER: contextvars.ContextVar[User | None] = contextvars.ContextVar("user")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.store.listeners.append(self._on_event)
         self.store.admission.append(self._admit_custom_resource)
         self.store.admission.append(self._admit_pod)
+        self.store.admission.append(self._admit_rbac)
         self.validate_custom_resources = True
         """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server
         does; False stands in for one that lets anything through (an old, pre-CEL server)."""
@@ -199,6 +205,48 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 f'pods "{meta.get("name") or meta.get("generateName", "")}" is forbidden: '
                 f'error looking up service account {ns}/{account}: serviceaccount "{account}" '
                 "not found",
+            )
+
+    def _admit_rbac(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        """No one grants, by a role or a binding, more than they hold (unless they may
+        `escalate` / `bind`), as RBAC's escalation prevention refuses."""
+        write = _WRITE.get(_WriteContext())
+        user = write.user
+        if user is None or kind.group != RBAC_GROUP or subresource:
+            return
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace", "") if kind.namespaced else ""
+        policy = access.policy(self.store)
+        if kind.plural in ("roles", "clusterroles"):
+            granted, verb, target = obj.get("rules") or [], "escalate", kind.plural
+            role_name = meta.get("name", "")
+        elif kind.plural in ("rolebindings", "clusterrolebindings"):
+            ref = obj.get("roleRef") or {}
+            role_name = ref.get("name", "")
+            if ref.get("kind") == "ClusterRole":
+                role = self.store.peek(RBAC_GROUP, "clusterroles")
+                found = [r for r in role if r["metadata"]["name"] == role_name]
+                target = "clusterroles"
+            else:
+                found = [r for r in self.store.peek(RBAC_GROUP, "roles", ns)]
+                found = [r for r in found if r["metadata"]["name"] == role_name]
+                target = "roles"
+            granted, verb = [rule for r in found for rule in r.get("rules") or []], "bind"
+            if not found:
+                granted = [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}]
+        else:
+            return
+        allowed, _ = authorize(
+            user, Attributes(verb, "", True, RBAC_GROUP, "", target, "", ns, role_name), policy
+        )
+        missing = [] if allowed else escalations(user, policy, granted, ns)
+        if missing:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{kind.plural}.{RBAC_GROUP} "{meta.get("name", "")}" is forbidden: user '
+                f'"{user.name}" is attempting to grant RBAC permissions not currently held: '
+                + "; ".join(missing[:10]),
             )
 
     def served_kinds(self) -> list[ServedKind]:
@@ -315,6 +363,16 @@ class ClusterAPI(kmock.KubernetesEmulator):
         if user is None and raw.path not in PUBLIC_PATHS:
             return _status(ApiError(401, "Unauthorized", "Unauthorized"))
         attrs = request_attributes(raw.method, raw.path, raw.query)
+        ctype = raw.headers.get("Content-Type", "")
+        if raw.method in ("POST", "PUT", "PATCH") and "protobuf" in ctype:
+            try:
+                obj = protobuf.decode(await raw.read())
+            except protobuf.ProtobufError as exc:
+                # 415 makes client-go's generic paths (apply, get) fall back to JSON.
+                return _status(ApiError(415, "UnsupportedMediaType", f"{ctype}: {exc}"))
+            # From here on the request is the JSON it encodes (aiohttp keeps the body it read
+            # there; kmock's parser and ours read it back).
+            raw._read_bytes = json.dumps(obj).encode()
         if user is not None:
             allowed, _ = authorize(user, attrs, access.policy(self.store))
             if not allowed:
@@ -334,6 +392,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             special = await self._special(user, attrs, raw)
             if special is not None:
                 return special
+        _USER.set(user)  # this request's task: its writes' admission knows the writer
         # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
         # fails; namespaces are objects like any other here.
         if raw.path.startswith("/openapi/"):
@@ -347,15 +406,6 @@ class ClusterAPI(kmock.KubernetesEmulator):
                     status=404,
                 )
             return aiohttp.web.json_response(doc)
-        ctype = raw.headers.get("Content-Type", "")
-        if raw.method in ("POST", "PUT", "PATCH") and "protobuf" in ctype:
-            # No protobuf here: 415 makes client-go (kubectl) fall back to JSON.
-            return aiohttp.web.json_response(
-                ApiError(
-                    415, "UnsupportedMediaType", f"the body of type {ctype} is not supported"
-                ).status(),
-                status=415,
-            )
         m = _NAMESPACES.match(raw.path)
         if m is None:
             response = await super().__call__(raw)
@@ -481,7 +531,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             )
         manager = _field_manager(raw)
         body = await raw.read()
-        write = _WriteContext(validation)
+        write = _WriteContext(validation, user=_USER.get(None))
         token = _WRITE.set(write)
         try:
             result, status = self._dispatch_write(

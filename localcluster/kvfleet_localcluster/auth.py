@@ -269,3 +269,34 @@ def review_attributes(spec: Json) -> Attributes:
         )
     non = spec.get("nonResourceAttributes") or {}
     return Attributes(verb=non.get("verb", ""), path=non.get("path", ""))
+
+
+def _expand(rule: Json, namespace: str) -> list[Attributes]:
+    """Every (verb, group, resource, name) a rule grants, literally ("*" stays "*")."""
+    out: list[Attributes] = []
+    for verb in rule.get("verbs") or ():
+        for url in rule.get("nonResourceURLs") or ():
+            out.append(Attributes(verb=verb, path=url))
+        for group in rule.get("apiGroups") or ():
+            for res in rule.get("resources") or ():
+                resource, _, sub = res.partition("/")
+                for name in rule.get("resourceNames") or [""]:
+                    out.append(
+                        Attributes(verb, "", True, group, "", resource, sub, namespace, name)
+                    )
+    return out
+
+
+def escalations(user: User, policy: Policy, rules: list[Json], namespace: str) -> list[str]:
+    """What `rules` grant that `user` does not hold in `namespace` ("" = cluster-wide): the
+    API server refuses to let anyone create a role, or bind one, beyond their own rights
+    (RBAC's privilege-escalation prevention), unless they may `escalate` / `bind`."""
+    if MASTERS in user.groups:
+        return []
+    held = rules_for(user, policy, namespace)
+    missing = []
+    for wanted in (a for rule in rules for a in _expand(rule, namespace)):
+        if not any(rule_allows(h, wanted) for h in held):
+            what = wanted.path or wanted.qualified
+            missing.append(f"{wanted.verb} {what}" + (f" {wanted.name}" if wanted.name else ""))
+    return missing

@@ -201,6 +201,8 @@ def container_argv(
         return argv, notes
     if command and Path(command[0]).name == "kvfleet":
         return [*config.kvfleet_command, *command[1:]], []
+    if command and re.fullmatch(r"python(3(\.\d+)?)?", Path(command[0]).name):
+        return [sys.executable, *command[1:]], []  # the image's Python runs any script
     return None
 
 
@@ -463,6 +465,27 @@ class PodRunner:
                     self._write(container, waiting, False, False)
             await asyncio.sleep(self._scaled(10.0))
 
+    def _expand(self, container: Json, mounts: dict[str, Path]) -> Json:
+        """`$(VAR)` in command and args from the container's own env, as the kubelet expands
+        them (`$$` escapes; an undefined reference stays as written)."""
+        env = self._env(container, mounts)
+        own = {v["name"] for v in container.get("env") or []}
+
+        def expand(text: str) -> str:
+            def one(m: re.Match[str]) -> str:
+                if m.group(0) == "$$":
+                    return "$"
+                name = m.group(1)
+                return env[name] if name in own and name in env else m.group(0)
+
+            return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
+
+        return {
+            **container,
+            "command": [expand(str(a)) for a in container.get("command") or []],
+            "args": [expand(str(a)) for a in container.get("args") or []],
+        }
+
     async def run(self) -> None:
         container = (self.spec.get("containers") or [{}])[0]
         gpu = gpu_of(self.spec)
@@ -481,7 +504,8 @@ class PodRunner:
             while True:
                 await self._wait_for_references(container)
                 mounts = self._materialize(container)
-                argv, notes = container_argv(container, self.pod_ip, gpu, self.config, mounts) or (
+                expanded = self._expand(container, mounts)
+                argv, notes = container_argv(expanded, self.pod_ip, gpu, self.config, mounts) or (
                     [],
                     [],
                 )

@@ -84,13 +84,17 @@ async def serve_logs(
     tail, limit = _int(q, "tailLines"), _int(q, "limitBytes")
     runs = source.runs(ns, name, container)
     if previous:
-        if len(runs) < 2:
+        # The run before the live one; while the container waits to restart (CrashLoopBackOff)
+        # the last run is the previous one — what `--previous` is for.
+        live = bool(runs) and source.running(ns, name, container, runs[-1])
+        ended = runs[:-1] if live else runs
+        if not ended:
             raise ApiError(
                 400,
                 "BadRequest",
                 f'previous terminated container "{container}" in pod "{name}" not found',
             )
-        run: Path | None = runs[-2]
+        run: Path | None = ended[-1]
     else:
         run = runs[-1] if runs else None
     data = _tail(run.read_bytes(), tail) if run is not None else b""

@@ -70,7 +70,6 @@ PRUNABLE = [
         ("v1", "ServiceAccount"),
         ("rbac.authorization.k8s.io/v1", "Role"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-        ("policy/v1", "PodDisruptionBudget"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
     ]

@@ -112,6 +112,12 @@ def serve(**kw: Any) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    click.echo(
+        f"kvfleet sim: simulated SGLang engine serving {config.served_model_name} "
+        f"({engine.model.name} on {engine.tp_size}x {engine.gpu.name}) at "
+        f"http://{config.host}:{config.port}; {config.time_scale:g} wall s per simulated s",
+        err=True,
+    )
     web.run_app(
         make_app(config),
         host=config.host,

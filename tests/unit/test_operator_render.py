@@ -177,9 +177,7 @@ def test_gateway_config_round_trips_through_the_gateway_parser() -> None:
         "/etc/kvfleet/config/gateway.yaml",
     ]
     role = next(o for o in objs if o["kind"] == "Role")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 
 
 def test_network_policy_admits_only_the_gateway_and_scrapers() -> None:

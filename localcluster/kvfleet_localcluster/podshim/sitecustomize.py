@@ -67,8 +67,36 @@ def _wrap_path_call(original: Any) -> Any:
     return call
 
 
+def _pod_server(original: Any) -> Any:
+    """`loop.create_server(host=None | "0.0.0.0" | "::", ...)` listens on the pod's address.
+    Needed besides `bind`: uvloop binds in C, where no Python patch reaches."""
+
+    async def create_server(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 2:
+            host = args[1]
+            if host is None or host in _WILDCARD or (isinstance(host, list) and not host):
+                args = (args[0], _POD_IP, *args[2:])
+        elif "host" in kwargs or len(args) == 1:
+            host = kwargs.get("host")
+            if kwargs.get("sock") is None and (host is None or host in _WILDCARD):
+                kwargs["host"] = _POD_IP
+        return await original(self, *args, **kwargs)
+
+    return create_server
+
+
 if _POD_IP:
     socket.socket.bind = _pod_bind(socket.socket.bind)  # type: ignore[method-assign]
+    import asyncio
+
+    _base = asyncio.BaseEventLoop
+    _base.create_server = _pod_server(_base.create_server)  # type: ignore[method-assign]
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        uvloop.Loop.create_server = _pod_server(uvloop.Loop.create_server)  # type: ignore[method-assign]
 
 if _MOUNTS:
     builtins.open = io.open = _wrap_path_call(io.open)

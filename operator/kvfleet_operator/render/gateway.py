@@ -188,7 +188,8 @@ def gateway_rbac(owner: Owner) -> list[Json]:
             "kind": "Role",
             "metadata": owner.metadata(name, GATEWAY),
             "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+                # Discovery lists and watches engine pods; it never reads one by name.
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
             ],
         },
         {
