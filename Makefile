@@ -38,6 +38,7 @@ bench: setup  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench sim
 	$(BIN)/kvfleet bench gateway
 	$(BIN)/kvfleet bench reliability
+	$(BIN)/kvfleet bench cluster
 	$(BIN)/kvfleet bench routing
 	$(BIN)/kvfleet bench autoscale --trace-file bench/kvfleet_bench/data/azure-sample.csv --rate-scale 8
 

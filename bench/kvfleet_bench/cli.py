@@ -87,6 +87,29 @@ def reliability_bench(out_dir: Path, requests: int, seeds: int) -> None:
     click.echo(f"wrote {out_dir / 'reliability.md'}")
 
 
+@bench.command("cluster")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--services", type=int, default=1000, show_default=True)
+@click.option("--runs", type=int, default=3, show_default=True, help="API throughput runs.")
+@click.option("--seconds", type=float, default=4.0, show_default=True, help="Per throughput run.")
+@click.option(
+    "--steady", type=float, default=60.0, show_default=True, help="Steady-state window (s)."
+)
+def cluster_bench(out_dir: Path, services: int, runs: int, seconds: float, steady: float) -> None:
+    """The local API server's throughput vs a bare HTTP server, and 1,000 InferenceServices
+    reconciled by the operator (time to Ready, request rate, steady-state cost)."""
+    from kvfleet_bench.cluster_scale import run_cluster_bench
+
+    _, scale = run_cluster_bench(out_dir, services, runs, seconds, steady, click.echo)
+    click.echo(
+        f"steady state: {scale.steady_operator_requests} operator requests in "
+        f"{scale.steady_window_s:.0f}s = {scale.per_service_hour:.2f} per service per hour"
+    )
+    click.echo(f"wrote {out_dir / 'cluster.md'}")
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 

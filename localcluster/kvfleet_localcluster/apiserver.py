@@ -14,10 +14,10 @@ server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import re
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +26,22 @@ import kmock
 import yaml
 
 from kvfleet_localcluster import access, protobuf
+from kvfleet_localcluster.admission import USER, WRITE, Admission, WriteContext
 from kvfleet_localcluster.auth import (
     PUBLIC_PATHS,
-    RBAC_GROUP,
     Attributes,
     Authenticator,
     User,
     authorize,
-    escalations,
     forbidden_message,
     request_attributes,
 )
 from kvfleet_localcluster.logs import LogSource, serve_logs
+from kvfleet_localcluster.metrics import ApiServerMetrics
 from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
-from kvfleet_localcluster.store import ApiError, Gone, Kind, PatchType, Store
+from kvfleet_localcluster.store import ApiError, Kind, PatchType, Store
 from kvfleet_localcluster.tables import to_table
-from kvfleet_localcluster.validation import apply_defaults, validate
+from kvfleet_localcluster.watch import serve_watch
 
 PATCH_TYPES: dict[str, PatchType] = {
     "application/merge-patch+json": "merge",
@@ -57,23 +57,8 @@ def _wants_table(raw: aiohttp.web.BaseRequest) -> bool:
     return "as=Table" in raw.headers.get("Accept", "")
 
 
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
-
-
-@dataclass
-class _WriteContext:
-    """What the admission of the write being served needs from its request."""
-
-    validation: str = "Warn"
-    unknown: list[str] = field(default_factory=list)
-    user: User | None = None
-    """Who writes (None: the cluster's own controllers)."""
-
-
-_WRITE: contextvars.ContextVar[_WriteContext] = contextvars.ContextVar("write")
-_USER: contextvars.ContextVar[User | None] = contextvars.ContextVar("user")
 
 
 @dataclass(frozen=True)
@@ -124,13 +109,18 @@ class ClusterAPI(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self.store = Store()
         self.store.listeners.append(self._on_event)
-        self.store.admission.append(self._admit_custom_resource)
-        self.store.admission.append(self._admit_pod)
-        self.store.admission.append(self._admit_rbac)
+        self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.admission = Admission(
+            self.store, self._schemas, self.kind, lambda: self.validate_custom_resources
+        )
+        self.store.admission += [
+            self.admission.custom_resource,
+            self.admission.pod,
+            self.admission.rbac,
+        ]
         self.validate_custom_resources = True
         """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server
         does; False stands in for one that lets anything through (an old, pre-CEL server)."""
-        self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._closed = False
         self.request_log: list[tuple[str, str, str]] = []
@@ -140,6 +130,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         )
         self.audit: list[AuditRecord] = []
         """Every authorized request, with its user: what a client actually used."""
+        self.metrics = ApiServerMetrics()
         self.logs: LogSource | None = None
         """The node's container logs (`pods/log`); None: no kubelet runs."""
 
@@ -150,104 +141,6 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self.resources.load_bundled()
         for res in [r for r in self.resources if r.group == "metrics.k8s.io"]:
             del self.resources[res]
-
-    def _admit_custom_resource(
-        self, kind: Kind, obj: dict[str, Any], subresource: str | None
-    ) -> None:
-        schema = self._schemas.get((kind.group, kind.version, kind.plural))
-        if schema is None or not self.validate_custom_resources:
-            return
-        errors: list[str] = []
-        write = _WRITE.get(_WriteContext())
-        unknown: list[str] = []
-        # Main writes check the spec (status is carried over), status writes the status.
-        for part in ("status",) if subresource == "status" else ("spec",):
-            sub = (schema.get("properties") or {}).get(part)
-            if sub is not None and part in obj:
-                apply_defaults(sub, obj[part])
-                errors += validate(sub, obj[part], part, unknown)
-        name = (obj.get("metadata") or {}).get("name", "")
-        if unknown and write.validation == "Strict":
-            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise ApiError(
-                400,
-                "BadRequest",
-                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
-                f"strict decoding error: {fields}",
-            )
-        write.unknown += unknown
-        if errors:
-            raise ApiError(
-                422,
-                "Invalid",
-                f'{kind.kind}.{kind.group} "{name}" is invalid: ' + ", ".join(errors),
-            )
-
-    def ensure_default_service_account(self, namespace: str) -> None:
-        """The ServiceAccount controller's job: every namespace has a `default` account."""
-        if not self.store.exists("", "serviceaccounts", namespace, "default"):
-            kind = self.kind("", "v1", "serviceaccounts")
-            self.store.create(kind, namespace, {"metadata": {"name": "default"}})
-
-    def _admit_pod(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
-        """The ServiceAccount admission plugin: a new pod runs as an account that exists."""
-        meta = obj.get("metadata") or {}
-        if kind.key != ("", "pods") or subresource or "uid" in meta:
-            return
-        ns = meta.get("namespace", "default")
-        account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
-        if account == "default":
-            self.ensure_default_service_account(ns)
-        elif not self.store.exists("", "serviceaccounts", ns, account):
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'pods "{meta.get("name") or meta.get("generateName", "")}" is forbidden: '
-                f'error looking up service account {ns}/{account}: serviceaccount "{account}" '
-                "not found",
-            )
-
-    def _admit_rbac(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
-        """No one grants, by a role or a binding, more than they hold (unless they may
-        `escalate` / `bind`), as RBAC's escalation prevention refuses."""
-        write = _WRITE.get(_WriteContext())
-        user = write.user
-        if user is None or kind.group != RBAC_GROUP or subresource:
-            return
-        meta = obj.get("metadata") or {}
-        ns = meta.get("namespace", "") if kind.namespaced else ""
-        policy = access.policy(self.store)
-        if kind.plural in ("roles", "clusterroles"):
-            granted, verb, target = obj.get("rules") or [], "escalate", kind.plural
-            role_name = meta.get("name", "")
-        elif kind.plural in ("rolebindings", "clusterrolebindings"):
-            ref = obj.get("roleRef") or {}
-            role_name = ref.get("name", "")
-            if ref.get("kind") == "ClusterRole":
-                role = self.store.peek(RBAC_GROUP, "clusterroles")
-                found = [r for r in role if r["metadata"]["name"] == role_name]
-                target = "clusterroles"
-            else:
-                found = [r for r in self.store.peek(RBAC_GROUP, "roles", ns)]
-                found = [r for r in found if r["metadata"]["name"] == role_name]
-                target = "roles"
-            granted, verb = [rule for r in found for rule in r.get("rules") or []], "bind"
-            if not found:
-                granted = [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}]
-        else:
-            return
-        allowed, _ = authorize(
-            user, Attributes(verb, "", True, RBAC_GROUP, "", target, "", ns, role_name), policy
-        )
-        missing = [] if allowed else escalations(user, policy, granted, ns)
-        if missing:
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'{kind.plural}.{RBAC_GROUP} "{meta.get("name", "")}" is forbidden: user '
-                f'"{user.name}" is attempting to grant RBAC permissions not currently held: '
-                + "; ".join(missing[:10]),
-            )
 
     def served_kinds(self) -> list[ServedKind]:
         out = []
@@ -265,6 +158,14 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 )
         return out
 
+    @property
+    def changed(self) -> asyncio.Event:
+        return self._changed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close_watches(self) -> None:
         """End every open watch (clients then see the stream close, as on a server restart)."""
         self._closed = True
@@ -274,7 +175,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
             self.register_crd(obj)
         if kind.key == ("", "namespaces") and event == "ADDED":
-            self.ensure_default_service_account(obj["metadata"]["name"])
+            self.admission.ensure_default_service_account(obj["metadata"]["name"])
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -355,14 +256,23 @@ class ClusterAPI(kmock.KubernetesEmulator):
 
     # ---- HTTP -----------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        started = time.perf_counter()
+        user = self.authn.authenticate(raw.headers.get("Authorization"))
+        attrs = request_attributes(raw.method, raw.path, raw.query)
+        response = await self._respond(raw, user, attrs)
+        streaming = attrs.verb == "watch" or raw.query.get("follow") in ("true", "1")
+        self.metrics.observe(user, attrs, response.status, time.perf_counter() - started, streaming)
+        return response
+
+    async def _respond(
+        self, raw: aiohttp.web.BaseRequest, user: User | None, attrs: Attributes
+    ) -> aiohttp.web.StreamResponse:
         agent = raw.headers.get("User-Agent", "")
         self.request_log.append((raw.method, raw.path, agent))
         if raw.path in HEALTH_PATHS:  # public, as the system:public-info-viewer role has it
             return aiohttp.web.Response(text="ok")
-        user = self.authn.authenticate(raw.headers.get("Authorization"))
         if user is None and raw.path not in PUBLIC_PATHS:
             return _status(ApiError(401, "Unauthorized", "Unauthorized"))
-        attrs = request_attributes(raw.method, raw.path, raw.query)
         ctype = raw.headers.get("Content-Type", "")
         if raw.method in ("POST", "PUT", "PATCH") and "protobuf" in ctype:
             try:
@@ -392,7 +302,11 @@ class ClusterAPI(kmock.KubernetesEmulator):
             special = await self._special(user, attrs, raw)
             if special is not None:
                 return special
-        _USER.set(user)  # this request's task: its writes' admission knows the writer
+        USER.set(user)  # this request's task: its writes' admission knows the writer
+        if raw.path == "/metrics":
+            return aiohttp.web.Response(
+                body=self.metrics.exposition(), content_type="text/plain", charset="utf-8"
+            )
         # kmock reads /api/v1/namespaces[/name] as a namespace prefix with no resource and
         # fails; namespaces are objects like any other here.
         if raw.path.startswith("/openapi/"):
@@ -487,7 +401,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         q = raw.query
         method = raw.method
         if method == "GET" and q.get("watch") in ("true", "1"):
-            return await self._watch(kind, ns, name, raw)
+            return await serve_watch(self, kind, ns, name, raw)
         if method in ("POST", "PUT", "PATCH", "DELETE"):
             return await self._write(kind, request, raw)
         if name is None:
@@ -531,14 +445,14 @@ class ClusterAPI(kmock.KubernetesEmulator):
             )
         manager = _field_manager(raw)
         body = await raw.read()
-        write = _WriteContext(validation, user=_USER.get(None))
-        token = _WRITE.set(write)
+        write = WriteContext(validation, user=USER.get(None))
+        token = WRITE.set(write)
         try:
             result, status = self._dispatch_write(
                 kind, request, raw, body, bool(dry_values), manager
             )
         finally:
-            _WRITE.reset(token)
+            WRITE.reset(token)
         response = self._json(result, status)
         for u in write.unknown if validation == "Warn" else ():
             response.headers.add("Warning", f'299 - "unknown field \\"{u}\\""')
@@ -607,70 +521,3 @@ class ClusterAPI(kmock.KubernetesEmulator):
     @staticmethod
     def _json(obj: Any, status: int = 200) -> aiohttp.web.Response:
         return aiohttp.web.json_response(obj, status=status)
-
-    @staticmethod
-    def _bookmark(kind: Kind, rv: int) -> dict[str, Any]:
-        return {
-            "apiVersion": kind.api_version,
-            "kind": kind.kind,
-            "metadata": {"resourceVersion": str(rv)},
-        }
-
-    async def _watch(
-        self, kind: Kind, ns: str | None, name: str | None, raw: aiohttp.web.BaseRequest
-    ) -> aiohttp.web.StreamResponse:
-        q = raw.query
-        fields = q.get("fieldSelector")
-        if name:  # GET .../pods/x?watch=true: a watch on one object
-            fields = ",".join(x for x in (fields, f"metadata.name={name}") if x)
-        labels = q.get("labelSelector")
-        timeout = float(q.get("timeoutSeconds") or 1800)
-        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
-        # Watch-list (kubectl ≥ 1.35 lists this way): the current objects as ADDED events,
-        # then a bookmark annotated initial-events-end, then changes.
-        initial = q.get("sendInitialEvents") in ("true", "1")
-        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        try:
-            since = None if initial else q.get("resourceVersion")
-            events, seen = self.store.events_since(kind, ns, since, labels, fields)
-        except Gone as gone:
-            await resp.prepare(raw)
-            await resp.write(
-                json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n"
-            )
-            return resp
-        await resp.prepare(raw)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            while True:
-                for event, obj in events:
-                    await resp.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
-                    seen = max(seen, int(obj["metadata"]["resourceVersion"]))
-                events = []
-                if initial:
-                    initial = False
-                    mark = self._bookmark(kind, seen)
-                    mark["metadata"]["annotations"] = {INITIAL_EVENTS_END: "true"}
-                    await resp.write(
-                        json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
-                    )
-                remaining = deadline - loop.time()
-                if remaining <= 0 or self._closed:
-                    break
-                changed = self._changed
-                try:
-                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 60))
-                except TimeoutError:
-                    if bookmarks:
-                        mark = self._bookmark(kind, self.store.rv)
-                        await resp.write(
-                            json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
-                        )
-                    continue
-                if self._closed:
-                    break
-                events, _ = self.store.events_since(kind, ns, str(seen), labels, fields)
-        except (ConnectionResetError, Gone):
-            pass
-        return resp

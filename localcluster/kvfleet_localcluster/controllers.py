@@ -92,20 +92,37 @@ class Cluster:
     _failed: dict[str, str] = field(default_factory=dict)
     """Deployment uid → why its last pod creation failed (its ReplicaFailure condition)."""
 
+    _changed: set[tuple[str, str]] = field(default_factory=set)
+    """Deployments (namespace, name) to reconcile: changed, or one of their pods changed."""
+    _pods_changed: bool = True
+
     def __post_init__(self) -> None:
         self.store.kinds.setdefault(POD.key, POD)
         self.store.kinds.setdefault(DEPLOYMENT.key, DEPLOYMENT)
-        self.store.listeners.append(lambda kind, event, obj: self._dirty.set())
+        self.store.listeners.append(self._on_event)
+
+    def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+        """Only what changed is reconciled: a write to one of 1,000 Deployments (or to one of
+        its pods) costs one Deployment's reconcile, not a pass over all of them."""
+        meta = obj["metadata"]
+        if kind.key == DEPLOYMENT.key:
+            self._changed.add((meta.get("namespace", ""), meta["name"]))
+        elif kind.key == POD.key:
+            self._pods_changed = True
+            for ref in meta.get("ownerReferences") or []:
+                if ref.get("kind") == "Deployment":
+                    self._changed.add((meta.get("namespace", ""), ref.get("name", "")))
+        else:
+            return
+        self._dirty.set()
 
     # ---- deployments ----------------------------------------------------------------------
     def _owned_pods(self, dep: dict[str, Any]) -> list[dict[str, Any]]:
-        uid = dep["metadata"]["uid"]
-        items, _ = self.store.list_objects(POD, dep["metadata"]["namespace"])
+        """Its live pods, from the store's owner index (read-only objects, not copies)."""
         return [
             p
-            for p in items
-            if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
-            and not p["metadata"].get("deletionTimestamp")
+            for p in self.store.owned_by(dep["metadata"]["uid"], POD.key)
+            if not p["metadata"].get("deletionTimestamp")
         ]
 
     def _new_pod(self, dep: dict[str, Any], thash: str) -> None:
@@ -206,7 +223,7 @@ class Cluster:
             return None
 
     def _sync_pods(self) -> None:
-        items, _ = self.store.list_objects(POD, None)
+        items = self.store.peek(*POD.key)
         live = {
             f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
             for p in items
@@ -271,18 +288,32 @@ class Cluster:
         await asyncio.gather(*(self._stop_runner(r, t) for r, t in runners), *self._stopping)
 
     # ---- loop -----------------------------------------------------------------------------
-    def reconcile(self) -> None:
-        deployments, _ = self.store.list_objects(DEPLOYMENT, None)
-        for dep in deployments:
+    def reconcile(self, full: bool = True) -> None:
+        """Reconcile the Deployments that changed (`full`: all of them), then the pods."""
+        if full:
+            todo = [d for d in self.store.peek(*DEPLOYMENT.key)]
+            self._changed.clear()
+        else:
+            keys, self._changed = self._changed, set()
+            found = (self.store.lookup(DEPLOYMENT.key, ns, name) for ns, name in sorted(keys))
+            todo = [d for d in found if d is not None]
+        for dep in todo:
             self.reconcile_deployment(dep)
-        self._sync_pods()
+        if full or self._pods_changed:
+            self._pods_changed = False
+            self._sync_pods()
 
     async def run(self, resync_s: float = 1.0) -> None:
         """Controllers until cancelled; then every pod process is stopped."""
+        loop = asyncio.get_running_loop()
+        next_full = 0.0
         try:
             while True:
                 self._dirty.clear()
-                self.reconcile()
+                full = loop.time() >= next_full
+                if full:
+                    next_full = loop.time() + resync_s
+                self.reconcile(full)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._dirty.wait(), timeout=resync_s)
         finally:

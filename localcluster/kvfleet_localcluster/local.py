@@ -131,7 +131,7 @@ class LocalCluster:
         if cfg.crds_dir is not None:
             self.api.load_crds(cfg.crds_dir)
         for ns in sorted({"default", cfg.namespace}):
-            self.api.ensure_default_service_account(ns)
+            self.api.admission.ensure_default_service_account(ns)
         cfg.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         cfg.kubeconfig.touch(mode=0o600)  # it holds an admin token
         cfg.kubeconfig.write_text(

@@ -211,6 +211,18 @@ class Store:
             return list(objs.values())
         return [o for (n, _), o in objs.items() if n == ns]
 
+    def lookup(self, kind: tuple[str, str], ns: str, name: str) -> dict[str, Any] | None:
+        """One stored object, not a copy (read-only, as `peek`)."""
+        return self.objects.get(kind, {}).get((ns, name))
+
+    def owned_by(self, uid: str, kind: tuple[str, str]) -> list[dict[str, Any]]:
+        """The stored objects of `kind` whose ownerReferences name `uid` (read-only)."""
+        out = []
+        for key in sorted(self.dependents.get(uid, ())):
+            if key[:2] == kind and (obj := self._lookup(key)) is not None:
+                out.append(obj)
+        return out
+
     def exists(self, group: str, plural: str, ns: str, name: str) -> bool:
         return (ns, name) in self.objects.get((group, plural), {})
 

@@ -20,7 +20,8 @@ from typing import Any
 import kopf
 
 from kvfleet_gateway.schema import Json
-from kvfleet_operator.kube import Kube
+from kvfleet_operator.cache import WatchCache
+from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
@@ -39,8 +40,12 @@ CHILD_KINDS = [
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("", "v1", "persistentvolumeclaims"),
 ]
-"""Children whose edits or deletion bring the owner back to its reconcile."""
+"""Children whose edits or deletion bring the owner back to its reconcile (and whose
+objects the watch cache holds)."""
+MONITORING_KINDS = [("monitoring.coreos.com", "v1", "podmonitors")]
+"""Watched only when the API server serves them (the Prometheus Operator is installed)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,9 @@ class Controller:
                 self.enqueue(*key)
 
 
-def make_registry(controller: Controller) -> kopf.OperatorRegistry:
+def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRegistry:
+    """kopf's handlers; `pod_monitors`: the API server serves monitoring.coreos.com/v1 (only
+    then are PodMonitors rendered, and watched)."""
     registry = kopf.OperatorRegistry()
     tasks: list[asyncio.Task[None]] = []
 
@@ -166,9 +173,19 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
         settings.posting.enabled = False  # we post our own Events, only on transitions
         settings.watching.server_timeout = 300
         settings.scanning.disabled = True  # watch the resources named here only
-        controller.options = ReconcileOptions(
-            pod_monitors=await asyncio.to_thread(controller.kube.served, "monitoring.coreos.com/v1")
-        )
+        controller.options = ReconcileOptions(pod_monitors=pod_monitors)
+        if controller.kube.cache is None:
+            # Reconciles read what the watches delivered (one LIST per kind at start), not
+            # GETs: a steady state costs the API server watches and writes only.
+            controller.kube.cache = WatchCache()
+            # Before kopf's watches start (startup handlers run first): their events are
+            # newer than this listing, and the cache keeps the newer of the two.
+            await asyncio.to_thread(
+                controller.kube.prime,
+                [ISVC, *(resource_by_plural(p) for _, _, p in watched)],
+                controller.config.namespaces,
+                ",".join(f"{k}={v}" for k, v in MANAGED_BY.items()),
+            )
         tasks.extend(
             [
                 asyncio.create_task(controller.work()),
@@ -191,6 +208,8 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     ) -> None:
         if namespace is None:
             return
+        if controller.kube.cache is not None:
+            controller.kube.cache.observe(PLURAL, type, body)
         if type == "DELETED":
             controller.forget(namespace, name)
             return
@@ -200,19 +219,25 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     def child_handler(group: str, version: str, plural: str) -> None:
         @kopf.on.event(group, version, plural, labels=MANAGED_BY, registry=registry)
-        async def _child(*, labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+        async def _child(
+            *, type: str, body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
+        ) -> None:
+            if controller.kube.cache is not None:
+                controller.kube.cache.observe(plural, type, body)
             owner = labels.get(ISVC_LABEL)
             if owner and namespace and (namespace, owner) in controller.known:
                 controller.enqueue(namespace, owner)
 
-    for group, version, plural in CHILD_KINDS:
+    watched = [*CHILD_KINDS, *(MONITORING_KINDS if pod_monitors else [])]
+    for group, version, plural in watched:
         child_handler(group, version, plural)
     return registry
 
 
 def run(controller: Controller, stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run the operator in this thread until `stop_flag` is set (or a signal arrives)."""
-    registry = make_registry(controller)
+    pod_monitors = controller.kube.served("monitoring.coreos.com/v1")
+    registry = make_registry(controller, pod_monitors)
     # A plain registry has no login handler: without this one kopf cannot log in at all.
     kopf.on.login(registry=registry)(kopf_login(controller.config.credentials))
     namespaces = list(controller.config.namespaces)

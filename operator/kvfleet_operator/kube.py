@@ -18,6 +18,7 @@ import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet_gateway.schema import Json
+from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION
 
 
@@ -57,6 +58,12 @@ _KNOWN = [
     Resource("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 ]
 RESOURCES = {(r.api_version, r.kind): r for r in _KNOWN}
+
+
+def resource_by_plural(plural: str) -> Resource:
+    return next(r for r in _KNOWN if r.plural == plural)
+
+
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
@@ -90,10 +97,15 @@ FIELD_MANAGER = "kvfleet-operator"
 
 class Kube:
     def __init__(
-        self, api: kubernetes.client.ApiClient, field_manager: str = FIELD_MANAGER
+        self,
+        api: kubernetes.client.ApiClient,
+        field_manager: str = FIELD_MANAGER,
+        cache: WatchCache | None = None,
     ) -> None:
         self.api = api
         self.field_manager = field_manager
+        self.cache = cache
+        """Reads of primed kinds come from here (the watches); None: every read is a GET."""
         self.calls: collections.Counter[str] = collections.Counter()
 
     @property
@@ -126,7 +138,29 @@ class Kube:
         parsed: Json = json.loads(data) if data else {}
         return parsed
 
+    def _cached(self, res: Resource) -> WatchCache | None:
+        return self.cache if self.cache is not None and self.cache.primed(res.plural) else None
+
+    def _observed(self, res: Resource, obj: Json) -> Json:
+        if self.cache is not None and obj.get("metadata"):
+            self.cache.observe(res.plural, None, obj)
+        return obj
+
+    def prime(self, resources: list[Resource], namespaces: tuple[str, ...], selector: str) -> None:
+        """One LIST per kind (per namespace, when the operator watches some) fills the cache;
+        the watches keep it current from then on."""
+        if self.cache is None:
+            return
+        for res in resources:
+            items: list[Json] = []
+            for ns in namespaces or (None,):
+                query = {"labelSelector": selector} if selector and res is not ISVC else None
+                items += self.request("GET", res.path(ns), query=query).get("items") or []
+            self.cache.prime(res.plural, items)
+
     def get(self, res: Resource, namespace: str | None, name: str) -> Json | None:
+        if cache := self._cached(res):
+            return cache.get(res.plural, namespace, name)
         try:
             return self.request("GET", res.path(namespace, name))
         except ApiException as exc:
@@ -135,31 +169,50 @@ class Kube:
             raise
 
     def list(self, res: Resource, namespace: str | None, selector: str | None = None) -> list[Json]:
+        if cache := self._cached(res):
+            return cache.list(res.plural, namespace, selector)
         query = {"labelSelector": selector} if selector else None
         items: list[Json] = self.request("GET", res.path(namespace), query=query).get("items") or []
         return items
 
     def create(self, obj: Json) -> Json:
         res = resource_of(obj)
-        return self.request(
-            "POST",
-            res.path(obj["metadata"].get("namespace")),
-            obj,
-            query={"fieldManager": self.field_manager},
-        )
+        namespace = obj["metadata"].get("namespace")
+        try:
+            created = self.request(
+                "POST", res.path(namespace), obj, query={"fieldManager": self.field_manager}
+            )
+        except ApiException as exc:
+            if exc.status == 409 and self._cached(res):
+                # It exists but the cache missed it: learn it (with the list verb the cache
+                # needs anyway, not a get), so the retry patches instead.
+                query = {"fieldSelector": f"metadata.name={obj['metadata']['name']}"}
+                found = self.request("GET", res.path(namespace), query=query).get("items")
+                for live in found or []:
+                    self._observed(res, live)
+            raise
+        return self._observed(res, created)
 
     def patch(
         self, res: Resource, namespace: str | None, name: str, patch: Json, sub: str | None = None
     ) -> Json:
-        return self.request(
-            "PATCH",
-            res.path(namespace, name, sub),
-            patch,
-            "application/merge-patch+json",
-            query={"fieldManager": self.field_manager},
-        )
+        try:
+            patched = self.request(
+                "PATCH",
+                res.path(namespace, name, sub),
+                patch,
+                "application/merge-patch+json",
+                query={"fieldManager": self.field_manager},
+            )
+        except ApiException as exc:
+            if exc.status == 404 and self.cache is not None:
+                self.cache.forget(res.plural, namespace or "", name)  # gone: the cache was late
+            raise
+        return self._observed(res, patched)
 
     def delete(self, res: Resource, namespace: str | None, name: str) -> None:
+        if self.cache is not None:
+            self.cache.forget(res.plural, namespace or "", name)
         try:
             self.request(
                 "DELETE",

@@ -102,16 +102,19 @@ async def test_children_status_and_events(local_cluster: Env, llama: OperatorThr
 async def test_steady_state_reads_and_writes_nothing(
     local_cluster: Env, llama: OperatorThread
 ) -> None:
+    """A reconcile of an unchanged world costs the API server nothing: its reads come from
+    the watch cache (it once cost 12 GETs per service per resync) and it writes nothing."""
     op = llama
     await settle(local_cluster, op)
-    before = dict(op.kube.calls)
+    assert op.kube.cache is not None
+    before, hits, done = dict(op.kube.calls), op.kube.cache.hits, len(op.outcomes)
     op.controller.enqueue(NS, "llama")
-    await until(lambda: sum(op.kube.calls.values()) > sum(before.values()) + 5, what="a reconcile")
+    await until(lambda: len(op.outcomes) > done, what="a reconcile")
     await asyncio.sleep(0.5)
     delta = {v: op.kube.calls[v] - before.get(v, 0) for v in op.kube.calls}
-    assert {v: n for v, n in delta.items() if v != "GET" and n} == {}, delta
-    assert delta["GET"] <= 20, f"a steady-state reconcile cost {delta['GET']} reads"
-    print(f"steady-state reconcile: {delta['GET']} reads, 0 writes")
+    assert {v: n for v, n in delta.items() if n} == {}, delta
+    assert op.kube.cache.hits - hits >= 10  # the ~dozen reads, answered by the cache
+    print(f"steady-state reconcile: {op.kube.cache.hits - hits} cached reads, 0 requests")
 
 
 async def test_drift_is_repaired(local_cluster: Env, llama: OperatorThread) -> None:

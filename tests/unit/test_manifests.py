@@ -69,14 +69,15 @@ def test_cluster_role_grants_what_the_operator_uses() -> None:
         assert verbs, f"the ClusterRole misses {group}/{r.plural}"
         assert ("delete" in verbs) == (r.plural in prunable), r.plural
         if r.kind == "InferenceService":
-            assert verbs == {"get", "list", "watch"}
+            assert verbs == {"list", "watch"}
             assert granted[(group, "inferenceservices/status")] == {"patch"}
         elif r.kind == "Event":
             assert verbs == {"create"}
         elif r.kind == "Pod":
             assert verbs == {"list", "watch", "patch"}
-        else:
-            assert {"get", "create", "patch"} <= verbs, r.kind
+        else:  # reads come from the watch cache (list + watch), never a get
+            assert {"list", "watch", "create", "patch"} <= verbs, r.kind
+            assert "get" not in verbs, r.kind
         if r.plural in prunable:
             assert "list" in verbs, r.plural
 
