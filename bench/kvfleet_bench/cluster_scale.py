@@ -216,7 +216,10 @@ def _isvc(i: int) -> dict[str, Any]:
         "kind": "InferenceService",
         "metadata": {"name": f"svc-{i:04d}", "namespace": "scale"},
         "spec": {
-            "model": {"name": "llama-3.1-8b"},
+            "model": {
+                "name": "llama-3.1-8b",
+                "source": {"huggingFace": "meta-llama/Llama-3.1-8B-Instruct"},
+            },
             "engine": {"gpuType": "h100"},
             "replicas": 1,
             "gateway": {"enabled": False},

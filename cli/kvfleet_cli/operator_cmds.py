@@ -185,11 +185,6 @@ def docs(out_dir: Path, check: bool) -> None:
 )
 @click.option("--context", default=None, help="Kubeconfig context (default: its current-context).")
 @click.option(
-    "--server",
-    default=None,
-    help="Testing only: an API server URL used without credentials or TLS checks.",
-)
-@click.option(
     "--resync",
     "resync_s",
     type=float,
@@ -221,7 +216,6 @@ def operator(
     namespaces: tuple[str, ...],
     kubeconfig: str | None,
     context: str | None,
-    server: str | None,
     resync_s: float,
     prometheus_url: str | None,
     scale_interval_s: float,
@@ -238,9 +232,7 @@ def operator(
     if log_level.lower() != "debug":  # kopf reports every handled event at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes
-    if server and (kubeconfig or context):
-        raise click.UsageError("--server is a test path: give it alone, or use --kubeconfig")
-    credentials = Credentials(kubeconfig=kubeconfig, context=context, server=server)
+    credentials = Credentials(kubeconfig=kubeconfig, context=context)
     config = OperatorConfig(
         liveness_endpoint=liveness,
         namespaces=namespaces,

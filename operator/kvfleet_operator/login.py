@@ -1,4 +1,4 @@
-"""How the operator logs in to the API server: in a pod, from a kubeconfig, or (tests) bare.
+"""How the operator logs in to the API server: in a pod, or from a kubeconfig.
 
 One source of credentials for both of the operator's clients: the `kubernetes` client that
 reads and writes children, and kopf's watches. Both are built from the same
@@ -10,8 +10,8 @@ fresh `ConnectionInfo` whenever the server answers 401, so rotated and exec-issu
 are picked up without a restart.
 
 Order, as kubectl's: an explicit `--kubeconfig`/`--context` wins; then in-cluster; then
-`$KUBECONFIG` or `~/.kube/config`. `server` (no credentials at all) exists only for tests
-against an API server that authenticates nobody.
+`$KUBECONFIG` or `~/.kube/config`. There is no credential-less test path: the local
+cluster authenticates every client, as a real one does.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ class Credentials:
     """A kubeconfig file; None: in-cluster when in a pod, else $KUBECONFIG or ~/.kube/config."""
     context: str | None = None
     """A kubeconfig context; None: the file's current-context."""
-    server: str | None = None
-    """Test path only: an API server URL used without any credentials or TLS checks."""
     token_file: Path = Path(SERVICE_TOKEN_FILENAME)
     """The service-account token a pod gets (a seam for tests of the in-cluster path)."""
     ca_file: Path = Path(SERVICE_CERT_FILENAME)
@@ -64,10 +62,6 @@ def client_configuration(
     """A `kubernetes` client configuration with the operator's credentials loaded."""
     environ = os.environ if environ is None else environ
     cfg = kubernetes.client.Configuration()
-    if creds.server:
-        cfg.host = creds.server
-        cfg.verify_ssl = False
-        return cfg
     if creds.in_cluster(environ):
         InClusterConfigLoader(
             token_filename=str(creds.token_file),

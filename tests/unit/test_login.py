@@ -135,8 +135,3 @@ def test_kubeconfig_exec_plugin(tmp_path: Path) -> None:
     path = kubeconfig(tmp_path, {"ua": user})
     info = connection_info(client_configuration(Credentials(kubeconfig=path), environ={}))
     assert info.token == "from-exec"
-
-
-def test_server_is_a_bare_test_path() -> None:
-    info = connection_info(client_configuration(Credentials(server="http://127.0.0.1:1")))
-    assert (info.server, info.token, info.insecure) == ("http://127.0.0.1:1", None, True)
