@@ -130,6 +130,8 @@ class Store:
     )
     """Per kind, (label key, value) → objects carrying it: equality selectors read only the
     objects they match."""
+    by_namespace: dict[tuple[str, str], dict[str, set[ObjectKey]]] = field(default_factory=dict)
+    """Per kind, namespace → its objects: a namespaced list reads only that namespace."""
     by_uid: dict[str, FullKey] = field(default_factory=dict)
     dependents: dict[str, set[FullKey]] = field(default_factory=dict)
     """Owner uid → objects whose ownerReferences name it (garbage collection without a scan)."""
@@ -168,6 +170,7 @@ class Store:
     def _put(self, key: FullKey, obj: dict[str, Any]) -> None:
         self._unindex(key)
         self.objects.setdefault(key[:2], {})[key[2:]] = obj
+        self.by_namespace.setdefault(key[:2], {}).setdefault(key[2], set()).add(key[2:])
         meta = obj["metadata"]
         labels = self.by_label.setdefault(key[:2], {})
         for pair in (meta.get("labels") or {}).items():
@@ -180,6 +183,9 @@ class Store:
         old = self.objects.get(key[:2], {}).pop(key[2:], None)
         if old is None:
             return None
+        in_namespace = self.by_namespace.get(key[:2], {}).get(key[2])
+        if in_namespace is not None:
+            in_namespace.discard(key[2:])
         meta = old["metadata"]
         labels = self.by_label.get(key[:2], {})
         for pair in (meta.get("labels") or {}).items():
@@ -209,7 +215,7 @@ class Store:
         objs = self.objects.get((group, plural), {})
         if ns is None:
             return list(objs.values())
-        return [o for (n, _), o in objs.items() if n == ns]
+        return [objs[k] for k in self.by_namespace.get((group, plural), {}).get(ns, ())]
 
     def lookup(self, kind: tuple[str, str], ns: str, name: str) -> dict[str, Any] | None:
         """One stored object, not a copy (read-only, as `peek`)."""
@@ -239,6 +245,8 @@ class Store:
             raise ApiError(400, "BadRequest", str(exc)) from exc
         objs = self.objects.get(kind.key, {})
         keys: Iterable[ObjectKey] = objs.keys()
+        if ns:
+            keys = self.by_namespace.get(kind.key, {}).get(ns, set())
         for pair in equality_terms(labels):  # narrow by the index, then check every term
             keys = [k for k in self.by_label.get(kind.key, {}).get(pair, ()) if k in objs]
             break
