@@ -35,8 +35,15 @@ COMMANDS: dict[str, Entry] = {
     "docs": Entry(
         "kvfleet_cli.operator_cmds", "docs", "Write the CRD and gateway-config references."
     ),
+    "get": Entry("kvfleet_cli.admin", "get", "List InferenceServices with their live numbers."),
+    "describe": Entry(
+        "kvfleet_cli.admin", "describe_cmd", "Show an InferenceService, its children and events."
+    ),
+    "logs": Entry("kvfleet_cli.admin", "logs", "Print an InferenceService's pods' logs."),
     "gateway": Entry("kvfleet_cli.gateway_cmds", "gateway", "Run the token-aware gateway."),
-    "keys": Entry("kvfleet_cli.gateway_cmds", "keys", "Make and hash API keys."),
+    "keys": Entry(
+        "kvfleet_cli.keys_cmds", "keys", "API keys: create, list, revoke, rotate; new, hash."
+    ),
     "budgets": Entry("kvfleet_cli.gateway_cmds", "budgets", "Accept a lost budget store (Redis)."),
     "sim": Entry(
         "kvfleet_sim.cli", "sim", "Stand-in: the SGLang-compatible engine simulator.", "sim"

@@ -370,12 +370,22 @@ class PodRunner:
                 return 128
         self._write(container, {"running": {"startedAt": now()}}, False, False)
         prober = asyncio.create_task(self._probe_loop(session, container))
+        syncer = asyncio.create_task(self._sync_secrets(container))
         try:
             return await self.proc.wait()
         finally:
-            prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await prober
+            for task in (prober, syncer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _sync_secrets(self, container: Json) -> None:
+        """Mounted Secrets follow their Secret, as the kubelet's sync loop (about a minute on
+        a node; scaled here) keeps them: a rotated API key reaches the gateway's file."""
+        while True:
+            await asyncio.sleep(self._scaled(10.0))
+            if self.sandbox.refresh_secrets(container):
+                log.info("pod %s/%s: mounted secrets updated", self.ns, self.name)
 
     async def _probe_loop(self, session: aiohttp.ClientSession, container: Json) -> None:
         startup, readiness, liveness = (

@@ -97,6 +97,33 @@ class PodSandbox:
                     f.write_text(substitute(f.read_text(), mounts))
         return mounts
 
+    def refresh_secrets(self, container: Json) -> int:
+        """The kubelet's periodic sync of mounted Secrets: files whose Secret changed are
+        replaced atomically (a reader sees the old file or the new one); returns how many."""
+        volumes = {v["name"]: v for v in self.spec.get("volumes") or []}
+        changed = 0
+        for m in container.get("volumeMounts") or []:
+            source = volumes.get(m["name"], {}).get("secret")
+            if source is None:
+                continue
+            sec = self.secrets(self.ns, "Secret", source["secretName"])
+            if sec is None:
+                continue  # deleted: a node keeps the last content it had
+            local = self.pod_dir / "volumes" / m["name"]
+            files = {k: base64.b64decode(v) for k, v in (sec.get("data") or {}).items()}
+            for key, data in files.items():
+                target = local / key
+                if not target.exists() or target.read_bytes() != data:
+                    staged = local / f".{key}.new"
+                    staged.write_bytes(data)
+                    staged.replace(target)
+                    changed += 1
+            for stale in [f for f in local.iterdir() if f.name not in files]:
+                if not stale.name.startswith("."):
+                    stale.unlink()
+                    changed += 1
+        return changed
+
     def service_account_volume(self, access: ClusterAccess) -> Path:
         """What the kubelet projects into every pod: a token, the CA, the namespace."""
         local = self.pod_dir / "volumes" / "kube-api-access"

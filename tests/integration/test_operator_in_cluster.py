@@ -6,15 +6,21 @@ verb it is granted but never uses is reported (least privilege)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import re
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
+from tests.conftest import kubectl_binary
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import cluster_config
 from tests.support.objects import ROOT
@@ -72,6 +78,99 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         yield local
 
 
+async def run(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def admin_cli(cluster: LocalCluster) -> None:
+    kvfleet = str(Path(sys.executable).parent / "kvfleet")
+    code, out, err = await run(cluster, kvfleet, "get")  # the kubeconfig's namespace: ai
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "MODEL", "READY", "ACTIVE", "WARM", "QUEUE", "KV",
+                              "TTFT-P99", "AGE"]  # fmt: skip
+    mistral = next(r.split() for r in rows if r.startswith("mistral "))
+    assert mistral[:5] == ["mistral", "mistral-7b", "2/2", "2", "0"]
+    # The kubectl plugin is the same program: kubectl finds `kubectl-kvfleet` on the PATH.
+    code, out, err = await run(cluster, kubectl_binary(), "kvfleet", "get", "-A", "-o", "wide")
+    assert code == 0, err
+    assert out.split()[0] == "NAMESPACE" and "GATEWAY" in out.splitlines()[0]
+    assert any(line.split()[:2] == ["ai", "llama-8b"] for line in out.splitlines())
+    code, out, err = await run(cluster, kvfleet, "get", "mistral", "-o", "json")
+    assert code == 0 and json.loads(out)["metadata"]["name"] == "mistral", err
+    code, out, err = await run(cluster, kvfleet, "describe", "mistral", "-n", "ai")
+    assert code == 0, err
+    for expected in (r"Name:\s+mistral", r"Ready\s+True\s+Serving",
+                     r"Deployment/mistral-engine\s+2/2",
+                     r"PodMonitor/mistral-engine", r"mistral-engine-\S+\s+engine\s+active\s+True",
+                     r"Normal\s+Created"):  # fmt: skip
+        assert re.search(expected, out), (expected, out)
+    code, out, err = await run(
+        cluster, kvfleet, "logs", "mistral", "--component", "engine", "--tail", "1"
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("[pod/mistral-engine-") for line in lines)
+    code, out, err = await run(cluster, kvfleet, "get", "nope")
+    assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
+
+
+async def key_management(cluster: LocalCluster, gateway: str) -> None:
+    """`kvfleet keys` changes the Secret; the running gateway follows without a restart."""
+    kvfleet = str(Path(sys.executable).parent / "kvfleet")
+    code, out, err = await run(cluster, kvfleet, "keys", "list", "--service", "mistral")
+    assert code == 0, err
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [
+        ["search-team", "1"],
+        ["chat-app", "1"],
+    ]
+
+    async def status_with(key: str) -> int:
+        body = {"model": "mistral-7b", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{gateway}/v1/chat/completions", json=body,
+                   headers={"Authorization": f"Bearer {key}"}) as r,
+        ):  # fmt: skip
+            return r.status
+
+    code, new_key, err = await run(
+        cluster, kvfleet, "keys", "create", "--tenant", "new-team", "--service", "mistral"
+    )
+    assert code == 0 and new_key.startswith("kvf-") and "shown once" in err, err
+    new_key = new_key.strip()
+    await until(lambda: _is(status_with(new_key), 200), 20, "the gateway to accept the new key")
+    code, out, err = await run(cluster, kvfleet, "keys", "rotate", "--tenant", "search-team",
+                               "--secret", "ai-api-keys")  # fmt: skip
+    assert code == 0, err
+    rotated = out.strip()
+    await until(lambda: _is(status_with("foo"), 401), 20, "the rotated-out key refused")
+    assert await status_with(rotated) == 200
+    code, _, err = await run(cluster, kvfleet, "keys", "revoke", "--tenant", "new-team", "--all",
+                             "--service", "mistral")  # fmt: skip
+    assert code == 0, err
+    await until(lambda: _is(status_with(new_key), 401), 20, "the revoked key refused")
+    # Bad input changes nothing and says what to do.
+    code, _, err = await run(cluster, kvfleet, "keys", "revoke", "--tenant", "nobody", "--all",
+                             "--service", "mistral")  # fmt: skip
+    assert code == 1 and "no tenant 'nobody'" in err
+    assert await status_with(rotated) == 200
+
+
+async def _is(value: Any, wanted: int) -> bool:
+    return bool(await value == wanted)
+
+
 def granted(rbac: Path) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) the operator's ClusterRole grants."""
     role = next(d for d in yaml.safe_load_all(rbac.read_text()) if d and d["kind"] == "ClusterRole")
@@ -123,6 +222,14 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     ):
         assert r.status == 200, await r.text()
         assert (await r.json())["usage"]["completion_tokens"] == 4
+
+    # The admin CLI, as `kvfleet ...` and as the kubectl plugin, on what is running.
+    await k(
+        "wait", "--for=jsonpath={.status.readyReplicas}=2", "kis/mistral", "-n", "ai",
+        "--timeout=60s",
+    )  # fmt: skip
+    await admin_cli(cluster)
+    await key_management(cluster, f"http://{gateway['status']['podIP']}:8080")
 
     # The autoscaled service: a model-cache claim and a warm spare labelled by the operator.
     async def warm_spare() -> bool:
