@@ -10,7 +10,7 @@ from typing import Any
 import click
 import yaml
 
-from kvfleet_gateway.schema import ConfigError
+from kvfleet_gateway.schema import ConfigError, yaml_position
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.render import owner_of, render_children
@@ -23,14 +23,23 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
+    where = "stdin" if str(path) == "-" else str(path)
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
         docs = [d for d in yaml.safe_load_all(text) if d]
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.ClickException(f"cannot read {path}: {exc}") from exc
-    for doc in docs:
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {where}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        at = yaml_position(exc)
+        problem = getattr(exc, "problem", None) or "malformed"
+        raise click.ClickException(
+            f"{where}: invalid YAML{' at ' + at if at else ''}: {problem}"
+        ) from exc
+    if not docs:
+        raise click.ClickException(f"{where}: no YAML documents (an empty file?)")
+    for i, doc in enumerate(docs, 1):
         if not isinstance(doc, dict):
-            raise click.ClickException(f"{path}: every document must be a mapping")
+            raise click.ClickException(f"{where}: document {i} is not a mapping")
     return docs
 
 
@@ -81,14 +90,14 @@ def render(path: Path, check: bool) -> None:
             owner = owner_of(doc)
             children = render_children(owner)
         except (ConfigError, KeyError) as exc:
-            click.echo(f"error: {KIND} {name}: {exc}", err=True)
+            click.echo(f"Error: {KIND} {name}: {exc}", err=True)
             failed = True
             continue
         if check:
             problem = sglang_rejections(engine_args(owner.spec))
             if problem:
                 click.echo(
-                    f"error: {KIND} {name}: SGLang rejects the command line: {problem}", err=True
+                    f"Error: {KIND} {name}: SGLang rejects the command line: {problem}", err=True
                 )
                 failed = True
             else:

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from kvfleet_gateway.config import ConfigError, Limits
-from kvfleet_gateway.schema import fld, parse
+from kvfleet_gateway.schema import fld, parse, yaml_position
 from kvfleet_gateway.tasks import every
 
 log = logging.getLogger("kvfleet.gateway.keys")
@@ -105,9 +105,10 @@ def load_keyring(path: Path) -> KeyRing:
         raise ConfigError(f"keys file {path}", f"cannot read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         # Only the position: PyYAML's message quotes the offending line, which may hold a key.
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"keys file {path}", f"invalid YAML{where}") from None
+        where = yaml_position(exc)
+        raise ConfigError(
+            f"keys file {path}", f"invalid YAML{' at ' + where if where else ''}"
+        ) from None
     return KeyRing.parse(doc, str(path))
 
 

@@ -67,6 +67,13 @@ class Duration(float):
         return f"{float(self):g}s"
 
 
+def yaml_position(exc: Exception) -> str:
+    """Where a YAML error is, as `line L, column C` ("" when PyYAML does not say). Never the
+    offending text: in a keys file it could be a secret."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
 def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 

@@ -170,11 +170,15 @@ def offline(**kw: Any) -> None:
         result = run_offline(engine, spec, profile)
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc
-    table = Table(title=f"{engine.model.name} on {engine.tp_size}× {engine.gpu.name} ({profile})")
+    table = Table(
+        title=f"{engine.model.name} on {engine.tp_size}× {engine.gpu.name} ({profile})",
+        caption="simulated: durations and rates are in simulated GPU time, not wall time",
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in result.as_dict().items():
-        table.add_row(key, f"{value:,.2f}" if isinstance(value, float) else f"{value:,}")
+        label = "duration_s (simulated)" if key == "duration_s" else key
+        table.add_row(label, f"{value:,.2f}" if isinstance(value, float) else f"{value:,}")
     Console(stderr=as_json).print(table)
     if as_json:
         click.echo(json.dumps(result.as_dict()))

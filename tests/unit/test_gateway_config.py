@@ -86,7 +86,12 @@ def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
     f = tmp_path / "bad.yaml"
     f.write_text("listen: [unclosed")
-    with pytest.raises(ConfigError, match="cannot read"):
+    # The file and where in it, never PyYAML's "<unicode string>".
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*invalid YAML at line 1, column 18") as err:
+        load_config(f)
+    assert "unicode string" not in str(err.value)
+    f.write_text("")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: backends: required"):
         load_config(f)
 
 

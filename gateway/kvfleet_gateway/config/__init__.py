@@ -35,7 +35,7 @@ import yaml
 
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
-from kvfleet_gateway.schema import ConfigError, Duration, Rule, fld, parse, to_json
+from kvfleet_gateway.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -322,8 +322,16 @@ def load_config(path: Path) -> GatewayConfig:
     try:
         text = path.read_text()
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(str(path), f"cannot read: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        where = yaml_position(exc)
+        problem = getattr(exc, "problem", None) or "malformed"
+        raise ConfigError(
+            str(path), f"invalid YAML at {where}: {problem}" if where else problem
+        ) from exc
+    except ValueError as exc:  # JSON
+        raise ConfigError(str(path), f"invalid JSON: {exc}") from exc
     try:
         return GatewayConfig.from_dict(doc)
     except ConfigError as exc:
