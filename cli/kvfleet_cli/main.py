@@ -40,6 +40,9 @@ COMMANDS: dict[str, Entry] = {
         "kvfleet_cli.admin", "describe_cmd", "Show an InferenceService, its children and events."
     ),
     "logs": Entry("kvfleet_cli.admin", "logs", "Print an InferenceService's pods' logs."),
+    "usage": Entry(
+        "kvfleet_cli.usage_cmds", "usage", "Tokens, requests, budget and cost per tenant."
+    ),
     "gateway": Entry("kvfleet_cli.gateway_cmds", "gateway", "Run the token-aware gateway."),
     "keys": Entry(
         "kvfleet_cli.keys_cmds", "keys", "API keys: create, list, revoke, rotate; new, hash."

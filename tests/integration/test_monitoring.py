@@ -70,3 +70,44 @@ async def test_dashboard_and_alert_queries_run_on_real_prometheus(
                 assert body["data"]["result"], f"no series for {expr}"
         by_role = await query(s, prom, next(e for e in panels if "count by (role)" in e))
         assert by_role["data"]["result"][0]["metric"] == {"role": "active"}
+
+
+async def test_kvfleet_usage_reads_the_gateway_from_prometheus(
+    sim_server: SimFactory, prometheus: Callable[..., str], gateway_server: Any, tmp_path: Path
+) -> None:
+    """`kvfleet usage --prometheus-url`: the gateway's counters, scraped with the labels its
+    PodMonitor adds, summed per tenant over the window with increase()."""
+    from kvfleet_cli.usage_cmds import _from_prometheus, aggregate
+    from tests.integration.test_gateway_abuse import CANARY, chat, keys, post
+    from tests.support.gateway import gateway_config, metrics_url
+
+    engine = await sim_server()
+    cfg = gateway_config([engine], keys(tmp_path))
+    gw = await gateway_server(cfg)
+    target = metrics_url(cfg).removeprefix("http://").removesuffix("/metrics")
+    prom = prometheus([target], {"namespace": "ai", "inferenceservice": "llama"})
+    assert (await post(gw, chat(max_tokens=5), key=CANARY))[0] == 200
+    async with aiohttp.ClientSession() as s:
+        for _ in range(100):  # the counters exist in Prometheus: now they can increase
+            got = await query(s, prom, 'kvfleet_gateway_requests_total{inferenceservice="llama"}')
+            if got["data"]["result"]:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("Prometheus never scraped the gateway")
+    for _ in range(3):
+        assert (await post(gw, chat(max_tokens=5), key=CANARY))[0] == 200
+    usage: Any = {}
+    for _ in range(50):  # until a scrape after the three requests
+        samples, source = await asyncio.to_thread(_from_prometheus, prom, "ai", "llama", "5m")
+        usage = aggregate(samples)
+        if usage and usage["t"].requests.get("200", 0) >= 2.9:
+            break
+        await asyncio.sleep(0.2)
+    assert source == "Prometheus, last 5m"
+    u = usage["t"]
+    # increase() extrapolates to the window's edges (up to about half a scrape interval on
+    # each side of a short series): 3 requests and 15 tokens read as up to ~1.6x that.
+    assert 2.9 <= u.requests["200"] <= 5.0, u
+    assert 14 <= u.tokens["completion"] <= 25, u
+    assert u.budget_left is not None and u.budget_left < 5_000

@@ -120,6 +120,12 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2 and all(line.startswith("[pod/mistral-engine-") for line in lines)
+    code, out, err = await run(cluster, kvfleet, "usage", "mistral")  # the gateway pods' /metrics
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["TENANT", "REQUESTS", "OK", "429"]
+    search = next(r.split() for r in rows if r.startswith("search-team"))
+    assert search[1:3] == ["1", "1"] and search[5] == "4"  # the one chat above, 4 tokens
     code, out, err = await run(cluster, kvfleet, "get", "nope")
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
 

@@ -75,3 +75,28 @@ def test_stand_in_commands_load_lazily() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['kvfleet_cli', 'kvfleet_gateway']"
+
+
+def test_usage_aggregates_gateways_per_tenant() -> None:
+    from kvfleet_cli.usage_cmds import aggregate, usage_table
+
+    samples = [  # two gateways' counters, and each one's view of the shared budget
+        ("kvfleet_gateway_requests_total", {"tenant": "a", "status": "200"}, 3.0),
+        ("kvfleet_gateway_requests_total", {"tenant": "a", "status": "200"}, 2.0),
+        ("kvfleet_gateway_requests_total", {"tenant": "a", "status": "429"}, 1.0),
+        ("kvfleet_gateway_tokens_total", {"tenant": "a", "kind": "prompt"}, 100.0),
+        ("kvfleet_gateway_tokens_total", {"tenant": "a", "kind": "completion"}, 400.0),
+        ("kvfleet_gateway_cost_total", {"tenant": "a", "model": "m"}, 0.02),
+        ("kvfleet_gateway_budget_remaining_tokens", {"tenant": "a"}, 900.0),
+        ("kvfleet_gateway_budget_remaining_tokens", {"tenant": "a"}, 800.0),
+        ("kvfleet_gateway_requests_total", {"tenant": "b", "status": "200"}, 1.0),
+        ("process_cpu_seconds_total", {}, 5.0),
+    ]
+    usage = aggregate(samples)
+    a = usage["a"]
+    assert (a.total_requests, a.requests["429"], a.billed_tokens, a.budget_left) == (6, 1, 500, 800)
+    assert set(aggregate(samples, tenant="b")) == {"b"}
+    lines = usage_table(usage).splitlines()
+    assert lines[0].split() == ["TENANT", "REQUESTS", "OK", "429", "PROMPT", "COMPLETION",
+                                "CACHED", "BUDGET-LEFT", "COST", "COST/1K"]  # fmt: skip
+    assert lines[1].split() == ["a", "6", "5", "1", "100", "400", "0", "800", "0.0200", "0.0400"]
