@@ -161,8 +161,15 @@ def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
         "a completion",
     )
     assert body["usage"]["completion_tokens"] == 4
-    status_doc = json.loads(kubectl("get", "kis", "llama", "-o", "json"))["status"]
-    assert status_doc["readyReplicas"] == 2
+    # The status follows the pods' events (eventually consistent, as every status is).
+    until(
+        lambda: (
+            json.loads(kubectl("get", "kis", "llama", "-o", "json"))["status"].get("readyReplicas")
+            == 2
+        ),
+        10,
+        "the status to count 2 ready replicas",
+    )
 
     # Delete a pod: its process stops, a new pod (new process, new address) replaces it.
     victim = kubectl.pods("engine")[0]
