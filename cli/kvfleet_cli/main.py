@@ -40,6 +40,7 @@ COMMANDS: dict[str, Entry] = {
         "kvfleet_cli.admin", "describe_cmd", "Show an InferenceService, its children and events."
     ),
     "logs": Entry("kvfleet_cli.admin", "logs", "Print an InferenceService's pods' logs."),
+    "top": Entry("kvfleet_cli.top_cmds", "top", "Live per-replica queue, KV cache, tokens/s."),
     "usage": Entry(
         "kvfleet_cli.usage_cmds", "usage", "Tokens, requests, budget and cost per tenant."
     ),

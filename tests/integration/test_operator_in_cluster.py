@@ -22,6 +22,7 @@ import yaml
 from kvfleet_localcluster.local import LocalCluster
 from tests.conftest import kubectl_binary
 from tests.integration.test_kubectl import kubectl
+from tests.support.argocd import health
 from tests.support.cluster import cluster_config
 from tests.support.objects import ROOT
 from tests.support.waiting import until
@@ -120,6 +121,15 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2 and all(line.startswith("[pod/mistral-engine-") for line in lines)
+    code, out, err = await run(cluster, kvfleet, "top", "mistral", "--once")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["POD", "ROLE", "READY", "QUEUE", "RUNNING", "KV", "HIT-RATE",
+                              "TOKENS/S"]  # fmt: skip
+    engines = [r.split() for r in rows if r.startswith("mistral-engine-")]
+    assert len(engines) == 2 and all(e[1:3] == ["active", "True"] for e in engines), out
+    assert all(e[3] != "-" and e[5].endswith("%") for e in engines), out  # scraped
+    assert rows[-1].split()[:4] == ["TOTAL", "2", "pods", "2"]
     code, out, err = await run(cluster, kvfleet, "usage", "mistral")  # the gateway pods' /metrics
     assert code == 0, err
     header, *rows = out.splitlines()
@@ -235,6 +245,11 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         "--timeout=60s",
     )  # fmt: skip
     await admin_cli(cluster)
+    # Argo CD's health check (docs/argocd/) on the status the operator wrote.
+    live = json.loads(await k("get", "kis", "mistral", "-n", "ai", "-o", "json"))
+    assert health(live) == ("Healthy", "2/2 engine replicas ready")
+    live["metadata"]["generation"] += 1  # an edit the operator has not seen yet
+    assert health(live)[0] == "Progressing"
     await key_management(cluster, f"http://{gateway['status']['podIP']}:8080")
 
     # The autoscaled service: a model-cache claim and a warm spare labelled by the operator.

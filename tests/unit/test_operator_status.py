@@ -100,3 +100,32 @@ def test_status_patch_removes_only_what_we_own() -> None:
     assert status_patch(old, {"replicas": 2}) == {"gatewayURL": None, "metrics": None}
     new = {"replicas": 3, "gatewayURL": "http://x", "metrics": {"queueDepth": 3}}
     assert status_patch(old, new) == {"replicas": 3}
+
+
+def test_argocd_health_of_each_status_the_operator_writes() -> None:
+    """docs/argocd/inferenceservice-health.lua, run as Argo CD runs it (Lua), on the status
+    objects compute_status produces."""
+    from tests.support.argocd import health
+
+    def obj(generation: int, status: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "x", "generation": generation}, "status": status}
+
+    stable = Observed(deployment(2, 2, 2), [pod("a", True), pod("b", True)], GATEWAY_READY)
+    serving = compute_status(body(), 2, SELECTOR, None, stable)
+    assert health(obj(1, serving)) == ("Healthy", "2/2 engine replicas ready")
+    assert health(obj(2, serving)) == (  # edited, not yet observed
+        "Progressing",
+        "Waiting for the kvfleet operator to observe generation 2",
+    )
+    rolling = Observed(deployment(3, 3, 1), [pod("a", True), pod("b", True)], GATEWAY_READY)
+    assert health(obj(1, compute_status(body(), 2, SELECTOR, None, rolling)))[0] == "Progressing"
+    bad = compute_status(body(), 0, SELECTOR, None, Observed(None, [], None), "spec.x: nope")
+    assert health(obj(1, bad)) == ("Degraded", "spec.x: nope")
+    zero = compute_status(body(), 0, SELECTOR, None, Observed(deployment(1, 1, 0), [], None))
+    assert health(obj(1, zero)) == ("Suspended", "no replicas requested")
+    down = Observed(deployment(1, 1, 2), [pod("a", False), pod("b", False)], GATEWAY_READY)
+    assert health(obj(1, compute_status(body(), 2, SELECTOR, None, down))) == (
+        "Progressing",
+        "0/2 engine replicas ready",
+    )
+    assert health({"metadata": {"name": "x", "generation": 1}})[0] == "Progressing"

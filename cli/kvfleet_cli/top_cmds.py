@@ -1,0 +1,161 @@
+"""`kvfleet top NAME`: each engine replica's live numbers, refreshing — role, queue, running
+requests, KV-cache usage, prefix-cache hit rate, generation tokens/s.
+
+From the engine pods' own /metrics (SGLang's gauges: `sglang:num_queue_reqs`,
+`num_running_reqs`, `token_usage`, `cache_hit_rate`, `gen_throughput`), or from Prometheus
+(`--prometheus-url`, series labelled by the PodMonitor with namespace and pod). `--once`
+prints one table (scripts, tests); otherwise the view refreshes until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from kvfleet_cli.admin import ISVC_LABEL, ISVC_PATH, Cluster, cluster_options
+from kvfleet_cli.usage_cmds import Sample, parse_exposition
+from kvfleet_cli.views import COMPONENT, ROLE, table
+
+GAUGES = ("num_queue_reqs", "num_running_reqs", "token_usage", "cache_hit_rate", "gen_throughput")
+ENGINE_PORT = 30000
+
+
+@dataclass(frozen=True)
+class Replica:
+    pod: str
+    role: str
+    ready: bool
+    values: dict[str, float]
+    """Gauge name (without the `sglang:` prefix) → value; missing: not scraped."""
+
+
+def gauges(samples: list[Sample]) -> dict[str, float]:
+    """SGLang's gauges from one engine's samples, whichever separator its version uses."""
+    out: dict[str, float] = {}
+    for name, _, value in samples:
+        for prefix in ("sglang:", "sglang_"):
+            if name.startswith(prefix) and name[len(prefix) :] in GAUGES:
+                key = name[len(prefix) :]
+                out[key] = out.get(key, 0.0) + value  # one sample per engine (tp ranks: sum)
+    return out
+
+
+def top_table(replicas: list[Replica]) -> str:
+    def cell(r: Replica, key: str, fmt: str) -> str:
+        return fmt.format(r.values[key]) if key in r.values else "-"
+
+    rows = [
+        [r.pod, r.role, "True" if r.ready else "False", cell(r, "num_queue_reqs", "{:g}"),
+         cell(r, "num_running_reqs", "{:g}"), cell(r, "token_usage", "{:.0%}"),
+         cell(r, "cache_hit_rate", "{:.0%}"), cell(r, "gen_throughput", "{:,.0f}")]
+        for r in sorted(replicas, key=lambda r: (r.role, r.pod))
+    ]  # fmt: skip
+    totals = [
+        "TOTAL", f"{len(replicas)} pods", str(sum(r.ready for r in replicas)),
+        f"{sum(r.values.get('num_queue_reqs', 0) for r in replicas):g}",
+        f"{sum(r.values.get('num_running_reqs', 0) for r in replicas):g}", "", "",
+        f"{sum(r.values.get('gen_throughput', 0) for r in replicas):,.0f}",
+    ]  # fmt: skip
+    headers = ["POD", "ROLE", "READY", "QUEUE", "RUNNING", "KV", "HIT-RATE", "TOKENS/S"]
+    return table(headers, [*rows, totals])
+
+
+def _pod_port(pod: dict[str, Any]) -> int:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == "http":
+                return int(p["containerPort"])
+    return ENGINE_PORT
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> list[Replica]:
+    selector = f"{ISVC_LABEL}={name},{COMPONENT}=engine"
+    pods = cluster.items("/api/v1", "pods", cluster.namespace, labelSelector=selector)
+    by_pod: dict[str, dict[str, float]] = {}
+    if prometheus_url:
+        from prometheus_api_client import PrometheusConnect
+
+        prom = PrometheusConnect(url=prometheus_url, disable_ssl=True)
+        for gauge in GAUGES:
+            query = (
+                f'sum by (pod) ({{__name__=~"sglang[:_]{gauge}", namespace="{cluster.namespace}",'
+                f' inferenceservice="{name}"}})'
+            )
+            try:
+                result = prom.custom_query(query)
+            except Exception as exc:  # unreachable, bad URL: say which
+                raise click.ClickException(f"Prometheus at {prometheus_url}: {exc}"[:400]) from None
+            for s in result:
+                pod = (s.get("metric") or {}).get("pod", "")
+                by_pod.setdefault(pod, {})[gauge] = float(s["value"][1])
+    else:
+        for pod in pods:
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or not _ready(pod):
+                continue
+            try:
+                url = f"http://{ip}:{_pod_port(pod)}/metrics"
+                with urllib.request.urlopen(url, timeout=3) as r:
+                    by_pod[pod["metadata"]["name"]] = gauges(parse_exposition(r.read().decode()))
+            except OSError:
+                continue  # shown with "-": a replica that does not answer is news too
+    return [
+        Replica(
+            p["metadata"]["name"],
+            (p["metadata"].get("labels") or {}).get(ROLE, "-"),
+            _ready(p),
+            by_pod.get(p["metadata"]["name"], {}),
+        )
+        for p in pods
+    ]
+
+
+@click.command("top")
+@click.argument("name")
+@cluster_options
+@click.option("--prometheus-url", default=None, help="Read Prometheus instead of the pods.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh (s).")
+@click.option("--once", is_flag=True, help="Print one table and exit.")
+def top(
+    name: str,
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    prometheus_url: str | None,
+    interval: float,
+    once: bool,
+) -> None:
+    """Live per-replica role, queue, running, KV usage, hit rate and tokens/s of NAME."""
+    cluster = Cluster.connect(kubeconfig, context, namespace)
+    cluster.get(f"{ISVC_PATH}/namespaces/{cluster.namespace}/inferenceservices/{name}")
+    source = prometheus_url or "the engine pods' /metrics"
+    if once:
+        replicas = read_replicas(cluster, name, prometheus_url)
+        if not replicas:
+            raise click.ClickException(f"{cluster.namespace}/{name} has no engine pods yet")
+        click.echo(top_table(replicas), nl=False)
+        return
+    from rich.live import Live
+    from rich.text import Text
+
+    try:
+        with Live(refresh_per_second=4, screen=False) as live:
+            while True:
+                replicas = read_replicas(cluster, name, prometheus_url)
+                stamp = time.strftime("%H:%M:%S")
+                header = f"{cluster.namespace}/{name} — {source} — {stamp} (Ctrl-C quits)\n"
+                live.update(Text(header + (top_table(replicas) if replicas else "no pods\n")))
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
