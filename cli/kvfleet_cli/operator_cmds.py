@@ -215,6 +215,13 @@ def docs(out_dir: Path, check: bool) -> None:
     help="Seconds between two autoscaling decisions.",
 )
 @click.option(
+    "--metrics-port",
+    type=int,
+    default=8081,
+    show_default=True,
+    help="Serve the operator's Prometheus metrics on this port (0: not served).",
+)
+@click.option(
     "--liveness",
     "liveness",
     default=None,
@@ -228,6 +235,7 @@ def operator(
     resync_s: float,
     prometheus_url: str | None,
     scale_interval_s: float,
+    metrics_port: int,
     liveness: str | None,
     log_level: str,
 ) -> None:
@@ -244,6 +252,7 @@ def operator(
     credentials = Credentials(kubeconfig=kubeconfig, context=context)
     config = OperatorConfig(
         liveness_endpoint=liveness,
+        metrics_port=metrics_port or None,
         namespaces=namespaces,
         resync_s=resync_s,
         credentials=credentials,

@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from aiohttp import web
 
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
 from kvfleet_operator.login import Credentials, kopf_login
+from kvfleet_operator.metrics import OperatorMetrics
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
 from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
@@ -62,6 +65,9 @@ class OperatorConfig:
     """How both the client and kopf's watches log in (in-cluster, kubeconfig)."""
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     """Where the autoscaler reads its signals, and how often it decides."""
+    metrics_port: int | None = None
+    """Serve the operator's Prometheus metrics on this port (`kvfleet operator` default:
+    8081); None: not served."""
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Controller:
     bodies: dict[tuple[str, str], Json] = field(default_factory=dict)
     """The latest InferenceService of each key, as watched (the autoscaler reads specs here)."""
     autoscaler: Autoscaler | None = None
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    _desired: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -87,15 +95,22 @@ class Controller:
         if key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
+            self.metrics.queue_depth.set(self._queue.qsize())
 
     def __post_init__(self) -> None:
         if self.autoscaler is None:
             self.autoscaler = Autoscaler(self.kube, self.config.autoscaler)
+        self.metrics.watch_kube(
+            lambda: dict(self.kube.calls),
+            lambda: self.kube.cache.hits if self.kube.cache is not None else 0,
+        )
 
     def forget(self, namespace: str, name: str) -> None:
         self.known.discard((namespace, name))
         self.bodies.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
+        self._desired.pop((namespace, name), None)
+        self.metrics.services.set(len(self.known))
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
         # One worker: reconciles never overlap, for one object or across objects.
@@ -112,12 +127,15 @@ class Controller:
             while True:
                 key = await self._queue.get()
                 self._queued.discard(key)
+                self.metrics.queue_depth.set(self._queue.qsize())
+                started = time.perf_counter()
                 try:
                     if self.reconciler is not None:
                         outcome = await self.reconciler(*key)
                     else:
                         outcome = await asyncio.to_thread(self._reconcile_sync, *key)
                 except Exception as exc:
+                    self.metrics.reconciles.labels("error").inc()
                     n = self._failures.get(key, 0) + 1
                     self._failures[key] = n
                     delay = min(self.config.max_backoff_s, 0.5 * 2**n)
@@ -126,6 +144,8 @@ class Controller:
                     retries.add(task)
                     task.add_done_callback(retries.discard)
                     continue
+                self.metrics.reconciles.labels("ok").inc()
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
                 self._failures.pop(key, None)
                 if outcome.created or outcome.patched or outcome.relabelled:
                     log.info(
@@ -159,7 +179,24 @@ class Controller:
                 log.warning("autoscaler tick failed: %s", exc)
                 continue
             for key in changed:
+                self._record_decision(key)
                 self.enqueue(*key)
+
+    def _record_decision(self, key: tuple[str, str]) -> None:
+        assert self.autoscaler is not None
+        scaled = self.autoscaler.latest.get(key)
+        if scaled is None:
+            return
+        d = scaled.decision
+        now = (d.desired_active, d.desired_warm)
+        before = self._desired.get(key)
+        self._desired[key] = now
+        self.metrics.desired.labels(*key, "active").set(d.desired_active)
+        self.metrics.desired.labels(*key, "warm").set(d.desired_warm)
+        if before is None or before == now:
+            return
+        direction = "up" if now[0] > before[0] else "down" if now[0] < before[0] else "warm"
+        self.metrics.scaling_decisions.labels(*key, direction).inc()
 
 
 def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRegistry:
@@ -167,6 +204,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
     then are PodMonitors rendered, and watched)."""
     registry = kopf.OperatorRegistry()
     tasks: list[asyncio.Task[None]] = []
+    runners: list[web.AppRunner] = []
 
     @kopf.on.startup(registry=registry)
     async def _start(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -186,6 +224,11 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
                 controller.config.namespaces,
                 ",".join(f"{k}={v}" for k, v in MANAGED_BY.items()),
             )
+        if controller.config.metrics_port is not None:
+            runner = web.AppRunner(controller.metrics.app(), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "0.0.0.0", controller.config.metrics_port).start()
+            runners.append(runner)
         tasks.extend(
             [
                 asyncio.create_task(controller.work()),
@@ -201,6 +244,8 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for runner in runners:
+            await runner.cleanup()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def _isvc(
@@ -214,6 +259,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
             controller.forget(namespace, name)
             return
         controller.known.add((namespace, name))
+        controller.metrics.services.set(len(controller.known))
         controller.bodies[(namespace, name)] = dict(body)
         controller.enqueue(namespace, name)
 

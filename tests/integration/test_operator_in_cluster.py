@@ -140,6 +140,28 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
 
 
+async def operator_metrics(cluster: LocalCluster) -> None:
+    """The operator pod's own /metrics (port 8081, as manifests/ declare it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pods = json.loads(
+        await kubectl(cluster.kubeconfig, "get", "pods", "-n", "kvfleet-system", "-o", "json")
+    )["items"]
+    ip = pods[0]["status"]["podIP"]
+    async with aiohttp.ClientSession() as s, s.get(f"http://{ip}:8081/metrics") as r:
+        text = await r.text()
+    values = {
+        (m.name, tuple(sorted(m.labels.items()))): m.value
+        for f in text_string_to_metric_families(text)
+        for m in f.samples
+    }
+    assert values[("kvfleet_operator_reconciles_total", (("result", "ok"),))] >= 2
+    assert values[("kvfleet_operator_inferenceservices", ())] == 2
+    assert values[("kvfleet_operator_cache_reads_total", ())] > 0
+    assert values[("kvfleet_operator_api_requests_total", (("verb", "POST"),))] > 0
+    assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
+
+
 async def key_management(cluster: LocalCluster, gateway: str) -> None:
     """`kvfleet keys` changes the Secret; the running gateway follows without a restart."""
     kvfleet = str(Path(sys.executable).parent / "kvfleet")
@@ -245,6 +267,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         "--timeout=60s",
     )  # fmt: skip
     await admin_cli(cluster)
+    await operator_metrics(cluster)
     # Argo CD's health check (docs/argocd/) on the status the operator wrote.
     live = json.loads(await k("get", "kis", "mistral", "-n", "ai", "-o", "json"))
     assert health(live) == ("Healthy", "2/2 engine replicas ready")

@@ -94,6 +94,14 @@ def test_monitoring_renders_and_rules_pass_promtool(tmp_path: Path) -> None:
     } <= alerts
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # The operator's PodMonitor selects the operator's pods, on a port they declare.
+    monitor = next(o for o in objs if o["kind"] == "PodMonitor")
+    operator = next(o for o in kustomize(ROOT / "manifests") if o["kind"] == "Deployment")
+    template = operator["spec"]["template"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports") or []}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
     dashboard = json.loads(cm["data"]["kvfleet-dashboard.json"])
     titles = " ".join(p["title"] for p in dashboard["panels"])
     for word in (
