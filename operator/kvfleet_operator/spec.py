@@ -157,7 +157,11 @@ class EngineSpec:
             ".extraArgs",
         ),
     )
-    image: str = fld(ENGINE_IMAGE, "SGLang engine image.")
+    image: str | None = fld(
+        None,
+        f"SGLang engine image. Unset: the operator's default ({ENGINE_IMAGE} in this release),"
+        " which moves with operator upgrades — set it to pin an image.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = fld(
         "IfNotPresent", "Pull policy of the engine image."
     )
@@ -248,7 +252,11 @@ class GatewaySpec:
     )
     enabled: bool = fld(True, "Deploy the routing gateway.")
     replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)
-    image: str = fld(KVFLEET_IMAGE, "The kvfleet image.")
+    image: str | None = fld(
+        None,
+        f"The kvfleet image of the gateway. Unset: the operator's default ({KVFLEET_IMAGE} in"
+        " this release), which moves with operator upgrades — set it to pin an image.",
+    )
     api_keys_secret: str | None = fld(
         None, "Secret with `keys.yaml` (tenants and sha256 key hashes; see kvfleet keys)."
     )

@@ -293,3 +293,24 @@ def test_the_example_redis_persists_every_write_it_takes() -> None:
     (isvc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
     store = isvc["spec"]["gateway"]["limitsStore"]
     assert store == f"redis://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:6379/0"
+
+
+def test_unset_images_follow_the_operator_and_set_ones_are_pinned() -> None:
+    from kvfleet_operator.spec import ENGINE_IMAGE, KVFLEET_IMAGE
+
+    (doc,) = services(ROOT / "examples" / "mistral-7b-manual.yaml")
+
+    def images(d: dict[str, Any]) -> dict[str, str]:
+        objs = by_kind(render_children(owner_of(d)))["Deployment"]
+        return {
+            o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]["image"]
+            for o in objs
+        }
+
+    assert images(doc) == {"mistral-engine": ENGINE_IMAGE, "mistral-gateway": KVFLEET_IMAGE}
+    doc["spec"]["engine"]["image"] = "registry.local/sglang@sha256:abc"
+    doc["spec"]["gateway"]["image"] = "registry.local/kvfleet:0.0.9"
+    assert images(doc) == {
+        "mistral-engine": "registry.local/sglang@sha256:abc",
+        "mistral-gateway": "registry.local/kvfleet:0.0.9",
+    }

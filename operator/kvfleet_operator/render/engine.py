@@ -18,7 +18,13 @@ from kvfleet_operator.render.common import (
     Owner,
     merge_resources,
 )
-from kvfleet_operator.spec import GPU_PRODUCT_LABEL, GPU_PRODUCTS, EngineSpec, InferenceServiceSpec
+from kvfleet_operator.spec import (
+    ENGINE_IMAGE,
+    GPU_PRODUCT_LABEL,
+    GPU_PRODUCTS,
+    EngineSpec,
+    InferenceServiceSpec,
+)
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
@@ -157,7 +163,8 @@ def engine_pod_spec(owner: Owner) -> Json:
     resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = tp
     container: Json = {
         "name": "sglang",
-        "image": e.image,
+        # Not defaulted in the CRD: an unset image follows the operator's release.
+        "image": e.image or ENGINE_IMAGE,
         "imagePullPolicy": e.image_pull_policy,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": engine_args(spec),

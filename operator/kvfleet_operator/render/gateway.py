@@ -25,6 +25,7 @@ from kvfleet_operator.render.common import (
     merge_resources,
     service,
 )
+from kvfleet_operator.spec import KVFLEET_IMAGE
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
 STATE_DIR = "/var/lib/kvfleet"
@@ -102,7 +103,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     container: Json = {
         "name": "gateway",
-        "image": g.image,
+        "image": g.image or KVFLEET_IMAGE,  # unset: the operator's release (not frozen)
         "imagePullPolicy": "IfNotPresent",
         "command": ["kvfleet"],
         "args": ["gateway", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
