@@ -17,11 +17,12 @@ import secrets
 import string
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvfleet_localcluster import ssa
+from kvfleet_localcluster.index import FullKey, ObjectIndex
 from kvfleet_localcluster.patches import (
     PatchError,
     equality_terms,
@@ -114,27 +115,10 @@ def _body(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
-ObjectKey = tuple[str, str]
-"""(namespace or "", name) within one kind."""
-FullKey = tuple[str, str, str, str]
-"""(group, plural, namespace or "", name)."""
-
-
 @dataclass
 class Store:
-    objects: dict[tuple[str, str], dict[ObjectKey, dict[str, Any]]] = field(default_factory=dict)
-    """Objects by kind (group, plural), then by (namespace, name): a get is one lookup and a
-    list reads only its kind (and, with a namespace, only that namespace's objects)."""
-    by_label: dict[tuple[str, str], dict[tuple[str, str], set[ObjectKey]]] = field(
-        default_factory=dict
-    )
-    """Per kind, (label key, value) → objects carrying it: equality selectors read only the
-    objects they match."""
-    by_namespace: dict[tuple[str, str], dict[str, set[ObjectKey]]] = field(default_factory=dict)
-    """Per kind, namespace → its objects: a namespaced list reads only that namespace."""
-    by_uid: dict[str, FullKey] = field(default_factory=dict)
-    dependents: dict[str, set[FullKey]] = field(default_factory=dict)
-    """Owner uid → objects whose ownerReferences name it (garbage collection without a scan)."""
+    index: ObjectIndex = field(default_factory=lambda: ObjectIndex())
+    """Objects by kind, namespace, name, label pair, uid and owner."""
     rv: int = 0
     history: dict[tuple[str, str], deque[tuple[int, str, dict[str, Any]]]] = field(
         default_factory=dict
@@ -164,47 +148,8 @@ class Store:
     def _key(self, kind: Kind, ns: str | None, name: str) -> FullKey:
         return kind.group, kind.plural, (ns or "") if kind.namespaced else "", name
 
-    def _lookup(self, key: FullKey) -> dict[str, Any] | None:
-        return self.objects.get(key[:2], {}).get(key[2:])
-
-    def _put(self, key: FullKey, obj: dict[str, Any]) -> None:
-        self._unindex(key)
-        self.objects.setdefault(key[:2], {})[key[2:]] = obj
-        self.by_namespace.setdefault(key[:2], {}).setdefault(key[2], set()).add(key[2:])
-        meta = obj["metadata"]
-        labels = self.by_label.setdefault(key[:2], {})
-        for pair in (meta.get("labels") or {}).items():
-            labels.setdefault(pair, set()).add(key[2:])
-        self.by_uid[meta["uid"]] = key
-        for ref in meta.get("ownerReferences") or []:
-            self.dependents.setdefault(ref.get("uid", ""), set()).add(key)
-
-    def _unindex(self, key: FullKey) -> dict[str, Any] | None:
-        old = self.objects.get(key[:2], {}).pop(key[2:], None)
-        if old is None:
-            return None
-        in_namespace = self.by_namespace.get(key[:2], {}).get(key[2])
-        if in_namespace is not None:
-            in_namespace.discard(key[2:])
-        meta = old["metadata"]
-        labels = self.by_label.get(key[:2], {})
-        for pair in (meta.get("labels") or {}).items():
-            holders = labels.get(pair)
-            if holders is not None:
-                holders.discard(key[2:])
-                if not holders:
-                    del labels[pair]
-        self.by_uid.pop(meta["uid"], None)
-        for ref in meta.get("ownerReferences") or []:
-            deps = self.dependents.get(ref.get("uid", ""))
-            if deps is not None:
-                deps.discard(key)
-                if not deps:
-                    del self.dependents[ref.get("uid", "")]
-        return old
-
     def _find(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
-        obj = self._lookup(self._key(kind, ns, name))
+        obj = self.index.lookup(self._key(kind, ns, name))
         if obj is None:
             raise ApiError(404, "NotFound", f'{kind.plural} "{name}" not found')
         return obj
@@ -212,25 +157,18 @@ class Store:
     def peek(self, group: str, plural: str, ns: str | None = None) -> list[dict[str, Any]]:
         """The stored objects of a kind, not copies: for in-process readers (RBAC, the
         kubelet) that only read. Nothing may modify what this returns."""
-        objs = self.objects.get((group, plural), {})
-        if ns is None:
-            return list(objs.values())
-        return [objs[k] for k in self.by_namespace.get((group, plural), {}).get(ns, ())]
+        return self.index.peek((group, plural), ns)
 
     def lookup(self, kind: tuple[str, str], ns: str, name: str) -> dict[str, Any] | None:
         """One stored object, not a copy (read-only, as `peek`)."""
-        return self.objects.get(kind, {}).get((ns, name))
+        return self.index.lookup((*kind, ns, name))
 
     def owned_by(self, uid: str, kind: tuple[str, str]) -> list[dict[str, Any]]:
         """The stored objects of `kind` whose ownerReferences name `uid` (read-only)."""
-        out = []
-        for key in sorted(self.dependents.get(uid, ())):
-            if key[:2] == kind and (obj := self._lookup(key)) is not None:
-                out.append(obj)
-        return out
+        return [obj for key, obj in self.index.dependents_of(uid) if key[:2] == kind]
 
     def exists(self, group: str, plural: str, ns: str, name: str) -> bool:
-        return (ns, name) in self.objects.get((group, plural), {})
+        return self.index.lookup((group, plural, ns, name)) is not None
 
     # ---- reads ----------------------------------------------------------------------------
     def get(self, kind: Kind, ns: str | None, name: str) -> dict[str, Any]:
@@ -243,19 +181,10 @@ class Store:
             match_labels, match_fields = label_matcher(labels), field_matcher(fields)
         except ValueError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from exc
-        objs = self.objects.get(kind.key, {})
-        keys: Iterable[ObjectKey] = objs.keys()
-        if ns:
-            keys = self.by_namespace.get(kind.key, {}).get(ns, set())
-        for pair in equality_terms(labels):  # narrow by the index, then check every term
-            keys = [k for k in self.by_label.get(kind.key, {}).get(pair, ()) if k in objs]
-            break
         items = [
-            copy.deepcopy(objs[k])
-            for k in sorted(keys)
-            if (not ns or k[0] == ns)
-            and match_labels(objs[k]["metadata"].get("labels") or {})
-            and match_fields(objs[k])
+            copy.deepcopy(obj)
+            for obj in self.index.candidates(kind.key, ns, equality_terms(labels))
+            if match_labels(obj["metadata"].get("labels") or {}) and match_fields(obj)
         ]
         return items, str(self.rv)
 
@@ -321,7 +250,7 @@ class Store:
                 )
             meta["namespace"] = ns or meta.get("namespace") or "default"
         key = self._key(kind, meta.get("namespace"), meta["name"])
-        if self._lookup(key) is not None:
+        if self.index.lookup(key) is not None:
             raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists')
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         _secret_string_data(kind, obj)
@@ -334,11 +263,11 @@ class Store:
         if dry_run:
             return obj
         meta["resourceVersion"] = self._bump()
-        self._put(key, obj)
+        self.index.put(key, obj)
         self._emit(kind, "ADDED", obj)
         created = copy.deepcopy(obj)
         owners = {r.get("uid", "") for r in meta.get("ownerReferences") or []}
-        if owners and not any(uid in self.by_uid for uid in owners):
+        if owners and not any(self.index.has_uid(uid) for uid in owners):
             # As the garbage collector does: a dependent whose owners are all gone (deleted
             # while it was being created) is collected; the create itself succeeded.
             self.delete(kind, meta.get("namespace"), meta["name"])
@@ -389,11 +318,11 @@ class Store:
         new["metadata"]["resourceVersion"] = self._bump()
         key = self._key(kind, meta_old.get("namespace"), meta_old["name"])
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-            self._unindex(key)
+            self.index.remove(key)
             self._emit(kind, "DELETED", new)
             self._collect(new["metadata"]["uid"])
         else:
-            self._put(key, new)
+            self.index.put(key, new)
             self._emit(kind, "MODIFIED", new)
         return copy.deepcopy(new)
 
@@ -465,7 +394,7 @@ class Store:
             raise ApiError(
                 400, "BadRequest", "PATCH of type apply requires the fieldManager parameter"
             )
-        live = self._lookup(self._key(kind, ns, name))
+        live = self.index.lookup(self._key(kind, ns, name))
         try:
             new = ssa.apply(live, config, manager, kind.api_version, force)
         except ssa.ApplyConflict as conflict:
@@ -507,13 +436,13 @@ class Store:
                 if dry_run:
                     return new
                 new["metadata"]["resourceVersion"] = self._bump()
-                self._put(self._key(kind, meta.get("namespace"), name), new)
+                self.index.put(self._key(kind, meta.get("namespace"), name), new)
                 self._emit(kind, "MODIFIED", new)
                 return copy.deepcopy(new)
             return copy.deepcopy(obj)
         if dry_run:
             return copy.deepcopy(obj)
-        self._unindex(self._key(kind, meta.get("namespace"), name))
+        self.index.remove(self._key(kind, meta.get("namespace"), name))
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = self._bump()
         self._emit(kind, "DELETED", gone)
@@ -524,18 +453,13 @@ class Store:
         return gone
 
     def _dependents(self, uid: str) -> list[tuple[Kind, dict[str, Any]]]:
-        out = []
-        for key in sorted(self.dependents.get(uid, ())):
-            obj = self._lookup(key)
-            if obj is not None:
-                out.append((self.kinds[key[:2]], obj))
-        return out
+        return [(self.kinds[key[:2]], obj) for key, obj in self.index.dependents_of(uid)]
 
     def _collect(self, uid: str) -> None:
         """Garbage-collect what the deleted owner owned (background cascading deletion)."""
         for kind, o in self._dependents(uid):
             meta = o["metadata"]
-            if self._lookup(self._key(kind, meta.get("namespace"), meta["name"])) is not None:
+            if self.index.lookup(self._key(kind, meta.get("namespace"), meta["name"])) is not None:
                 self.delete(kind, meta.get("namespace"), meta["name"])
 
     def _orphan(self, uid: str) -> None:
