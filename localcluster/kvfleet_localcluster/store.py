@@ -6,6 +6,9 @@ metadata and status changes), conflicts (409) on existing names and stale resour
 status and scale subresources kept apart from the main object, generateName, finalizers,
 ownerReference garbage collection (background cascade), and a bounded event history per
 resource so a watch can resume from a resourceVersion — or get 410 Gone when it is too old.
+Every write can be a dry run (validated and admitted, never stored) and names its field
+manager; server-side apply and `managedFields` are `ssa.py`'s; lookups go through
+`index.py`.
 """
 
 from __future__ import annotations
