@@ -339,3 +339,57 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     assert "kvfleet-operator" in {e["manager"] for e in owned["metadata"]["managedFields"]}
     unused = granted(ROOT / "manifests" / "rbac.yaml") - used
     assert not unused, f"granted but never used by the operator: {sorted(unused)}"
+
+
+async def test_every_example_applies_and_becomes_ready(tmp_path: Path) -> None:
+    """`kubectl apply -f examples/` as a newcomer would, on a cluster whose operator runs from
+    manifests/ (pods without processes here: the serving path of the examples is the test
+    above's). Every InferenceService becomes Ready; none waits on a Secret the examples lack."""
+    config = cluster_config(tmp_path, crds=False)  # pods Ready after a delay, no processes
+    async with LocalCluster(config) as local:
+        from tests.support.cluster import OperatorThread
+
+        kc = local.kubeconfig
+        await kubectl(kc, "apply", "-k", str(ROOT / "manifests"))
+        # The operator's pod runs no process here: run the real operator beside the cluster,
+        # logged in as its ServiceAccount (a TokenRequest), so RBAC still applies.
+        token = (
+            await kubectl(kc, "create", "token", "kvfleet-operator", "-n", "kvfleet-system")
+        ).strip()
+        doc = yaml.safe_load(kc.read_text())
+        doc["users"][0]["user"]["token"] = token
+        op_kc = tmp_path / "operator-kubeconfig"
+        op_kc.write_text(yaml.safe_dump(doc))
+        from kvfleet_operator.login import Credentials
+
+        operator = OperatorThread(Credentials(kubeconfig=str(op_kc)), resync_s=5)
+        try:
+            assert await asyncio.to_thread(operator.ready.wait, 15), "the operator did not start"
+            await kubectl(kc, "apply", "-f", str(ROOT / "examples"))
+            names = sorted(
+                json.loads(await kubectl(kc, "get", "kis", "-A", "-o", "json"))["items"],
+                key=lambda o: o["metadata"]["name"],
+            )
+            in_files = [
+                d
+                for f in (ROOT / "examples").glob("*.yaml")
+                for d in yaml.safe_load_all(f.read_text())
+                if d and d.get("kind") == "InferenceService"
+            ]
+            assert len(names) == len(in_files) >= 4
+            for obj in names:
+                ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+                out = await kubectl(
+                    kc, "wait", "--for=condition=Ready", f"kis/{name}", "-n", ns, "--timeout=60s"
+                )
+                assert "condition met" in out
+            pods = json.loads(await kubectl(kc, "get", "pods", "-n", "ai", "-o", "json"))["items"]
+            waiting = [
+                (p["metadata"]["name"], s["state"]["waiting"]["reason"])
+                for p in pods
+                for s in (p.get("status") or {}).get("containerStatuses") or []
+                if "waiting" in s.get("state", {})
+            ]
+            assert not waiting, waiting
+        finally:
+            await asyncio.to_thread(operator.close)
