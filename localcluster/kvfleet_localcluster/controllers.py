@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig, PodRunner
+from kvfleet_localcluster.kubelet import (
+    ClusterAccess,
+    KubeletConfig,
+    PodRunner,
+    log_file,
+    log_runs,
+    pod_dir,
+)
 from kvfleet_localcluster.store import ApiError, Kind, Store
 
 log = logging.getLogger("kvfleet.cluster")
@@ -143,14 +150,12 @@ class Cluster:
         template.pop("status", None)
         meta = dep["metadata"]
         try:
-            self.store.create(POD, dep["metadata"]["namespace"], template)
+            self.store.create(POD, meta["namespace"], template)
         except ApiError as exc:  # e.g. its ServiceAccount does not exist: retried next pass
-            self._failed[dep["metadata"]["uid"]] = exc.message
-            log.warning(
-                "deployment %s: cannot create a pod: %s", dep["metadata"]["name"], exc.message
-            )
+            self._failed[meta["uid"]] = exc.message
+            log.warning("deployment %s: cannot create a pod: %s", meta["name"], exc.message)
         else:
-            self._failed.pop(dep["metadata"]["uid"], None)
+            self._failed.pop(meta["uid"], None)
 
     def reconcile_deployment(self, dep: dict[str, Any]) -> None:
         ns, spec = dep["metadata"]["namespace"], dep.get("spec") or {}
@@ -254,12 +259,7 @@ class Cluster:
 
     # ---- container logs (the API server's pods/log) ------------------------------------------
     def runs(self, namespace: str, pod: str, container: str) -> list[Path]:
-        base = self.kubelet.state_dir
-        if base is None:
-            return []
-        files = (base / "pods" / f"{namespace}_{pod}").glob(f"{container}.*.log")
-        numbered = [(int(f.name.rsplit(".", 2)[1]), f) for f in files if f.name.count(".") >= 2]
-        return [f for _, f in sorted(numbered)]
+        return log_runs(pod_dir(self.kubelet, namespace, pod), container)
 
     def running(self, namespace: str, pod: str, container: str, run: Path) -> bool:
         entry = self._runners.get(f"{namespace}/{pod}")
@@ -267,7 +267,7 @@ class Cluster:
             return False
         runner = entry[0]
         alive = runner.proc is not None and runner.proc.returncode is None
-        return alive and run.name == f"{container}.{runner.restarts}.log"
+        return alive and run == log_file(runner.pod_dir, container, runner.restarts)
 
     @staticmethod
     async def _stop_runner(runner: PodRunner, task: asyncio.Task[None]) -> None:
@@ -291,7 +291,7 @@ class Cluster:
     def reconcile(self, full: bool = True) -> None:
         """Reconcile the Deployments that changed (`full`: all of them), then the pods."""
         if full:
-            todo = [d for d in self.store.peek(*DEPLOYMENT.key)]
+            todo = self.store.peek(*DEPLOYMENT.key)
             self._changed.clear()
         else:
             keys, self._changed = self._changed, set()

@@ -122,6 +122,27 @@ class KubeletConfig:
     this Python's; a runtime-only install's `kvfleet` to test what the image ships."""
 
 
+def pod_dir(config: KubeletConfig, ns: str, name: str) -> Path:
+    """Where a pod's volumes and logs live on this node."""
+    base = config.state_dir or Path(tempfile.gettempdir()) / "kvfleet-cluster"
+    return base / "pods" / f"{ns}_{name}"
+
+
+def log_file(directory: Path, container: str, run: int) -> Path:
+    """One file per run of a container, so `--previous` is the run before."""
+    return directory / f"{container}.{run}.log"
+
+
+def log_runs(directory: Path, container: str) -> list[Path]:
+    """A container's log files, oldest run first."""
+    runs = []
+    for f in directory.glob(f"{container}.*.log"):
+        number = f.name[len(container) + 1 : -len(".log")]
+        if number.isdigit():
+            runs.append((int(number), f))
+    return [f for _, f in sorted(runs)]
+
+
 def gpu_of(pod_spec: Json) -> str:
     return (pod_spec.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL) or DEFAULT_GPU
 
@@ -213,8 +234,7 @@ class PodRunner:
 
     @property
     def pod_dir(self) -> Path:
-        base = self.config.state_dir or Path(tempfile.gettempdir()) / "kvfleet-cluster"
-        return base / "pods" / f"{self.ns}_{self.name}"
+        return pod_dir(self.config, self.ns, self.name)
 
     def _scaled(self, seconds: float) -> float:
         return max(0.05, seconds * self.config.time_scale)
@@ -350,7 +370,7 @@ class PodRunner:
         notes: list[str],
         mounts: dict[str, Path],
     ) -> int:
-        logfile = self.pod_dir / f"{container.get('name', 'main')}.{self.restarts}.log"
+        logfile = log_file(self.pod_dir, container.get("name", "main"), self.restarts)
         with logfile.open("ab") as out:
             for note in notes:
                 out.write(note.encode() + b"\n")
