@@ -18,23 +18,14 @@ from typing import Any, TypeVar
 import click
 import yaml
 
-from kvfleet_cli.views import COMPONENT, Json, describe, isvc_table, prefixed
+from kvfleet_cli.views import Json, describe, isvc_table, prefixed
+from kvfleet_operator.kube import ISVC, POD, RESOURCES, Resource
+from kvfleet_operator.render.common import COMPONENT_LABEL, ISVC_LABEL
 
 F = TypeVar("F", bound=Callable[..., Any])
-ISVC_LABEL = "kvfleet.dev/inferenceservice"
-CHILD_PATHS = [
-    ("/apis/apps/v1", "deployments", "Deployment"),
-    ("/api/v1", "services", "Service"),
-    ("/api/v1", "configmaps", "ConfigMap"),
-    ("/api/v1", "serviceaccounts", "ServiceAccount"),
-    ("/api/v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
-    ("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget"),
-    ("/apis/networking.k8s.io/v1", "networkpolicies", "NetworkPolicy"),
-    ("/apis/rbac.authorization.k8s.io/v1", "roles", "Role"),
-    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding"),
-    ("/apis/monitoring.coreos.com/v1", "podmonitors", "PodMonitor"),  # Prometheus Operator
-]
-ISVC_PATH = "/apis/kvfleet.dev/v1alpha1"
+CHILDREN = [r for r in RESOURCES.values() if r.kind not in ("InferenceService", "Pod", "Event")]
+"""What an InferenceService owns: the kinds the operator renders (its own table of them)."""
+EVENT = RESOURCES[("v1", "Event")]
 
 
 def cluster_options(f: F) -> F:
@@ -93,21 +84,21 @@ class Cluster:
             raise click.ClickException(f"cannot reach the API server: {exc}") from None
         return result
 
-    def items(self, base: str, plural: str, namespace: str | None, **query: str) -> list[Json]:
-        where = f"/namespaces/{namespace}" if namespace else ""
-        out: list[Json] = (
-            self.get(f"{base}{where}/{plural}", dict(query) or None).get("items") or []
-        )
+    def items(self, res: Resource, namespace: str | None, **query: str) -> list[Json]:
+        out: list[Json] = self.get(res.path(namespace), dict(query) or None).get("items") or []
         return out
 
-    def served(self, base: str) -> bool:
+    def isvc(self, name: str) -> Json:
+        """The InferenceService NAME in this namespace (a 404 says how to look elsewhere)."""
+        return self.get(ISVC.path(self.namespace, name))
+
+    def served(self, api_version: str) -> bool:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.kube.request("GET", base)
+            return bool(self.kube.served(api_version))
         except ApiException:
             return False
-        return True
 
 
 def _api_error(exc: Any) -> str:
@@ -153,9 +144,9 @@ def get(
     if name:
         if all_namespaces:
             raise click.UsageError("a NAME cannot be combined with -A")
-        items = [cluster.get(f"{ISVC_PATH}/namespaces/{ns}/inferenceservices/{name}")]
+        items = [cluster.isvc(name)]
     else:
-        items = cluster.items(ISVC_PATH, "inferenceservices", ns)
+        items = cluster.items(ISVC, ns)
     if output in ("yaml", "json"):
         _emit(items[0] if name else items, output)
         return
@@ -177,17 +168,17 @@ def describe_cmd(
     conditions, the autoscaler's last decision with its numbers, recent events."""
     cluster = Cluster.connect(kubeconfig, context, namespace)
     ns = cluster.namespace
-    obj = cluster.get(f"{ISVC_PATH}/namespaces/{ns}/inferenceservices/{name}")
+    obj = cluster.isvc(name)
     selector = f"{ISVC_LABEL}={name}"
     children = []
-    for base, plural, kind in CHILD_PATHS:
-        if plural == "podmonitors" and not cluster.served(base):
-            continue
-        for child in cluster.items(base, plural, ns, labelSelector=selector):
-            child["kind"] = kind  # a real API server leaves kind out of list items
+    for res in CHILDREN:
+        if res.plural == "podmonitors" and not cluster.served(res.api_version):
+            continue  # only with the Prometheus Operator
+        for child in cluster.items(res, ns, labelSelector=selector):
+            child["kind"] = res.kind  # a real API server leaves kind out of list items
             children.append(child)
-    pods = cluster.items("/api/v1", "pods", ns, labelSelector=selector)
-    events = cluster.items("/api/v1", "events", ns, fieldSelector=f"involvedObject.name={name}")
+    pods = cluster.items(POD, ns, labelSelector=selector)
+    events = cluster.items(EVENT, ns, fieldSelector=f"involvedObject.name={name}")
     click.echo(describe(obj, children, pods, events, datetime.datetime.now(datetime.UTC)), nl=False)
 
 
@@ -213,11 +204,11 @@ def logs(
 
     cluster = Cluster.connect(kubeconfig, context, namespace)
     ns = cluster.namespace
-    cluster.get(f"{ISVC_PATH}/namespaces/{ns}/inferenceservices/{name}")  # exists?
+    cluster.isvc(name)  # it exists, or the error says how to find it
     selector = f"{ISVC_LABEL}={name}"
     if component != "all":
-        selector += f",{COMPONENT}={component}"
-    pods = cluster.items("/api/v1", "pods", ns, labelSelector=selector)
+        selector += f",{COMPONENT_LABEL}={component}"
+    pods = cluster.items(POD, ns, labelSelector=selector)
     if not pods:
         which = "" if component == "all" else f"{component} "
         raise click.ClickException(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from kvfleet_gateway.config import (
     Listen,
     load_config,
 )
-from kvfleet_gateway.keys import hash_key
+from kvfleet_gateway.keys import hash_key, new_key
 
 
 @click.command("gateway")
@@ -139,7 +138,7 @@ def keys() -> None:
 @click.option("--tenant", required=True, help="Tenant name for the keys-file entry.")
 def keys_new(tenant: str) -> None:
     """Make a random key; print it once (stderr) and its keys-file entry (stdout)."""
-    raw = "kvf-" + secrets.token_urlsafe(32)
+    raw = new_key()
     click.echo(f"API key for {tenant} (shown once, store it now): {raw}", err=True)
     click.echo(
         yaml.safe_dump({"tenants": [{"name": tenant, "keys": [hash_key(raw)]}]}, sort_keys=False),

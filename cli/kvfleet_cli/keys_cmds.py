@@ -15,17 +15,16 @@ uses (`spec.gateway.apiKeysSecret`).
 from __future__ import annotations
 
 import base64
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 import click
 import yaml
 
-from kvfleet_cli.admin import ISVC_PATH, Cluster, cluster_options
+from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.gateway_cmds import keys
 from kvfleet_cli.views import table
-from kvfleet_gateway.keys import KeyRing, hash_key
+from kvfleet_gateway.keys import KeyRing, hash_key, new_key
 from kvfleet_gateway.schema import ConfigError
 
 KEYS_KEY = "keys.yaml"
@@ -34,16 +33,18 @@ Change = Callable[[list[Json]], str]
 """Edits the tenants list in place; returns what to tell the user."""
 
 
-def _secret_name(cluster: Cluster, secret: str | None, service: str | None) -> str:
-    if (secret is None) == (service is None):
+def _target(secret: str | None, service: str | None, login: dict[str, Any]) -> tuple[Cluster, str]:
+    """The cluster to log in to, and the API-key Secret named by --secret or --service."""
+    cluster = Cluster.connect(login["kubeconfig"], login["context"], login["namespace"])
+    if secret is not None and service is None:
+        return cluster, secret
+    if service is None or secret is not None:
         raise click.UsageError("give exactly one of --secret NAME or --service NAME")
-    if secret is not None:
-        return secret
-    obj = cluster.get(f"{ISVC_PATH}/namespaces/{cluster.namespace}/inferenceservices/{service}")
+    obj = cluster.isvc(service)
     name = ((obj.get("spec") or {}).get("gateway") or {}).get("apiKeysSecret")
     if not name:
         raise click.ClickException(f"{service} has no gateway.apiKeysSecret (insecureNoAuth?)")
-    return str(name)
+    return cluster, str(name)
 
 
 def _tenants(secret: Json, where: str) -> list[Json]:
@@ -124,9 +125,8 @@ def secret_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @secret_options
 def keys_create(tenant: str, secret: str | None, service: str | None, **login: Any) -> None:
     """Make a key for TENANT (added to the tenant, created if new); print it once."""
-    cluster = Cluster.connect(login["kubeconfig"], login["context"], login["namespace"])
-    name = _secret_name(cluster, secret, service)
-    raw = "kvf-" + secrets.token_urlsafe(32)
+    cluster, name = _target(secret, service, login)
+    raw = new_key()
 
     def add(tenants: list[Json]) -> str:
         _tenant(tenants, tenant, create=True).setdefault("keys", []).append(hash_key(raw))
@@ -141,8 +141,7 @@ def keys_create(tenant: str, secret: str | None, service: str | None, **login: A
 @secret_options
 def keys_list(secret: str | None, service: str | None, **login: Any) -> None:
     """Tenants, their key fingerprints and limits (never a key)."""
-    cluster = Cluster.connect(login["kubeconfig"], login["context"], login["namespace"])
-    name = _secret_name(cluster, secret, service)
+    cluster, name = _target(secret, service, login)
     obj = cluster.get(f"/api/v1/namespaces/{cluster.namespace}/secrets/{name}")
     rows = [
         [str(t.get("name")), str(len(t.get("keys") or [])),
@@ -172,8 +171,7 @@ def keys_revoke(
     """Remove one key (by fingerprint) or all of a tenant's keys."""
     if (prefix is None) == (not revoke_all):
         raise click.UsageError("give --key FINGERPRINT or --all")
-    cluster = Cluster.connect(login["kubeconfig"], login["context"], login["namespace"])
-    name = _secret_name(cluster, secret, service)
+    cluster, name = _target(secret, service, login)
 
     def revoke(tenants: list[Json]) -> str:
         entry = _tenant(tenants, tenant, create=False)
@@ -194,9 +192,8 @@ def keys_revoke(
 @secret_options
 def keys_rotate(tenant: str, secret: str | None, service: str | None, **login: Any) -> None:
     """A new key for TENANT replaces all its old ones, in one write; print it once."""
-    cluster = Cluster.connect(login["kubeconfig"], login["context"], login["namespace"])
-    name = _secret_name(cluster, secret, service)
-    raw = "kvf-" + secrets.token_urlsafe(32)
+    cluster, name = _target(secret, service, login)
+    raw = new_key()
 
     def rotate(tenants: list[Json]) -> str:
         entry = _tenant(tenants, tenant, create=False)

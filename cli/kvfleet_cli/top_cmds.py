@@ -16,12 +16,14 @@ from typing import Any
 
 import click
 
-from kvfleet_cli.admin import ISVC_LABEL, ISVC_PATH, Cluster, cluster_options
+from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.usage_cmds import Sample, parse_exposition
-from kvfleet_cli.views import COMPONENT, ROLE, table
+from kvfleet_cli.views import table
+from kvfleet_operator.kube import POD
+from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE_PORT, ISVC_LABEL, ROLE_LABEL
+from kvfleet_operator.status import pod_ready
 
 GAUGES = ("num_queue_reqs", "num_running_reqs", "token_usage", "cache_hit_rate", "gen_throughput")
-ENGINE_PORT = 30000
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,9 @@ def _pod_port(pod: dict[str, Any]) -> int:
     return ENGINE_PORT
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
 def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> list[Replica]:
-    selector = f"{ISVC_LABEL}={name},{COMPONENT}=engine"
-    pods = cluster.items("/api/v1", "pods", cluster.namespace, labelSelector=selector)
+    selector = f"{ISVC_LABEL}={name},{COMPONENT_LABEL}=engine"
+    pods = cluster.items(POD, cluster.namespace, labelSelector=selector)
     by_pod: dict[str, dict[str, float]] = {}
     if prometheus_url:
         from prometheus_api_client import PrometheusConnect
@@ -102,7 +97,7 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
     else:
         for pod in pods:
             ip = (pod.get("status") or {}).get("podIP")
-            if not ip or not _ready(pod):
+            if not ip or not pod_ready(pod):
                 continue
             try:
                 url = f"http://{ip}:{_pod_port(pod)}/metrics"
@@ -113,8 +108,8 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
     return [
         Replica(
             p["metadata"]["name"],
-            (p["metadata"].get("labels") or {}).get(ROLE, "-"),
-            _ready(p),
+            (p["metadata"].get("labels") or {}).get(ROLE_LABEL, "-"),
+            pod_ready(p),
             by_pod.get(p["metadata"]["name"], {}),
         )
         for p in pods
@@ -138,7 +133,7 @@ def top(
 ) -> None:
     """Live per-replica role, queue, running, KV usage, hit rate and tokens/s of NAME."""
     cluster = Cluster.connect(kubeconfig, context, namespace)
-    cluster.get(f"{ISVC_PATH}/namespaces/{cluster.namespace}/inferenceservices/{name}")
+    cluster.isvc(name)
     source = prometheus_url or "the engine pods' /metrics"
     if once:
         replicas = read_replicas(cluster, name, prometheus_url)

@@ -15,10 +15,11 @@ from typing import Any
 
 import click
 
-from kvfleet_cli.admin import ISVC_LABEL, ISVC_PATH, Cluster, cluster_options
-from kvfleet_cli.views import COMPONENT, table
+from kvfleet_cli.admin import Cluster, cluster_options
+from kvfleet_cli.views import table
+from kvfleet_operator.kube import POD
+from kvfleet_operator.render.common import COMPONENT_LABEL, GATEWAY_METRICS_PORT, ISVC_LABEL
 
-GATEWAY_METRICS_PORT = 9090
 Sample = tuple[str, dict[str, str], float]
 
 
@@ -91,8 +92,8 @@ def parse_exposition(text: str) -> list[Sample]:
 
 
 def _from_pods(cluster: Cluster, name: str) -> tuple[list[Sample], str]:
-    selector = f"{ISVC_LABEL}={name},{COMPONENT}=gateway"
-    pods = cluster.items("/api/v1", "pods", cluster.namespace, labelSelector=selector)
+    selector = f"{ISVC_LABEL}={name},{COMPONENT_LABEL}=gateway"
+    pods = cluster.items(POD, cluster.namespace, labelSelector=selector)
     samples: list[Sample] = []
     read = 0
     for pod in pods:
@@ -168,7 +169,7 @@ def usage(
     if not _SINCE.match(since):
         raise click.UsageError(f"--since {since!r}: a duration like 30m, 1h, 7d")
     cluster = Cluster.connect(kubeconfig, context, namespace)
-    cluster.get(f"{ISVC_PATH}/namespaces/{cluster.namespace}/inferenceservices/{name}")
+    cluster.isvc(name)
     if prometheus_url:
         samples, source = _from_prometheus(prometheus_url, cluster.namespace, name, since)
     else:

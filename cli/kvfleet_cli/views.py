@@ -10,9 +10,10 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
+from kvfleet_operator.render.common import COMPONENT_LABEL, ROLE_LABEL
+from kvfleet_operator.status import pod_ready
+
 Json = dict[str, Any]
-COMPONENT = "app.kubernetes.io/component"
-ROLE = "kvfleet.dev/role"
 
 
 def parse_time(stamp: str | None) -> datetime.datetime | None:
@@ -103,10 +104,6 @@ def _ready(obj: Json) -> str:
     return f"{status.get('readyReplicas', 0)}/{want if want is not None else '-'}"
 
 
-def _pod_ready(pod: Json) -> bool:
-    return condition(pod, "Ready").get("status") == "True"
-
-
 def describe(
     obj: Json, children: list[Json], pods: list[Json], events: list[Json], now: datetime.datetime
 ) -> str:
@@ -187,8 +184,8 @@ def describe(
             for s in (p.get("status") or {}).get("containerStatuses") or []
         )
         prow.append([
-            p["metadata"]["name"], labels.get(COMPONENT, ""), labels.get(ROLE, "-"),
-            "True" if _pod_ready(p) else "False", str(restarts),
+            p["metadata"]["name"], labels.get(COMPONENT_LABEL, ""), labels.get(ROLE_LABEL, "-"),
+            "True" if pod_ready(p) else "False", str(restarts),
             (p.get("status") or {}).get("podIP", "<none>"),
         ])  # fmt: skip
     out += _indent(

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,11 @@ _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 def hash_key(raw: str) -> str:
     return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_key() -> str:
+    """A random API key (256 bits); only its `hash_key` is ever stored."""
+    return "kvf-" + secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True, kw_only=True)
