@@ -195,25 +195,23 @@ def redis_server(tmp: Path, appendonly: bool = False) -> RedisServer:
     return RedisServer(require_binary("redis-server"), tmp, appendonly)
 
 
-@pytest.fixture
-def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
-    rp = redis_server(tmp_path)
+def _serving(rp: RedisProcess) -> Iterator[RedisProcess]:
     rp.start()
     try:
         yield rp
     finally:
         rp.stop()
+
+
+@pytest.fixture
+def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
+    yield from _serving(redis_server(tmp_path))
 
 
 @pytest.fixture
 def redis_persistent(tmp_path: Path) -> Iterator[RedisProcess]:
     """A redis-server with an append-only file: killed and started again, it keeps its data."""
-    rp = redis_server(tmp_path, appendonly=True)
-    rp.start()
-    try:
-        yield rp
-    finally:
-        rp.stop()
+    yield from _serving(redis_server(tmp_path, appendonly=True))
 
 
 @pytest.fixture

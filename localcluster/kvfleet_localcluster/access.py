@@ -13,6 +13,7 @@ import datetime
 from typing import Any
 
 from kvfleet_localcluster.auth import (
+    SELF_REVIEWS,
     Attributes,
     Authenticator,
     Policy,
@@ -24,12 +25,8 @@ from kvfleet_localcluster.auth import (
 from kvfleet_localcluster.store import ApiError, Store
 
 Json = dict[str, Any]
-REVIEWS = {
-    ("authorization.k8s.io", "selfsubjectaccessreviews"),
-    ("authorization.k8s.io", "selfsubjectrulesreviews"),
-    ("authorization.k8s.io", "subjectaccessreviews"),
-    ("authentication.k8s.io", "selfsubjectreviews"),
-}
+REVIEWS = SELF_REVIEWS | {("authorization.k8s.io", "subjectaccessreviews")}
+"""The reviews served here: everyone's own, and SubjectAccessReview (by RBAC, for admins)."""
 TOKEN_SECONDS = 3600
 
 
