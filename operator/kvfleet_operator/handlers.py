@@ -28,7 +28,7 @@ from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.metrics import OperatorMetrics
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
 from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
-from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Scaled
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("kvfleet.operator")
@@ -85,7 +85,6 @@ class Controller:
     """The latest InferenceService of each key, as watched (the autoscaler reads specs here)."""
     autoscaler: Autoscaler | None = None
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    _desired: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -100,6 +99,7 @@ class Controller:
     def __post_init__(self) -> None:
         if self.autoscaler is None:
             self.autoscaler = Autoscaler(self.kube, self.config.autoscaler)
+        self.autoscaler.on_decision = self._record_decision
         self.metrics.watch_kube(
             lambda: dict(self.kube.calls),
             lambda: self.kube.cache.hits if self.kube.cache is not None else 0,
@@ -109,7 +109,6 @@ class Controller:
         self.known.discard((namespace, name))
         self.bodies.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
-        self._desired.pop((namespace, name), None)
         self.metrics.services.set(len(self.known))
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
@@ -179,23 +178,18 @@ class Controller:
                 log.warning("autoscaler tick failed: %s", exc)
                 continue
             for key in changed:
-                self._record_decision(key)
                 self.enqueue(*key)
 
-    def _record_decision(self, key: tuple[str, str]) -> None:
-        assert self.autoscaler is not None
-        scaled = self.autoscaler.latest.get(key)
-        if scaled is None:
-            return
-        d = scaled.decision
-        now = (d.desired_active, d.desired_warm)
-        before = self._desired.get(key)
-        self._desired[key] = now
+    def _record_decision(self, key: tuple[str, str], old: Scaled | None, new: Scaled) -> None:
+        d = new.decision
         self.metrics.desired.labels(*key, "active").set(d.desired_active)
         self.metrics.desired.labels(*key, "warm").set(d.desired_warm)
-        if before is None or before == now:
+        if old is None:
             return
-        direction = "up" if now[0] > before[0] else "down" if now[0] < before[0] else "warm"
+        was, now = old.decision.desired_active, d.desired_active
+        if (was, old.decision.desired_warm) == (now, d.desired_warm):
+            return
+        direction = "up" if now > was else "down" if now < was else "warm"
         self.metrics.scaling_decisions.labels(*key, direction).inc()
 
 

@@ -216,6 +216,11 @@ async def test_direct_scrape_scales_up_promotes_and_back(stack: Stack) -> None:
     body = await asyncio.to_thread(stack.body)
     assert body["status"]["autoscaling"]["source"] == "direct"
     assert condition(body, "ScalingActive")["status"] == "True"
+    # The operator's metrics counted the moves (kvfleet_operator_scaling_decisions_total).
+    assert stack.operator is not None
+    decisions = stack.operator.controller.metrics.scaling_decisions
+    assert decisions.labels(NS, "llama", "up")._value.get() >= 1
+    assert decisions.labels(NS, "llama", "down")._value.get() >= 1
 
 
 # ---- with a real Prometheus ---------------------------------------------------------------------

@@ -87,6 +87,8 @@ class Autoscaler:
     clock: Callable[[], float] = time.time
     states: dict[Key, State] = field(default_factory=dict)
     latest: dict[Key, Scaled] = field(default_factory=dict)
+    on_decision: Callable[[Key, Scaled | None, Scaled], None] | None = None
+    """Told each decision with the one before it (None: the first): the operator's metrics."""
     _seen_ready: dict[Key, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -179,6 +181,8 @@ class Autoscaler:
             )
             old = self.latest.get(key)
             self.latest[key] = new
+            if self.on_decision is not None:
+                self.on_decision(key, old, new)
             if decision.changed:
                 log.info("%s/%s: %s", *key, decision.reason)
             if old is None or _reported(old) != _reported(new) or decision.changed:
