@@ -148,15 +148,30 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def _every_tenant_budgeted(gw: Gateway) -> bool:
+    """Every tenant that can authenticate has a token budget: without the budget store this
+    gateway can serve nobody (budgets fail closed)."""
+    tenants = {t.name: t.limits for _, t in gw.keys.ring.entries} if gw.keys else {}
+    if not tenants:
+        tenants = {ANONYMOUS.name: ANONYMOUS.limits}
+    return all(gw.config.limits_for(n, lim).token_budget is not None for n, lim in tenants.items())
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Ready when a replica can take requests — or when none exists at all (scaled to zero)
     and requests are held for the autoscaler: the gateway must stay reachable to wake it.
-    Replicas that exist but all fail are an outage: not ready."""
+    Replicas that exist but all fail are an outage: not ready. So is a budget store that
+    does not answer when every tenant is budgeted: each request would get 503 (a tenant
+    without a budget keeps the gateway ready, serving it on local rate limits)."""
     gw = request.app[GATEWAY]
     routable = gw.pool.routable()
     holding = not gw.pool.backends and gw.config.hold.max_requests > 0
+    body: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
     ok = bool(routable) or holding
-    body = {"ready": len(routable), "scaledToZero": holding}
+    if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
+        store_ok = await gw.store.reachable()
+        body["limitsStore"] = "ok" if store_ok else "unreachable"
+        ok = ok and store_ok
     return web.json_response(body, status=200 if ok else 503)
 
 

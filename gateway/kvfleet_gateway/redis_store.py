@@ -245,6 +245,17 @@ class RedisStore:
     def degraded(self) -> bool:
         return time.monotonic() < self._down_until
 
+    async def reachable(self) -> bool:
+        """Redis answers a PING now (what readiness asks); a failure counts as an outage."""
+        if self.degraded:
+            return False
+        try:
+            await self.client.ping()
+        except RedisError as exc:
+            self._mark_down(exc)
+            return False
+        return True
+
     def _mark_down(self, exc: Exception) -> None:
         if not self.degraded:
             log.error(

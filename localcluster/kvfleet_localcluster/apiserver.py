@@ -39,6 +39,7 @@ from kvfleet_localcluster.auth import (
 from kvfleet_localcluster.logs import LogSource, serve_logs
 from kvfleet_localcluster.metrics import ApiServerMetrics
 from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
+from kvfleet_localcluster.statefulsets import default_statefulset
 from kvfleet_localcluster.store import ApiError, Kind, PatchType, Store
 from kvfleet_localcluster.tables import to_table
 from kvfleet_localcluster.watch import serve_watch
@@ -117,6 +118,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             self.admission.custom_resource,
             self.admission.pod,
             self.admission.rbac,
+            default_statefulset,
         ]
         self.validate_custom_resources = True
         """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server

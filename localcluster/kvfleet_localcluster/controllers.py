@@ -18,13 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvfleet_localcluster.kinds import (
+    CONFIG_KINDS,
+    DEPLOYMENT,
+    POD,
+    SERVICE,
+    STATEFULSET,
+    is_ready,
+    template_hash,
+)
 from kvfleet_localcluster.kubelet import (
     ClusterAccess,
     KubeletConfig,
@@ -32,41 +39,16 @@ from kvfleet_localcluster.kubelet import (
     log_file,
     log_runs,
     pod_dir,
+    service_table_file,
 )
+from kvfleet_localcluster.services import ServiceTable
+from kvfleet_localcluster.statefulsets import reconcile_statefulset
 from kvfleet_localcluster.store import ApiError, Kind, Store
 
 log = logging.getLogger("kvfleet.cluster")
 
-POD = Kind("", "v1", "pods", "Pod", True, frozenset({"status"}))
-DEPLOYMENT = Kind(
-    "apps",
-    "v1",
-    "deployments",
-    "Deployment",
-    True,
-    frozenset({"status", "scale"}),
-    selector_path="spec.selector",
-)
-CONFIG_KINDS = {
-    "ConfigMap": Kind("", "v1", "configmaps", "ConfigMap", True, frozenset()),
-    "Secret": Kind("", "v1", "secrets", "Secret", True, frozenset()),
-    "PersistentVolumeClaim": Kind(
-        "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, frozenset({"status"})
-    ),
-}
 HASH_LABEL = "pod-template-hash"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-
-
-def template_hash(template: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 def deletion_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,22 +85,36 @@ class Cluster:
     """Deployments (namespace, name) to reconcile: changed, or one of their pods changed."""
     _pods_changed: bool = True
 
+    _statefulsets: set[tuple[str, str]] = field(default_factory=set)
+    """StatefulSets (namespace, name) to reconcile."""
+    _services: ServiceTable | None = None
+    _services_changed: bool = True
+
     def __post_init__(self) -> None:
-        self.store.kinds.setdefault(POD.key, POD)
-        self.store.kinds.setdefault(DEPLOYMENT.key, DEPLOYMENT)
+        for kind in (POD, DEPLOYMENT, STATEFULSET, SERVICE):
+            self.store.kinds.setdefault(kind.key, kind)
         self.store.listeners.append(self._on_event)
+        if self.kubelet.run_processes:
+            self._services = ServiceTable(service_table_file(self.kubelet))
 
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         """Only what changed is reconciled: a write to one of 1,000 Deployments (or to one of
         its pods) costs one Deployment's reconcile, not a pass over all of them."""
         meta = obj["metadata"]
+        ns = meta.get("namespace", "")
         if kind.key == DEPLOYMENT.key:
-            self._changed.add((meta.get("namespace", ""), meta["name"]))
+            self._changed.add((ns, meta["name"]))
+        elif kind.key == STATEFULSET.key:
+            self._statefulsets.add((ns, meta["name"]))
+        elif kind.key == SERVICE.key:
+            self._services_changed = True
         elif kind.key == POD.key:
-            self._pods_changed = True
+            self._pods_changed = self._services_changed = True
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Deployment":
-                    self._changed.add((meta.get("namespace", ""), ref.get("name", "")))
+                    self._changed.add((ns, ref.get("name", "")))
+                elif ref.get("kind") == "StatefulSet":
+                    self._statefulsets.add((ns, ref.get("name", "")))
         else:
             return
         self._dirty.set()
@@ -234,6 +230,12 @@ class Cluster:
             for p in items
             if not p["metadata"].get("deletionTimestamp")
         }
+        for key in [k for k in self._runners if k not in live or self._replaced(k, live[k])]:
+            runner, task = self._runners.pop(key)
+            self._ips.pop(key, None)
+            stopping = asyncio.create_task(self._stop_runner(runner, task))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
         for key, pod in live.items():
             if key in self._runners:
                 continue
@@ -250,12 +252,11 @@ class Cluster:
                 pod["metadata"],
             )
             self._runners[key] = (runner, asyncio.create_task(runner.run()))
-        for key in [k for k in self._runners if k not in live]:
-            runner, task = self._runners.pop(key)
-            self._ips.pop(key, None)
-            stopping = asyncio.create_task(self._stop_runner(runner, task))
-            self._stopping.add(stopping)
-            stopping.add_done_callback(self._stopping.discard)
+
+    def _replaced(self, key: str, pod: dict[str, Any]) -> bool:
+        """A pod deleted and created again under its name (a StatefulSet's) between two
+        passes: the old one's process goes, the new one gets its own."""
+        return bool(self._runners[key][0].meta.get("uid") != pod["metadata"].get("uid"))
 
     # ---- container logs (the API server's pods/log) ------------------------------------------
     def runs(self, namespace: str, pod: str, container: str) -> list[Path]:
@@ -299,9 +300,16 @@ class Cluster:
             todo = [d for d in found if d is not None]
         for dep in todo:
             self.reconcile_deployment(dep)
+        sets, self._statefulsets = self._statefulsets, set()
+        found = (self.store.lookup(STATEFULSET.key, ns, name) for ns, name in sorted(sets))
+        for sts in self.store.peek(*STATEFULSET.key) if full else [s for s in found if s]:
+            reconcile_statefulset(self.store, sts)
         if full or self._pods_changed:
             self._pods_changed = False
             self._sync_pods()
+        if self._services is not None and (full or self._services_changed):
+            self._services_changed = False
+            self._services.sync(self.store)
 
     async def run(self, resync_s: float = 1.0) -> None:
         """Controllers until cancelled; then every pod process is stopped."""

@@ -120,12 +120,24 @@ class KubeletConfig:
     kvfleet_command: tuple[str, ...] = (sys.executable, "-m", "kvfleet_cli")
     """What runs a kvfleet-image container (the image's `kvfleet` entry point): by default
     this Python's; a runtime-only install's `kvfleet` to test what the image ships."""
+    redis_server: str | None = field(default_factory=lambda: shutil.which("redis-server"))
+    """What runs a `redis` image container (its entry point is redis-server): this
+    machine's redis-server; None (not installed): such pods run no process."""
+
+
+def node_dir(config: KubeletConfig) -> Path:
+    """This node's state: pods' directories, persistent volumes, the Service table."""
+    return config.state_dir or Path(tempfile.gettempdir()) / "kvfleet-cluster"
 
 
 def pod_dir(config: KubeletConfig, ns: str, name: str) -> Path:
     """Where a pod's volumes and logs live on this node."""
-    base = config.state_dir or Path(tempfile.gettempdir()) / "kvfleet-cluster"
-    return base / "pods" / f"{ns}_{name}"
+    return node_dir(config) / "pods" / f"{ns}_{name}"
+
+
+def service_table_file(config: KubeletConfig) -> Path:
+    """The Service table pods resolve names from (`services.py`)."""
+    return node_dir(config) / "services.json"
 
 
 def log_file(directory: Path, container: str, run: int) -> Path:
@@ -203,6 +215,14 @@ def container_argv(
         ]
         notes = [f"kubelet: dropped flags the simulator does not model: {d}" for d in dropped]
         return argv, notes
+    image = str(container.get("image", "")).rsplit("/", 1)[-1].split(":")[0].split("@")[0]
+    if image == "redis" and config.redis_server:
+        # The official image runs `redis-server ARGS` (args alone are its flags); bound to
+        # the pod's address, as redis binds in C, where the pod shim does not reach.
+        if command and Path(command[0]).name == "redis-server":
+            command = command[1:]
+        if not command or command[0].startswith("-"):
+            return [config.redis_server, *command, "--bind", pod_ip], []
     if command and Path(command[0]).name == "kvfleet":
         return [*config.kvfleet_command, *command[1:]], []
     if command and re.fullmatch(r"python(3(\.\d+)?)?", Path(command[0]).name):
@@ -243,7 +263,7 @@ class PodRunner:
     def sandbox(self) -> PodSandbox:
         return PodSandbox(
             self.ns, self.name, self.pod_ip, self.spec, self.meta, self.pod_dir, self.secrets,
-            self.access,
+            self.access, node_dir(self.config) / "volumes", service_table_file(self.config),
         )  # fmt: skip
 
     # ---- status ---------------------------------------------------------------------------
@@ -279,25 +299,34 @@ class PodRunner:
         )
 
     # ---- probes ---------------------------------------------------------------------------
-    def _probe_url(self, probe: Json, container: Json) -> str | None:
-        http = probe.get("httpGet")
-        if not http:
-            return None
-        port = http.get("port")
+    @staticmethod
+    def _port(port: Any, container: Json) -> Any:
         if isinstance(port, str) and not port.isdigit():
-            port = next(
+            return next(
                 (p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port),
                 None,
             )
-        return f"http://{self.pod_ip}:{port}{http.get('path', '/')}"
+        return port
 
     async def _probe(self, s: aiohttp.ClientSession, probe: Json, container: Json) -> bool:
-        url = self._probe_url(probe, container)
-        if url is None:
-            return True  # exec / tcpSocket probes: the process being up is the signal here
+        timeout = float(probe.get("timeoutSeconds", 1))
+        if tcp := probe.get("tcpSocket"):
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.pod_ip, self._port(tcp.get("port"), container)),
+                    timeout,
+                )
+            except (TimeoutError, OSError):
+                return False
+            writer.close()
+            return True
+        http = probe.get("httpGet")
+        if not http:
+            return True  # exec probes: the process being up is the signal here
+        port = self._port(http.get("port"), container)
+        url = f"http://{self.pod_ip}:{port}{http.get('path', '/')}"
         try:
-            timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))
-            async with s.get(url, timeout=timeout) as r:
+            async with s.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 return 200 <= r.status < 400
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False

@@ -70,6 +70,10 @@ class PodSandbox:
     secrets: Any
     """Callable(ns, kind, name) -> object | None, reading ConfigMaps, Secrets and PVCs."""
     access: ClusterAccess | None
+    volumes_dir: Path
+    """Where PersistentVolumeClaims' volumes live on this node (they outlive pods)."""
+    service_table: Path
+    """The node's Service table, which the pod shim resolves Service names from."""
 
     def materialize(self, container: Json) -> dict[str, Path]:
         volumes = {v["name"]: v for v in self.spec.get("volumes") or []}
@@ -77,6 +81,9 @@ class PodSandbox:
         for m in container.get("volumeMounts") or []:
             vol = volumes.get(m["name"], {})
             local = self.pod_dir / "volumes" / m["name"]
+            if claim := (vol.get("persistentVolumeClaim") or {}).get("claimName"):
+                # The claim's volume outlives the pod: a replaced pod finds its data again.
+                local = self.volumes_dir / f"{self.ns}_{claim}"
             local.mkdir(parents=True, exist_ok=True)
             files: dict[str, bytes] = {}
             if "configMap" in vol:
@@ -213,6 +220,8 @@ class PodSandbox:
             env["KUBERNETES_SERVICE_HOST"] = self.access.host
             env["KUBERNETES_SERVICE_PORT"] = str(self.access.port)
         env["KVFLEET_POD_IP"] = self.pod_ip
+        env["KVFLEET_POD_NAMESPACE"] = self.ns  # the DNS search path: `redis` is redis.<ns>
+        env["KVFLEET_SERVICE_TABLE"] = str(self.service_table)
         # Only the service-account path goes through the shim: libraries hard-code it, while
         # every other mount is substituted in the command line, env and files above — and
         # remapping, say, a pod's /tmp would hide the host's /tmp the process runs from.

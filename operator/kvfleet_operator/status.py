@@ -180,12 +180,19 @@ def compute_status(
         elif serving:
             ready_c = condition(previous, "Ready", True, "Serving", want, generation)
         elif not gw_ready:
+            store = ((body.get("spec") or {}).get("gateway") or {}).get("limitsStore")
+            why = (  # not the URL itself: it may carry a password
+                " (a gateway is not ready while no engine answers it or, every tenant being"
+                " budgeted, while its limits store, spec.gateway.limitsStore, does not)"
+                if store
+                else " (a gateway is not ready while no engine answers it)"
+            )
             ready_c = condition(
                 previous,
                 "Ready",
                 False,
                 "GatewayUnavailable",
-                "no gateway pod is ready",
+                "no gateway pod is ready" + why,
                 generation,
             )
         else:

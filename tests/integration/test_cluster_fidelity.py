@@ -13,12 +13,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
+from tests.conftest import require_binary
 from tests.integration.test_kubectl import kubectl, kubectl_error, run_kubectl
 from tests.support.cluster import cluster_config
-from tests.support.objects import isvc
+from tests.support.objects import ROOT, isvc
 from tests.support.waiting import until
 
 SIM = ["kvfleet", "sim", "serve", "--model-path", "llama-3.1-8b", "--gpu", "h100"]
@@ -370,3 +372,77 @@ async def test_three_pods_listening_on_the_wildcard_each_get_their_own_address(
         for ip in ips:
             async with s.get(f"http://{ip}:30000/v1/models") as r:
                 assert r.status == 200
+
+
+# ---- StatefulSets, Service names, persistent volumes -----------------------------------------
+RESOLVE_AND_PING = """
+import asyncio, socket, sys, uvloop
+async def main():
+    reader, writer = await asyncio.open_connection("redis.ai.svc.cluster.local", 6379)
+    writer.write(b"PING\\r\\n"); await writer.drain()
+    print("asyncio", (await reader.readline()).decode().strip(), flush=True)
+    loop = asyncio.get_running_loop()
+    for name in ("redis", "redis.ai", "redis.ai.svc"):
+        infos = await loop.getaddrinfo(name, 6379, type=socket.SOCK_STREAM)
+        print(name, infos[0][4][0], infos[0][4][1], flush=True)
+uvloop.run(main())
+"""
+
+
+async def test_a_statefulset_of_redis_is_reached_by_its_service_name_and_keeps_its_data(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """examples/redis.yaml as written: the StatefulSet controller creates redis-0 and its
+    claim data-redis-0, the kubelet runs the `redis` image as this machine's redis-server on
+    the pod's address, a pod reaches it as redis.ai.svc (cluster DNS and kube-proxy), and a
+    replaced redis-0 finds its data on the claim's volume."""
+    require_binary("redis-server")
+    await k(cluster, "apply", "-f", str(ROOT / "examples" / "redis.yaml"))
+    await k(cluster, "rollout", "status", "statefulset/redis", "--timeout=60s")
+    sts = await get(cluster, "statefulset", "redis")
+    assert sts["status"]["readyReplicas"] == 1 and sts["status"]["updatedReplicas"] == 1
+    assert (await get(cluster, "pvc", "data-redis-0"))["metadata"]["name"] == "data-redis-0"
+    ip = (await get(cluster, "pod", "redis-0"))["status"]["podIP"]
+    r = aioredis.Redis(host=ip, port=6379)
+    await until(lambda: _answer(r.ping()), 20, "redis-0 answering on its pod address")
+    await r.set("budget", "42")
+    await r.aclose()
+
+    client = pod("client", ["python", "-c", RESOLVE_AND_PING], restartPolicy="Never")
+    await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(client))
+
+    async def logged() -> str | None:
+        out = await k(cluster, "logs", "client")
+        return out if "redis.ai.svc" in out else None
+
+    out = await until(logged, 30, "the client pod's output")
+    assert "asyncio +PONG" in out, out
+    for name in ("redis", "redis.ai", "redis.ai.svc"):
+        assert f"{name} {ip} 6379" in out, out
+
+    # Replaced: the same name, the same claim, the same data (append-only file on the volume).
+    await k(cluster, "delete", "pod", "redis-0", "--wait=true")
+    await until(
+        lambda: _ready(cluster, "redis-0"),
+        60,
+        "redis-0 recreated and Ready",
+    )
+    ip = (await get(cluster, "pod", "redis-0"))["status"]["podIP"]
+    r = aioredis.Redis(host=ip, port=6379)
+    assert await until(lambda: _answer(r.get("budget")), 20, "the key back") == b"42"
+    await r.aclose()
+
+
+async def _answer(call: Any) -> Any:
+    try:
+        return await call
+    except aioredis.RedisError:
+        return None
+
+
+async def _ready(cluster: LocalCluster, name: str) -> bool:
+    for p in (await get(cluster, "pods"))["items"]:
+        if p["metadata"]["name"] == name and not p["metadata"].get("deletionTimestamp"):
+            conditions = (p.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return False

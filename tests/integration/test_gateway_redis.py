@@ -20,26 +20,25 @@ from ..conftest import RedisProcess
 KEY_BUDGET, KEY_RATED = "kvf-budgeted", "kvf-rated"
 
 
-def keys(tmp_path: Path, budget: int) -> Path:
-    f = tmp_path / "keys.yaml"
-    f.write_text(
-        json.dumps(
+def keys(tmp_path: Path, budget: int, rated: bool = True) -> Path:
+    """Tenant `budgeted` (a token budget) and, when `rated`, tenant `rated` (rates only)."""
+    tenants: list[dict[str, Any]] = [
+        {
+            "name": "budgeted",
+            "keys": [hash_key(KEY_BUDGET)],
+            "limits": {"tokenBudget": {"tokens": budget, "period": "1d"}},
+        }
+    ]
+    if rated:
+        tenants.append(
             {
-                "tenants": [
-                    {
-                        "name": "budgeted",
-                        "keys": [hash_key(KEY_BUDGET)],
-                        "limits": {"tokenBudget": {"tokens": budget, "period": "1d"}},
-                    },
-                    {
-                        "name": "rated",
-                        "keys": [hash_key(KEY_RATED)],
-                        "limits": {"requestsPerMinute": 20, "maxConcurrent": 8},
-                    },
-                ]
+                "name": "rated",
+                "keys": [hash_key(KEY_RATED)],
+                "limits": {"requestsPerMinute": 20, "maxConcurrent": 8},
             }
         )
-    )
+    f = tmp_path / "keys.yaml"
+    f.write_text(json.dumps({"tenants": tenants}))
     return f
 
 
@@ -203,6 +202,8 @@ async def test_redis_outage_budgets_fail_closed_rates_degrade(
         assert (await slow)[0] == 200
         async with s.get(f"{gws[0]}/healthz") as r:
             assert r.status == 200
+        async with s.get(f"{gws[0]}/readyz") as r:  # it still serves the unbudgeted tenant
+            assert r.status == 200 and "limitsStore" not in await r.json()
         # Redis comes back with its data (AOF): every pooled connection died with it, yet
         # budgeted requests are served again within 5 s — on fresh connections, not 503s.
         redis_proc.start()
@@ -221,6 +222,31 @@ async def test_redis_outage_budgets_fail_closed_rates_degrade(
                 break
             await asyncio.sleep(0.2)
         assert used > 400  # includes the stream that ended while Redis was down
+
+
+async def test_a_gateway_whose_every_tenant_is_budgeted_is_not_ready_without_redis(
+    sim_server: Any, gateway_server: Any, redis_persistent: RedisProcess, tmp_path: Path
+) -> None:
+    """Budgets fail closed, so with every tenant budgeted a gateway that cannot reach Redis
+    would answer each request 503: its readiness says so (and the InferenceService's Ready
+    follows the gateway pods'), and comes back with Redis, with no request needed."""
+    engine = await sim_server(time_scale=0.05, simulate_eos=False)
+    kf = keys(tmp_path, 10**6, rated=False)
+    gw = await gateway_server(gw_config([engine], kf, redis_persistent.url))
+
+    async def ready() -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.get(f"{gw}/readyz") as r:
+            return r.status, await r.json()
+
+    assert await ready() == (200, {"ready": 1, "scaledToZero": False, "limitsStore": "ok"})
+    redis_persistent.kill()
+    status, body = await ready()
+    assert status == 503 and body["limitsStore"] == "unreachable"
+    redis_persistent.start()
+    deadline = time.monotonic() + 10
+    while (await ready())[0] != 200:
+        assert time.monotonic() < deadline, "still not ready 10 s after Redis came back"
+        await asyncio.sleep(0.2)
 
 
 async def test_redis_restarted_empty_fails_budgets_closed_until_reset(

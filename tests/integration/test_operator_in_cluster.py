@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.status import pod_ready
 from tests.conftest import kubectl_binary
 from tests.integration.test_kubectl import kubectl
 from tests.support.argocd import health
@@ -50,12 +52,6 @@ PODMONITOR_CRD = {
             }
         ],
     },
-}
-HF_TOKEN = {
-    "apiVersion": "v1",
-    "kind": "Secret",
-    "metadata": {"name": "hf-token", "namespace": "ai"},
-    "stringData": {"token": "hf_placeholder"},
 }
 CHILD_KINDS = (
     "deployments",
@@ -135,7 +131,8 @@ async def admin_cli(cluster: LocalCluster) -> None:
     header, *rows = out.splitlines()
     assert header.split()[:4] == ["TENANT", "REQUESTS", "OK", "429"]
     search = next(r.split() for r in rows if r.startswith("search-team"))
-    assert search[1:3] == ["1", "1"] and search[5] == "4"  # the one chat above, 4 tokens
+    # The two chats above (every example's, then mistral's again), 4 tokens each.
+    assert search[1:3] == ["2", "2"] and search[5] == "8"
     code, out, err = await run(cluster, kvfleet, "get", "nope")
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
 
@@ -156,7 +153,7 @@ async def operator_metrics(cluster: LocalCluster) -> None:
         for m in f.samples
     }
     assert values[("kvfleet_operator_reconciles_total", (("result", "ok"),))] >= 2
-    assert values[("kvfleet_operator_inferenceservices", ())] == 2
+    assert values[("kvfleet_operator_inferenceservices", ())] == 4  # the examples
     assert values[("kvfleet_operator_cache_reads_total", ())] > 0
     assert values[("kvfleet_operator_api_requests_total", (("verb", "POST"),))] > 0
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
@@ -205,6 +202,56 @@ async def key_management(cluster: LocalCluster, gateway: str) -> None:
     assert await status_with(rotated) == 200
 
 
+async def every_example_serves(cluster: LocalCluster) -> None:
+    """Each InferenceService of examples/ becomes Ready (the autoscaled one only once its
+    gateways reach the Redis of examples/redis.yaml by its Service name) and answers a chat
+    through its own gateway pod, with the sample key of examples/api-keys-secret.yaml and
+    the OpenAI SDK. No container waits on a Secret, ConfigMap or claim the examples lack."""
+    kc = cluster.kubeconfig
+    in_files = {
+        d["metadata"]["name"]: d["spec"]["model"]["name"]
+        for f in sorted((ROOT / "examples").glob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if d and d.get("kind") == "InferenceService"
+    }
+    assert len(in_files) >= 4
+    for name, model in in_files.items():
+        out = await kubectl(
+            kc, "wait", "--for=condition=Ready", f"kis/{name}", "-n", "ai", "--timeout=120s"
+        )
+        assert "condition met" in out
+        selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=gateway"
+        listed = await kubectl(kc, "get", "pods", "-n", "ai", "-l", selector, "-o", "json")
+        pods = json.loads(listed)["items"]
+        ip = next(p["status"]["podIP"] for p in pods if pod_ready(p))
+        client = openai.AsyncOpenAI(base_url=f"http://{ip}:8080/v1", api_key="foo", max_retries=0)
+        try:
+            reply = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        finally:
+            await client.close()
+        assert reply.usage is not None and reply.usage.completion_tokens == 4, (name, reply)
+    pods = json.loads(await kubectl(kc, "get", "pods", "-n", "ai", "-o", "json"))["items"]
+    waiting = [
+        (p["metadata"]["name"], s["state"]["waiting"]["reason"])
+        for p in pods
+        for s in (p.get("status") or {}).get("containerStatuses") or []
+        if "waiting" in s.get("state", {})
+    ]
+    assert not waiting, waiting
+    # Its budget store gone, the autoscaled example (every tenant budgeted) is not Ready.
+    await kubectl(kc, "scale", "statefulset/redis", "-n", "ai", "--replicas=0")
+    await kubectl(kc, "wait", "--for=condition=Ready=false", "kis/llama-8b", "-n", "ai",
+                  "--timeout=60s")  # fmt: skip
+    live = json.loads(await kubectl(kc, "get", "kis", "llama-8b", "-n", "ai", "-o", "json"))
+    ready = next(c for c in live["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "GatewayUnavailable" and "limitsStore" in ready["message"], ready
+    await kubectl(kc, "scale", "statefulset/redis", "-n", "ai", "--replicas=1")
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b", "-n", "ai",
+                  "--timeout=60s")  # fmt: skip
+
+
 async def _is(value: Any, wanted: int) -> bool:
     return bool(await value == wanted)
 
@@ -235,10 +282,9 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         "rollout", "status", "deployment/kvfleet-operator", "-n", "kvfleet-system", "--timeout=60s"
     )
     assert "successfully rolled out" in out
-    for example in ("api-keys-secret.yaml", "mistral-7b-manual.yaml"):
-        await k("apply", "-f", str(ROOT / "examples" / example))
-    await k("apply", "-f", "-", stdin=yaml.safe_dump(HF_TOKEN))
-    await k("apply", "-f", str(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml"))
+    # `kubectl apply -f examples/` as a newcomer would: every example, as written.
+    await k("apply", "-f", str(ROOT / "examples"))
+    await every_example_serves(cluster)
 
     # `kubectl wait` on the InferenceService's condition, as a pipeline would.
     out = await k("wait", "--for=condition=Ready", "kis/mistral", "-n", "ai", "--timeout=120s")
@@ -339,57 +385,3 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     assert "kvfleet-operator" in {e["manager"] for e in owned["metadata"]["managedFields"]}
     unused = granted(ROOT / "manifests" / "rbac.yaml") - used
     assert not unused, f"granted but never used by the operator: {sorted(unused)}"
-
-
-async def test_every_example_applies_and_becomes_ready(tmp_path: Path) -> None:
-    """`kubectl apply -f examples/` as a newcomer would, on a cluster whose operator runs from
-    manifests/ (pods without processes here: the serving path of the examples is the test
-    above's). Every InferenceService becomes Ready; none waits on a Secret the examples lack."""
-    config = cluster_config(tmp_path, crds=False)  # pods Ready after a delay, no processes
-    async with LocalCluster(config) as local:
-        from tests.support.cluster import OperatorThread
-
-        kc = local.kubeconfig
-        await kubectl(kc, "apply", "-k", str(ROOT / "manifests"))
-        # The operator's pod runs no process here: run the real operator beside the cluster,
-        # logged in as its ServiceAccount (a TokenRequest), so RBAC still applies.
-        token = (
-            await kubectl(kc, "create", "token", "kvfleet-operator", "-n", "kvfleet-system")
-        ).strip()
-        doc = yaml.safe_load(kc.read_text())
-        doc["users"][0]["user"]["token"] = token
-        op_kc = tmp_path / "operator-kubeconfig"
-        op_kc.write_text(yaml.safe_dump(doc))
-        from kvfleet_operator.login import Credentials
-
-        operator = OperatorThread(Credentials(kubeconfig=str(op_kc)), resync_s=5)
-        try:
-            assert await asyncio.to_thread(operator.ready.wait, 15), "the operator did not start"
-            await kubectl(kc, "apply", "-f", str(ROOT / "examples"))
-            names = sorted(
-                json.loads(await kubectl(kc, "get", "kis", "-A", "-o", "json"))["items"],
-                key=lambda o: o["metadata"]["name"],
-            )
-            in_files = [
-                d
-                for f in (ROOT / "examples").glob("*.yaml")
-                for d in yaml.safe_load_all(f.read_text())
-                if d and d.get("kind") == "InferenceService"
-            ]
-            assert len(names) == len(in_files) >= 4
-            for obj in names:
-                ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-                out = await kubectl(
-                    kc, "wait", "--for=condition=Ready", f"kis/{name}", "-n", ns, "--timeout=60s"
-                )
-                assert "condition met" in out
-            pods = json.loads(await kubectl(kc, "get", "pods", "-n", "ai", "-o", "json"))["items"]
-            waiting = [
-                (p["metadata"]["name"], s["state"]["waiting"]["reason"])
-                for p in pods
-                for s in (p.get("status") or {}).get("containerStatuses") or []
-                if "waiting" in s.get("state", {})
-            ]
-            assert not waiting, waiting
-        finally:
-            await asyncio.to_thread(operator.close)

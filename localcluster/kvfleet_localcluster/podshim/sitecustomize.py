@@ -9,8 +9,14 @@ the pod's own network and mount namespaces, emulated inside the process.
   /var/run/secrets/kubernetes.io/serviceaccount, whose path client libraries hard-code —
   open the pod's copy of that volume.
 
-Configured by the kubelet through KVFLEET_POD_IP and KVFLEET_POD_MOUNTS (JSON:
-mountPath → directory). Nothing here runs outside a local-cluster pod.
+* DNS: `<service>.<namespace>.svc[.cluster.local]`, `<service>.<namespace>` and, from the
+  pod's own namespace, `<service>` resolve through the node's Service table
+  (`kvfleet_localcluster/services.py`): to a Ready pod of the Service, at the targetPort its
+  port maps to — what cluster DNS and kube-proxy do together.
+
+Configured by the kubelet through KVFLEET_POD_IP, KVFLEET_POD_MOUNTS (JSON: mountPath →
+directory), KVFLEET_SERVICE_TABLE (a file) and KVFLEET_POD_NAMESPACE. Nothing here runs
+outside a local-cluster pod.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import builtins
 import io
 import json
 import os
+import random
 import socket
 import ssl
 from typing import Any
@@ -26,6 +33,79 @@ from typing import Any
 _POD_IP = os.environ.get("KVFLEET_POD_IP", "")
 _MOUNTS: dict[str, str] = json.loads(os.environ.get("KVFLEET_POD_MOUNTS") or "{}")
 _WILDCARD = {"", "0.0.0.0", "::", "::0", "0:0:0:0:0:0:0:0"}
+_SERVICE_TABLE = os.environ.get("KVFLEET_SERVICE_TABLE", "")
+_NAMESPACE = os.environ.get("KVFLEET_POD_NAMESPACE", "default")
+_table: tuple[float, dict[str, Any]] = (-1.0, {})
+
+
+def _services() -> dict[str, Any]:
+    """The Service table, re-read when the file changes."""
+    global _table
+    try:
+        mtime = os.stat(_SERVICE_TABLE).st_mtime
+    except OSError:
+        return {}
+    if mtime != _table[0]:
+        with open(_SERVICE_TABLE) as f:
+            _table = (mtime, json.load(f))
+    return _table[1]
+
+
+def _service_address(host: Any, port: Any) -> tuple[str, Any] | None:
+    """(address, port) for a Service name, or None for any other name."""
+    if not isinstance(host, str | bytes):
+        return None
+    name = (host.decode() if isinstance(host, bytes) else host).rstrip(".").lower()
+    for suffix in (".svc.cluster.local", ".svc"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        if name.count(".") > 1:
+            return None
+    if "." not in name:
+        name = f"{name}.{_NAMESPACE}"
+    doc = _services()
+    endpoints = (doc.get("services") or {}).get(name)
+    if endpoints is None:
+        return None
+    if not endpoints:
+        return doc.get("noEndpoints", "127.255.255.254"), port
+    chosen = random.choice(endpoints)
+    mapped = chosen["ports"].get(str(port)) if port is not None else None
+    return chosen["ip"], mapped if mapped is not None else port
+
+
+def _cluster_dns(original: Any) -> Any:
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        found = _service_address(host, port)
+        if found is not None:
+            host, port = found
+        return original(host, port, *args, **kwargs)
+
+    return getaddrinfo
+
+
+def _uvloop_dns(getaddrinfo: Any, create_connection: Any) -> tuple[Any, Any]:
+    """uvloop resolves in C, past `socket.getaddrinfo`: map the names on its Python entry
+    points (aiohttp resolves through `loop.getaddrinfo`; asyncio streams, such as redis's,
+    connect through `loop.create_connection`)."""
+
+    async def resolve(self: Any, host: Any, port: Any = None, *args: Any, **kwargs: Any) -> Any:
+        found = _service_address(host, port)
+        if found is not None:
+            host, port = found
+        return await getaddrinfo(self, host, port, *args, **kwargs)
+
+    async def connect(
+        self: Any, factory: Any, host: Any = None, port: Any = None, **kw: Any
+    ) -> Any:
+        found = _service_address(host, port)
+        if found is not None:
+            host, port = found
+        return await create_connection(self, factory, host, port, **kw)
+
+    return resolve, connect
 
 
 def _pod_bind(original: Any) -> Any:
@@ -97,6 +177,17 @@ if _POD_IP:
         pass
     else:
         uvloop.Loop.create_server = _pod_server(uvloop.Loop.create_server)  # type: ignore[method-assign]
+
+if _SERVICE_TABLE:
+    socket.getaddrinfo = _cluster_dns(socket.getaddrinfo)
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        uvloop.Loop.getaddrinfo, uvloop.Loop.create_connection = _uvloop_dns(  # type: ignore[method-assign]
+            uvloop.Loop.getaddrinfo, uvloop.Loop.create_connection
+        )
 
 if _MOUNTS:
     builtins.open = io.open = _wrap_path_call(io.open)

@@ -1,0 +1,86 @@
+"""Cluster DNS and kube-proxy for the local cluster's pods.
+
+On a real cluster `redis.ai.svc` (or `redis.ai.svc.cluster.local`, or `redis` from a pod of
+namespace `ai`) resolves to the Service's ClusterIP, and kube-proxy forwards a connection to
+its port on to a Ready pod the selector matches, at the targetPort. Here there is no DNS
+server and no ClusterIP: the controllers keep a table — Service → the Ready pods' addresses
+and the port mapping — in one JSON file of the node, and the pod shim answers a pod's name
+lookups from it (`podshim/sitecustomize.py`), choosing a Ready pod per lookup as kube-proxy
+chooses per connection. A Service with no Ready pod resolves to an address that refuses
+connections, as a ClusterIP without endpoints does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kvfleet_localcluster.kinds import POD, SERVICE, is_ready, selects
+from kvfleet_localcluster.store import Store
+
+Json = dict[str, Any]
+NO_ENDPOINTS = "127.255.255.254"
+"""No pod listens here: a connection is refused, like one to a ClusterIP without endpoints."""
+
+
+def _target_port(port: Json, pod: Json) -> int | None:
+    """A Service port's targetPort on one pod: a number, or a container port's name."""
+    target = port.get("targetPort", port.get("port"))
+    if isinstance(target, int) or (isinstance(target, str) and target.isdigit()):
+        return int(target)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == target:
+                return int(p["containerPort"])
+    return None
+
+
+def service_table(store: Store) -> dict[str, list[Json]]:
+    """`name.namespace` → endpoints, each `{"ip": ..., "ports": {service port: pod port}}`."""
+    by_label: dict[tuple[str, str, str], list[Json]] = defaultdict(list)
+    for pod in store.peek(*POD.key):
+        meta = pod["metadata"]
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and is_ready(pod) and not meta.get("deletionTimestamp"):
+            for k, v in (meta.get("labels") or {}).items():
+                by_label[meta["namespace"], k, v].append(pod)
+    table: dict[str, list[Json]] = {}
+    for svc in store.peek(*SERVICE.key):
+        meta, spec = svc["metadata"], svc.get("spec") or {}
+        selector: dict[str, str] = spec.get("selector") or {}
+        if not selector:
+            continue  # endpoints managed by hand: not emulated
+        ns = meta["namespace"]
+        rarest = min(selector.items(), key=lambda kv: len(by_label.get((ns, *kv), ())))
+        endpoints = []
+        for pod in by_label.get((ns, *rarest), []):
+            if selects(selector, pod["metadata"].get("labels") or {}):
+                ports = {
+                    str(p["port"]): target
+                    for p in spec.get("ports") or []
+                    if (target := _target_port(p, pod)) is not None
+                }
+                endpoints.append({"ip": pod["status"]["podIP"], "ports": ports})
+        table[f"{meta['name']}.{meta['namespace']}"] = endpoints
+    return table
+
+
+class ServiceTable:
+    """The node's copy of the table, rewritten (atomically) only when it changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last: dict[str, list[Json]] | None = None
+
+    def sync(self, store: Store) -> None:
+        table = service_table(store)
+        if table == self._last:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"noEndpoints": NO_ENDPOINTS, "services": table}))
+        os.replace(tmp, self.path)
+        self._last = table
