@@ -76,6 +76,7 @@ def isvc_row(obj: Json, now: datetime.datetime, wide: bool, namespaced: bool) ->
         _num(metrics.get("queueDepth"), "{:g}"),
         _num(metrics.get("kvCacheUsage"), "{:.0%}"),
         _num(None if metrics.get("ttftP99") is None else metrics["ttftP99"] * 1000, "{:.0f}ms"),
+        _num(metrics.get("costPer1kTokens"), "{:.4f}"),
         age(meta.get("creationTimestamp"), now),
     ]
     if wide:
@@ -89,7 +90,9 @@ def isvc_row(obj: Json, now: datetime.datetime, wide: bool, namespaced: bool) ->
     return ([meta.get("namespace", "")] if namespaced else []) + row
 
 
-ISVC_HEADERS = ["NAME", "MODEL", "READY", "ACTIVE", "WARM", "QUEUE", "KV", "TTFT-P99", "AGE"]
+ISVC_HEADERS = [
+    "NAME", "MODEL", "READY", "ACTIVE", "WARM", "QUEUE", "KV", "TTFT-P99", "COST/1K", "AGE"
+]  # fmt: skip
 ISVC_WIDE = ["GPUS", "SCALING", "REASON", "GATEWAY"]
 
 

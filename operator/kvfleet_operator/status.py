@@ -34,7 +34,11 @@ class LiveMetrics:
     queue_depth: float | None = fld(None, "Waiting requests summed over active replicas.")
     kv_cache_usage: float | None = fld(None, "Mean KV-cache usage of active replicas (0..1).")
     ttft_p99: float | None = fld(None, "p99 time to first token over the last 5 minutes, s.")
-    cost_per_request: float | None = fld(None, "GPU cost per finished request.")
+    cost_per_1k_tokens: float | None = fld(
+        None,
+        "GPU cost (gpuHourlyPrice units) per 1,000 tokens billed: over the last 5 minutes"
+        " from Prometheus; since the gateway pods started when they are scraped directly.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -184,6 +184,12 @@ async def scale_up_and_down(stack: Stack) -> None:
     auto = body["status"]["autoscaling"]
     assert auto["source"] in ("direct", "prometheus") and "coldStartSeconds" in auto
     assert body["status"]["metrics"]["kvCacheUsage"] >= 0
+    if auto["source"] == "direct":  # the gateways' lifetime counters (Prometheus: a 5m rate)
+        await until(
+            lambda: "costPer1kTokens" in (stack.body()["status"].get("metrics") or {}),
+            10,
+            "the cost per 1k tokens in the status",
+        )
     assert await asyncio.to_thread(stack.events, "ScaledUp"), "no ScaledUp event"
     print(
         f"warm spare promoted {promoted_s:.1f}s and serving {serving_s:.1f}s after the burst "

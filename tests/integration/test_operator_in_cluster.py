@@ -94,7 +94,7 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 0, err
     header, *rows = out.splitlines()
     assert header.split() == ["NAME", "MODEL", "READY", "ACTIVE", "WARM", "QUEUE", "KV",
-                              "TTFT-P99", "AGE"]  # fmt: skip
+                              "TTFT-P99", "COST/1K", "AGE"]  # fmt: skip
     mistral = next(r.split() for r in rows if r.startswith("mistral "))
     assert mistral[:5] == ["mistral", "mistral-7b", "2/2", "2", "0"]
     # The kubectl plugin is the same program: kubectl finds `kubectl-kvfleet` on the PATH.

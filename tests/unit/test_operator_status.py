@@ -129,3 +129,25 @@ def test_argocd_health_of_each_status_the_operator_writes() -> None:
         "0/2 engine replicas ready",
     )
     assert health({"metadata": {"name": "x", "generation": 1}})[0] == "Progressing"
+
+
+def test_cost_per_1k_tokens_is_read_from_what_the_gateway_exports() -> None:
+    """The direct reader's parse of a real gateway exposition: cost over billed tokens, the
+    cached tokens (part of the prompt's) not counted twice."""
+    from prometheus_client import generate_latest
+
+    from kvfleet_gateway.config import CostConfig
+    from kvfleet_gateway.metrics import GatewayMetrics, Usage
+    from kvfleet_operator.scaling.observe import parse_gateway
+
+    metrics = GatewayMetrics()
+    cost = CostConfig(gpu_hourly_price=3.6)
+    spent = sum(
+        metrics.record_usage("t", "m", Usage(1000, 200, cached_tokens=600), cost) for _ in range(3)
+    )
+    totals = parse_gateway(generate_latest(metrics.registry).decode())
+    assert totals.tokens == 3 * 1200
+    assert abs(totals.cost - spent * 3.6 / 3600) < 1e-9
+    per_1k = 1000 * totals.cost / totals.tokens
+    # 400 uncached prompt tokens at 20k/s + 200 output at 3k/s per request, $3.6 per GPU-hour
+    assert abs(per_1k - 1000 * (400 / 20_000 + 200 / 3_000) * 0.001 / 1200) < 1e-9

@@ -78,6 +78,7 @@ class Scaled:
     """Engine pods with nothing running or queued in the latest observation."""
     ttft_p99: float | None = None
     queue_depth: float | None = None
+    cost_per_1k_tokens: float | None = None
 
 
 @dataclass
@@ -178,6 +179,7 @@ class Autoscaler:
                 idle,
                 obs.ttft_p99.get(key),
                 queue,
+                obs.cost_per_1k_tokens.get(key),
             )
             old = self.latest.get(key)
             self.latest[key] = new
@@ -200,6 +202,7 @@ def _reported(s: Scaled) -> tuple[object, ...]:
         round(s.queue_depth or 0.0, 1),
         round(d.kv_cache_usage or 0.0, 2),
         round(s.ttft_p99 or 0.0, 2),
+        round(s.cost_per_1k_tokens or 0.0, 4),
         s.idle,
     )
 
@@ -235,6 +238,8 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         metrics["kvCacheUsage"] = round(d.kv_cache_usage, 3)
     if scaled.ttft_p99 is not None:
         metrics["ttftP99"] = round(scaled.ttft_p99, 3)
+    if scaled.cost_per_1k_tokens is not None:
+        metrics["costPer1kTokens"] = round(scaled.cost_per_1k_tokens, 6)
     if d.holding:
         return ScalingReport(False, "MetricsUnavailable", d.reason, numbers, metrics)
     limited = d.recommendation is not None and d.recommendation != d.desired_active

@@ -28,6 +28,8 @@ from kvfleet_operator.status import pod_ready
 
 HELD_METRIC = "kvfleet_gateway_held_requests"
 """The gateway's gauge of requests waiting for a replica (scale from zero)."""
+COST_METRIC, TOKENS_METRIC = "kvfleet_gateway_cost", "kvfleet_gateway_tokens"
+"""The gateway's counters of money attributed to requests and of tokens billed."""
 
 Key = tuple[str, str]
 """(namespace, name)"""
@@ -50,6 +52,9 @@ class Observation:
     held: dict[Key, float] = field(default_factory=dict)
     """(namespace, InferenceService) → requests the gateway holds."""
     ttft_p99: dict[Key, float] = field(default_factory=dict)
+    cost_per_1k_tokens: dict[Key, float] = field(default_factory=dict)
+    """(namespace, InferenceService) → money per 1,000 tokens billed (prompt + completion):
+    over the last 5 minutes from Prometheus; since the gateway pods started when scraped."""
     error: str | None = None
 
 
@@ -139,6 +144,12 @@ class PrometheusReader:
                 f"(rate({_sglang('time_to_first_token_seconds_bucket')}[5m])))",
                 svc,
             )
+            cost = self._vector(
+                f"1000 * sum by (namespace, inferenceservice) (rate({COST_METRIC}_total[5m]))"
+                " / sum by (namespace, inferenceservice)"
+                f' (rate({TOKENS_METRIC}_total{{kind!="cached"}}[5m]))',  # cached ⊂ prompt
+                svc,
+            )
         except Exception as exc:  # any failure of the reader: the policy holds and says why
             return Observation("prometheus", error=f"Prometheus at {self.url}: {exc}"[:300])
         pods = {
@@ -150,6 +161,7 @@ class PrometheusReader:
             {(a, b): v for (a, b), v in pods.items()},
             {(a, b): v for (a, b), v in held.items()},
             {(a, b): v for (a, b), v in ttft.items()},
+            {(a, b): v for (a, b), v in cost.items() if math.isfinite(v)},
         )
 
     async def read(self, services: Sequence[ServicePods]) -> Observation:
@@ -172,12 +184,35 @@ def parse_engine(text: str, at: float) -> PodMetrics | None:
     )
 
 
-def parse_held(text: str) -> float:
-    total = 0.0
+@dataclass(frozen=True)
+class GatewayTotals:
+    held: float = 0.0
+    cost: float = 0.0
+    tokens: float = 0.0
+
+    def __add__(self, other: GatewayTotals) -> GatewayTotals:
+        return GatewayTotals(
+            self.held + other.held, self.cost + other.cost, self.tokens + other.tokens
+        )
+
+
+def parse_gateway(text: str) -> GatewayTotals:
+    """A gateway pod's held requests, and its lifetime cost and billed tokens."""
+    held = cost = tokens = 0.0
     for family in text_string_to_metric_families(text):
+        total = sum(
+            s.value
+            for s in family.samples
+            # cached tokens are counted among the prompt's already
+            if not s.name.endswith("_created") and s.labels.get("kind") != "cached"
+        )
         if family.name == HELD_METRIC:
-            total += sum(s.value for s in family.samples)
-    return total
+            held += total
+        elif family.name == COST_METRIC:
+            cost += total
+        elif family.name == TOKENS_METRIC:
+            tokens += total
+    return GatewayTotals(held, cost, tokens)
 
 
 def _pod_url(pod: Json, port: int) -> str | None:
@@ -216,6 +251,7 @@ class DirectReader:
             texts = await asyncio.gather(*(self._get(session, url) for _, _, url in jobs))
         now = time.time()
         obs = Observation("direct")
+        gateways: dict[Key, GatewayTotals] = {}
         for (kind, key, _), text in zip(jobs, texts, strict=True):
             if text is None:
                 continue
@@ -225,7 +261,11 @@ class DirectReader:
                     if m is not None:
                         obs.pods[key] = m
                 else:
-                    obs.held[key] = obs.held.get(key, 0.0) + parse_held(text)
+                    gateways[key] = gateways.get(key, GatewayTotals()) + parse_gateway(text)
             except ValueError:  # an unparsable exposition counts as no data
                 continue
+        for key, totals in gateways.items():
+            obs.held[key] = totals.held
+            if totals.tokens > 0:
+                obs.cost_per_1k_tokens[key] = 1000 * totals.cost / totals.tokens
         return obs
