@@ -8,7 +8,6 @@ events."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.podmonitors import podmonitor_crd, write_targets
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Resource
 from kvfleet_operator.login import Credentials
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
@@ -230,38 +230,6 @@ async def test_direct_scrape_scales_up_promotes_and_back(stack: Stack) -> None:
 
 
 # ---- with a real Prometheus ---------------------------------------------------------------------
-class PodTargets:
-    """Stands in for the Prometheus Operator: writes a file_sd target list from the pods,
-    with the labels the rendered PodMonitor attaches (namespace, pod, inferenceservice, role)."""
-
-    def __init__(self, stack: Stack, path: Path) -> None:
-        self.stack, self.path = stack, path
-        self.path.write_text("[]")
-
-    def sync(self) -> None:
-        targets = []
-        for p in self.stack.env.kube.list(POD, NS, "kvfleet.dev/inferenceservice=llama"):
-            ip = (p.get("status") or {}).get("podIP")
-            labels = p["metadata"].get("labels") or {}
-            if not ip:
-                continue
-            port = 30000 if labels.get("app.kubernetes.io/component") == "engine" else 8080
-            targets.append(
-                {
-                    "targets": [f"{ip}:{port}"],
-                    "labels": {
-                        "namespace": NS,
-                        "pod": p["metadata"]["name"],
-                        "inferenceservice": labels.get("kvfleet.dev/inferenceservice", ""),
-                        "role": labels.get("kvfleet.dev/role", ""),
-                    },
-                }
-            )
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(targets))
-        tmp.replace(self.path)
-
-
 @pytest.fixture
 def prometheus_sd(tmp_path: Path) -> Iterator[Any]:
     binary = require_binary("prometheus")
@@ -306,12 +274,20 @@ def prometheus_sd(tmp_path: Path) -> Iterator[Any]:
 async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
     stack: Stack, prometheus_sd: Any, tmp_path: Path
 ) -> None:
-    targets = PodTargets(stack, tmp_path / "targets.json")
-    url, proc = prometheus_sd(targets.path)
+    # The Prometheus Operator's part, played by the local cluster: the PodMonitors the
+    # operator renders (their CRD installed first) become Prometheus's scrape targets.
+    cluster = stack.env.cluster
+    async with cluster.session() as s:
+        crds = f"{cluster.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        async with s.post(crds, json=podmonitor_crd()) as r:
+            assert r.status == 201, await r.text()
+    targets = tmp_path / "targets.json"
+    write_targets(stack.env.cluster.api.store, targets)
+    url, proc = prometheus_sd(targets)
 
     async def keep_syncing() -> None:
         while True:
-            await asyncio.to_thread(targets.sync)
+            write_targets(stack.env.cluster.api.store, targets)
             await asyncio.sleep(0.5)
 
     syncer = asyncio.create_task(keep_syncing())

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.podmonitors import podmonitor_crd
 from kvfleet_operator.status import pod_ready
 from tests.conftest import kubectl_binary
 from tests.integration.test_kubectl import kubectl
@@ -30,29 +31,6 @@ from tests.support.objects import ROOT
 from tests.support.waiting import until
 
 OPERATOR = "system:serviceaccount:kvfleet-system:kvfleet-operator"
-PODMONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
 CHILD_KINDS = (
     "deployments",
     "services",
@@ -276,7 +254,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     async def k(*args: str, stdin: str | None = None) -> str:
         return await kubectl(kc, *args, stdin=stdin)
 
-    await k("apply", "-f", "-", stdin=yaml.safe_dump(PODMONITOR_CRD))
+    await k("apply", "-f", "-", stdin=yaml.safe_dump(podmonitor_crd()))
     await k("apply", "-k", str(ROOT / "manifests"))
     out = await k(
         "rollout", "status", "deployment/kvfleet-operator", "-n", "kvfleet-system", "--timeout=60s"

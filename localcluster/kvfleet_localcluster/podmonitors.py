@@ -1,0 +1,104 @@
+"""What the Prometheus Operator does with PodMonitors, for a plain Prometheus beside the local
+cluster: each PodMonitor's pods (its selector, in its namespace) become scrape targets of a
+`file_sd_configs` file, at the named container port and path of each podMetricsEndpoint, with
+the target labels the operator would give them (namespace, pod, container, endpoint, job) and
+the endpoint's `replace` relabelings of pod labels applied — so the series carry exactly the
+labels the rendered PodMonitor asks for, and a wrong PodMonitor shows up as missing labels.
+
+(Debian's Prometheus is built without Kubernetes service discovery, so it cannot watch the
+API server itself.) The CRD is the Prometheus Operator's, reduced to what the API needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from kvfleet_localcluster.kinds import POD, is_ready, selects
+from kvfleet_localcluster.store import Store
+
+Json = dict[str, Any]
+PODMONITORS = ("monitoring.coreos.com", "podmonitors")
+POD_LABEL_META = "__meta_kubernetes_pod_label_"
+
+
+def podmonitor_crd() -> Json:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _meta_name(label: str) -> str:
+    """A pod label as Prometheus's Kubernetes discovery names it."""
+    return POD_LABEL_META + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def _container_port(pod: Json, name: str) -> tuple[str, int] | None:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == name:
+                return c.get("name", ""), int(p["containerPort"])
+    return None
+
+
+def podmonitor_targets(store: Store) -> list[Json]:
+    """file_sd target groups for every PodMonitor's running, ready pods."""
+    groups: list[Json] = []
+    for pm in store.peek(*PODMONITORS):
+        ns, spec = pm["metadata"]["namespace"], pm.get("spec") or {}
+        selector = (spec.get("selector") or {}).get("matchLabels") or {}
+        for pod in store.peek(*POD.key, ns):
+            meta = pod["metadata"]
+            labels = meta.get("labels") or {}
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or not is_ready(pod) or not selects(selector, labels):
+                continue
+            discovered = {_meta_name(k): v for k, v in labels.items()}
+            for ep in spec.get("podMetricsEndpoints") or []:
+                port = _container_port(pod, ep.get("port", ""))
+                if port is None:
+                    continue
+                target = {
+                    "namespace": ns,
+                    "pod": meta["name"],
+                    "container": port[0],
+                    "endpoint": ep["port"],
+                    "job": f"{ns}/{pm['metadata']['name']}",
+                    "__metrics_path__": ep.get("path", "/metrics"),
+                }
+                for r in ep.get("relabelings") or []:
+                    if r.get("action", "replace") == "replace" and r.get("targetLabel"):
+                        values = [discovered.get(s, "") for s in r.get("sourceLabels") or []]
+                        target[r["targetLabel"]] = r.get("separator", ";").join(values)
+                groups.append({"targets": [f"{ip}:{port[1]}"], "labels": target})
+    return groups
+
+
+def write_targets(store: Store, path: Path) -> None:
+    """Rewrite the file_sd file atomically (Prometheus re-reads it on change)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(podmonitor_targets(store), sort_keys=True))
+    os.replace(tmp, path)
