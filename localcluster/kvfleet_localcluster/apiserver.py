@@ -14,10 +14,12 @@ server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
             self.register_crd(obj)
+            if not _established(obj):  # after this write's listeners, as its own write
+                asyncio.get_running_loop().call_soon(self._establish, kind, obj)
         if kind.key == ("", "namespaces") and event == "ADDED":
             self.admission.ensure_default_service_account(obj["metadata"]["name"])
         self._changed.set()
@@ -210,6 +214,28 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 spec = Kind(group, version, plural, info.kind, bool(info.namespaced), subresources)
             self.store.kinds[(group, plural)] = spec
         return spec
+
+    def _establish(self, kind: Kind, crd: dict[str, Any]) -> None:
+        """What the apiextensions controllers report once a CRD is served: its names
+        accepted and the API established (`helm install` and `kubectl wait
+        --for=condition=Established` wait for it)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        spec = crd.get("spec") or {}
+        status = {
+            "acceptedNames": spec.get("names") or {},
+            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
+            "conditions": [
+                {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now}
+                for t, r, m in (
+                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                )
+            ],
+        }
+        with contextlib.suppress(ApiError):  # deleted meanwhile
+            self.store.patch(
+                kind, None, crd["metadata"]["name"], "merge", {"status": status}, "status"
+            )
 
     def register_crd(self, crd: dict[str, Any]) -> None:
         spec = crd.get("spec") or {}
@@ -396,6 +422,19 @@ class ClusterAPI(kmock.KubernetesEmulator):
         except ApiError as err:
             return _status(err)
 
+    async def _serve_server_version(self, request: Any) -> Any:
+        """The Kubernetes version whose behaviour and schemas this server follows (kubectl's
+        version skew checks and Helm's `kubeVersion` constraints read it)."""
+        return {
+            "major": "1",
+            "minor": "31",
+            "gitVersion": "v1.31.0+kvfleet-local",
+            "gitTreeState": "clean",
+            "goVersion": "python",
+            "compiler": "kvfleet",
+            "platform": "linux/amd64",
+        }
+
     async def _serve(
         self, kind: Kind, request: Any, raw: aiohttp.web.BaseRequest
     ) -> aiohttp.web.StreamResponse:
@@ -523,3 +562,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
     @staticmethod
     def _json(obj: Any, status: int = 200) -> aiohttp.web.Response:
         return aiohttp.web.json_response(obj, status=status)
+
+
+def _established(crd: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (crd.get("status") or {}).get("conditions") or []
+    )

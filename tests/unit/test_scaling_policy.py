@@ -4,6 +4,7 @@ replicas, warm pools, scale from zero, bounds and flapping. Pure: time is a numb
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from kvfleet_operator.scaling.policy import (
     Decision,
@@ -91,6 +92,30 @@ def test_kv_pressure_alone_scales_up() -> None:
         d = run.tick(lambda n: signals(n, queue=0, kv=3.96 / n))
     assert run.active == 5 and "KV usage" in run.decisions[0].reason
     assert d.kv_cache_usage is not None
+
+
+def test_full_batch_slots_without_a_queue_are_load() -> None:
+    """With --max-running-requests set, a fleet whose slots are full but whose KV cache is
+    nearly empty (short prompts) neither shrinks nor looks idle; free slots let it shrink."""
+    config = ScalingConfig(
+        min_replicas=1, max_replicas=6, max_running_requests=4, scale_down_window_s=30
+    )
+
+    def busy(n: int, running: float) -> Signals:
+        return Signals(tuple(ReplicaSignals(f"p{i}", 0.0, running, 0.02) for i in range(n)))
+
+    run = Run(config, active=3)
+    for _ in range(10):  # 3 × 4 slots in use: 3.5 replicas at the 0.85 target
+        run.tick(lambda n: busy(n, 12.0 / n))
+    assert run.active == 4 and "running/replica of 4 slots" in run.decisions[0].reason
+    for _ in range(10):  # one request per replica: one replica's worth of slots
+        run.tick(lambda n: busy(n, 3.0 / n))
+    assert run.active == 1
+    # Without the slot count the same fleet reads as idle at once.
+    idle = Run(replace(config, max_running_requests=None), active=3)
+    for _ in range(10):
+        idle.tick(lambda n: busy(n, 12.0 / n))
+    assert idle.active == 1
 
 
 def test_noisy_steady_load_does_not_change_size() -> None:

@@ -8,6 +8,8 @@ replicas under a traffic spike, 4× faster than real time.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -114,7 +116,24 @@ def run_demo(
 
 @click.command("demo")
 @click.option(
-    "--duration", type=float, default=20.0, show_default=True, help="Wall-clock seconds to run."
+    "--duration",
+    type=float,
+    default=None,
+    help="Seconds of traffic (default: 120 for the autoscaler, 20 for the others).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("kvfleet-demo"),
+    show_default=True,
+    help="Where the summary, the timeline PNG and the cluster's kubeconfig go.",
+)
+@click.option("--quick", is_flag=True, help="A shortened run (30 s of traffic) that still checks.")
+@click.option(
+    "--stack",
+    "no_cluster",
+    is_flag=True,
+    help="The stack without Kubernetes: engines and the gateway as plain processes.",
 )
 @click.option(
     "--simulated-fleet",
@@ -122,46 +141,66 @@ def run_demo(
     help="Show the fleet simulator (virtual time) instead of the live stack.",
 )
 @click.option(
-    "--on-cluster",
-    is_flag=True,
-    help="The Kubernetes path: operator, InferenceService and pods on the local cluster.",
-)
-@click.option(
     "--replicas", type=int, default=4, show_default=True, help="Replicas of the simulated fleet."
 )
-def demo(duration: float, simulated_fleet: bool, on_cluster: bool, replicas: int) -> None:
-    """Run the whole stack locally: engines, gateway, tenants' traffic — live."""
-    if duration <= 0 or replicas < 1:
+def demo(
+    duration: float | None,
+    out: Path,
+    quick: bool,
+    no_cluster: bool,
+    simulated_fleet: bool,
+    replicas: int,
+) -> None:
+    """The autoscaler at work on the local cluster: the real operator, a warm pool, three
+    tenants' bursty traffic; a live view, then a summary and a PNG timeline in --out.
+
+    Exits 1, saying what failed, unless requests were served, a warm replica was promoted,
+    the fleet scaled up and back down, and the token budget held."""
+    if (duration is not None and duration <= 0) or replicas < 1:
         raise click.UsageError("--duration must be > 0 and --replicas >= 1")
-    if simulated_fleet and on_cluster:
-        raise click.UsageError("choose one of --simulated-fleet and --on-cluster")
+    if no_cluster and simulated_fleet:
+        raise click.UsageError("choose one of --stack and --simulated-fleet")
     if simulated_fleet:
-        run_demo(duration, replicas)
+        run_demo(duration or 20.0, replicas)
         return
     import tempfile
-    from pathlib import Path
 
-    if on_cluster:
-        from kvfleet_bench.demo.on_cluster import run_cluster_demo
+    if no_cluster:
+        from kvfleet_bench.demo.stack import run_stack_demo
 
         with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
-            result = run_cluster_demo(duration, Path(work))
-        failed = sum(result["failed"].values())
-        click.echo(
-            f"{result['ok']}/{result['sent']} served, {failed} failed; TTFT p50 "
-            f"{result['ttft_p50_ms'] or 0:.0f} ms; {result['ready_replicas']} ready replicas; "
-            f"events: {', '.join(dict.fromkeys(result['events']))}"
-        )
+            summary = run_stack_demo(duration or 20.0, Path(work))
+        for name, s in summary.items():
+            refused = ", ".join(f"{k} {v}" for k, v in s["refused"].items()) or "none"
+            click.echo(
+                f"{name}: {s['ok']}/{s['sent']} served, refused: {refused}; TTFT p50 "
+                f"{s['ttft_p50_ms']:.0f} ms, p99 {s['ttft_p99_ms']:.0f} ms; cache hits "
+                f"{s['cache_hit_rate']:.0%}"
+            )
         return
+    from kvfleet_bench.demo.autoscaler import DemoConfig, quick_config, run_autoscaler_demo
 
-    from kvfleet_bench.demo.stack import run_stack_demo
-
-    with tempfile.TemporaryDirectory(prefix="kvfleet-demo-") as work:
-        summary = run_stack_demo(duration, Path(work))
-    for name, s in summary.items():
-        refused = ", ".join(f"{k} {v}" for k, v in s["refused"].items()) or "none"
+    config = quick_config(out) if quick else DemoConfig(out=out)
+    if duration is not None:
+        config = replace(config, duration_s=duration)
+    click.echo(
+        f"kvfleet demo: the local cluster, the operator and an autoscaled service; "
+        f"kubectl --kubeconfig {out / 'kubeconfig'} get pods -n ai (while it runs)",
+        err=True,
+    )
+    doc = run_autoscaler_demo(config)
+    click.echo("")
+    for name, t in doc["tenants"].items():
+        refused = ", ".join(f"{k} {v}" for k, v in t["refused"].items()) or "none"
         click.echo(
-            f"{name}: {s['ok']}/{s['sent']} served, refused: {refused}; TTFT p50 "
-            f"{s['ttft_p50_ms']:.0f} ms, p99 {s['ttft_p99_ms']:.0f} ms; cache hits "
-            f"{s['cache_hit_rate']:.0%}"
+            f"{name:13} {t['ok']}/{t['sent']} served, 429: {refused}; TTFT p50 "
+            f"{t['ttft_p50_ms'] or 0:,} ms, p99 {t['ttft_p99_ms'] or 0:,} ms"
         )
+    click.echo(f"signals from {doc['metrics_source']}")
+    for check, result in doc["checks"].items():
+        mark = "ok  " if result["ok"] else "FAIL"
+        click.echo(f"  {mark} {check}: {result['evidence']}")
+    click.echo(f"report: {', '.join(doc['report'])}")
+    if not doc["passed"]:
+        failed = [k for k, r in doc["checks"].items() if not r["ok"]]
+        raise click.ClickException(f"the demo did not show: {', '.join(failed)}")

@@ -53,8 +53,9 @@ class AutoscalerConfig:
     """A pod sample older than this is missing data (the policy then holds)."""
 
 
-def config_of(a: Autoscaling) -> ScalingConfig:
+def config_of(a: Autoscaling, max_running_requests: int | None = None) -> ScalingConfig:
     return ScalingConfig(
+        max_running_requests=max_running_requests,
         min_replicas=a.min_replicas,
         max_replicas=a.max_replicas,
         warm_replicas=a.warm_replicas,
@@ -129,14 +130,15 @@ class Autoscaler:
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
         """One decision per autoscaled service; returns those whose decision or reported
         numbers changed (the caller reconciles them)."""
-        scaled: list[tuple[Key, Json, Autoscaling]] = []
+        scaled: list[tuple[Key, Json, ScalingConfig]] = []
         for key, body in bodies.items():
             try:
                 spec = parse_spec(body.get("spec"))
             except ValueError:
                 continue  # an invalid spec is the reconcile's to report
             if spec.autoscaling is not None:
-                scaled.append((key, body, spec.autoscaling))
+                config = config_of(spec.autoscaling, spec.engine.max_running_requests)
+                scaled.append((key, body, config))
         for key in set(self.states) - {k for k, _, _ in scaled}:
             self.states.pop(key, None)
             self.latest.pop(key, None)
@@ -146,8 +148,7 @@ class Autoscaler:
         obs: Observation = await self.reader.read(services)
         now = self.clock()
         changed: list[Key] = []
-        for (key, body, auto), svc in zip(scaled, services, strict=True):
-            config = config_of(auto)
+        for (key, body, config), svc in zip(scaled, services, strict=True):
             state = self._learn(key, svc, config, self._state(key, body))
             # A young replica may hold a scale-down back no longer than the window itself.
             grace = min(config.readiness_grace_s, config.scale_down_window_s)

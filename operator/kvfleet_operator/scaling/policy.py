@@ -10,8 +10,11 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   the target usage (a sum, not a mean: a replica that just became ready and is still empty
   does not dilute it). Queue: waiting requests plus the gateway's held requests over the
   target queue depth, counted only when the queue per replica is above its target (an empty
-  queue says nothing about how few replicas would do). The larger wins; within `tolerance`
-  of the current size nothing changes.
+  queue says nothing about how few replicas would do). Batch slots, when the engine's
+  `--max-running-requests` is set: running requests over that many slots per replica at
+  the KV target (where slots, not the KV cache, bound a replica, a fleet that is busy
+  without a queue must not look idle). The largest wins; within `tolerance` of the current
+  size nothing changes.
 - **Fast up, slow down.** Per-direction stabilization windows (the spec's): a scale-up takes
   the smallest recommendation of the up window, a scale-down the largest of the down window;
   step limits per tick.
@@ -44,6 +47,12 @@ class ScalingConfig:
     warm_replicas: int = fld(0, "Loaded spares kept beside the active ones.")
     target_queue_depth: float = fld(4.0, "Waiting requests per active replica.")
     target_kv_cache_usage: float = fld(0.85, "KV-cache usage per active replica (0..1).")
+    max_running_requests: int | None = fld(
+        None,
+        "Batch slots of one replica (the engine's --max-running-requests); None: unbounded"
+        " by slots (the KV cache bounds it). Running requests count against them at the KV"
+        " target.",
+    )
     scale_up_window_s: float = fld(15.0, "Scale-up stabilization window.")
     scale_down_window_s: float = fld(300.0, "Scale-down stabilization window.")
     cold_start_s: float = fld(300.0, "Prior of the time from a new pod to a ready replica.")
@@ -192,6 +201,10 @@ def decide(
     queue = sum(max(0.0, r.queue) for r in measured) + max(0.0, signals.held)
     serving = max(1, fleet.active)
     need_kv = kv_sum / config.target_kv_cache_usage
+    running = sum(max(0.0, r.running) for r in measured)
+    need_slots = 0.0
+    if config.max_running_requests:
+        need_slots = running / (config.max_running_requests * config.target_kv_cache_usage)
     need_q = queue / config.target_queue_depth if queue > config.target_queue_depth * serving else 0
     if state.last_queue is not None and queue < DRAINING * state.last_queue:
         # A backlog that is draining needs time, not replicas: the capacity that drains it
@@ -206,8 +219,8 @@ def decide(
         # it is late, not because more is needed than what was ordered. (Past a cold start,
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
-    need = max(need_kv, need_q)
-    need_down = max(kv_sum_down / config.target_kv_cache_usage, need_q)
+    need = max(need_kv, need_q, need_slots)
+    need_down = max(kv_sum_down / config.target_kv_cache_usage, need_q, need_slots)
     if current == 0 or need > current * (1 + config.tolerance):
         raw = math.ceil(need - 1e-9)
     elif need_down < current * (1 - config.tolerance):
@@ -236,17 +249,25 @@ def decide(
     mean_kv = kv_sum / len(measured) if measured else None
     per_q = queue / serving
     if desired > current:
-        why = (
-            f"scale up to {desired}: queue {per_q:.1f}/replica over target "
-            f"{config.target_queue_depth:g}"
-            if need_q >= need_kv
-            else f"scale up to {desired}: KV usage {mean_kv or 0:.2f} over target "
-            f"{config.target_kv_cache_usage:g}"
-        )
+        if need_q >= max(need_kv, need_slots):
+            why = (
+                f"scale up to {desired}: queue {per_q:.1f}/replica over target "
+                f"{config.target_queue_depth:g}"
+            )
+        elif need_slots > need_kv:
+            why = (
+                f"scale up to {desired}: {running / serving:.1f} running/replica of "
+                f"{config.max_running_requests} slots, over target {config.target_kv_cache_usage:g}"
+            )
+        else:
+            why = (
+                f"scale up to {desired}: KV usage {mean_kv or 0:.2f} over target "
+                f"{config.target_kv_cache_usage:g}"
+            )
     elif desired < current:
         why = (
             f"scale down to {desired}: load needs {need:.1f} replicas "
-            f"(KV {mean_kv or 0:.2f}, queue {per_q:.1f}/replica) for "
+            f"(KV {mean_kv or 0:.2f}, queue {per_q:.1f}/replica, {running:g} running) for "
             f"{config.scale_down_window_s:g}s"
         )
     else:

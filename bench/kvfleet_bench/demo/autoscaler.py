@@ -1,0 +1,375 @@
+"""`kvfleet demo` (`make demo`): the autoscaler at work on the local cluster.
+
+The local cluster (pods as processes on 127.0.0.x, no GPU), the real operator, and one
+autoscaled InferenceService with a warm pool: 1..3 active replicas, one warm spare, scaled on
+queue depth read from a real Prometheus (when installed: the PodMonitors the operator renders
+become its scrape targets) or from the pods directly. Budgets live in Redis (examples/redis.yaml,
+run as this machine's redis-server) when it is installed. Three tenants send bursty traffic
+through the gateway with the OpenAI SDK — a support chat (multi-turn conversations sharing a
+system prompt), a document search (one long shared prompt) and a trial tenant whose small
+token budget runs out — steady, then a burst, then quiet.
+
+Live: replicas by role with their queue, KV and tokens/s; each tenant's TTFT, tokens/s and
+429s by reason; each scaling decision as it happens. At the end: `summary.json` and
+`timeline.png` in the output directory, and exit 0 only if requests were served, a warm
+replica was promoted, the fleet scaled up and back down, and the budget held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import shutil
+import threading
+import time
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import yaml
+from rich.live import Live
+
+from kvfleet_bench.demo.cluster_view import NAME, NS, View, phase, refresh, render
+from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
+from kvfleet_gateway.keys import hash_key
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.podmonitors import podmonitor_crd, write_targets
+from kvfleet_operator.crd import crd
+from kvfleet_operator.handlers import Controller, OperatorConfig, run
+from kvfleet_operator.kube import Kube
+from kvfleet_operator.login import Credentials, api_client
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
+from kvfleet_sim.fleet.collector import percentile
+from kvfleet_sim.procs import free_port, running_process
+
+MODEL = "llama-3.1-8b"
+ROOT = Path(__file__).resolve().parents[3]
+SUPPORT = "You are the support assistant of a GPU cloud. Answer briefly; cite the runbook. " * 6
+SEARCH = "Answer from these documents only. " + "kv cache radix prefix replica queue " * 60
+WORDS = "kv cache prefix replica queue token budget latency router tenant gpu batch".split()
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    duration_s: float = 120.0
+    """Seconds of traffic: 20% steady, 35% burst, 45% quiet (the fleet scales back)."""
+    out: Path = Path("kvfleet-demo")
+    cold_start_s: float = 6.0
+    """How long a new engine pod loads its model here (a real 8B: minutes)."""
+    scale_down_s: float = 15.0
+    """The autoscaler's scale-down stabilization window."""
+    seed: int = 7
+
+
+def quick_config(out: Path) -> DemoConfig:
+    """The shortened run a test makes: every check still has to hold."""
+    return DemoConfig(duration_s=30.0, out=out, cold_start_s=2.0, scale_down_s=5.0)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    rates: tuple[float, float, float]
+    """Requests/s in the steady, burst and quiet phases."""
+    max_tokens: int
+    budget: int | None = None
+
+
+def tenants(config: DemoConfig) -> list[Tenant]:
+    # ~220 tokens billed per trial request, ~0.6 requests/s on average: out mid-burst.
+    trial_budget = int(60 * config.duration_s)
+    return [
+        Tenant("support-chat", (0.5, 5.0, 0.2), 96),
+        Tenant("doc-search", (0.25, 3.0, 0.1), 48),
+        Tenant("trial", (0.2, 1.5, 0.0), 64, budget=trial_budget),
+    ]
+
+
+def objects(config: DemoConfig, keys: dict[str, str], store: str | None) -> list[dict[str, Any]]:
+    key_file = {
+        "tenants": [
+            {
+                "name": t.name,
+                "keys": [hash_key(keys[t.name])],
+                **(
+                    {"limits": {"tokenBudget": {"tokens": t.budget, "period": "1d"}}}
+                    if t.budget
+                    else {}
+                ),
+            }
+            for t in tenants(config)
+        ]
+    }
+    gateway: dict[str, Any] = {
+        "apiKeysSecret": "demo-keys",
+        "defaultLimits": {"maxTokens": 256, "requestsPerMinute": 6000},
+    }
+    if store:
+        gateway["limitsStore"] = store
+    isvc = {
+        "apiVersion": "kvfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "model": {"name": MODEL, "source": {"huggingFace": "meta-llama/Llama-3.1-8B-Instruct"}},
+            "engine": {"gpuType": "h100", "contextLength": 8192, "maxRunningRequests": 4},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "warmReplicas": 1,
+                "targetQueueDepth": 2,
+                "scaleUpStabilizationSeconds": 0,
+                "scaleDownStabilizationSeconds": int(config.scale_down_s),
+                "coldStartSeconds": int(config.cold_start_s),
+            },
+            "gateway": gateway,
+            "cost": {"gpuHourlyPrice": 2.49},
+        },
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "demo-keys", "namespace": NS},
+        "stringData": {"keys.yaml": yaml.safe_dump(key_file)},
+    }
+    return [secret, isvc]
+
+
+def _path(obj: dict[str, Any]) -> str:
+    """The collection to POST an object to (the kinds this demo creates)."""
+    group_version, kind = obj["apiVersion"], obj["kind"]
+    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    ns = obj["metadata"].get("namespace")
+    plural = {"StatefulSet": "statefulsets", "InferenceService": "inferenceservices"}.get(
+        kind, kind.lower() + "s"
+    )
+    if kind in ("Namespace", "CustomResourceDefinition"):
+        return f"{base}/{plural}"
+    return f"{base}/namespaces/{ns}/{plural}"
+
+
+# ---- the run --------------------------------------------------------------------------------
+async def _create(api: aiohttp.ClientSession, url: str, obj: dict[str, Any]) -> None:
+    async with api.post(url + _path(obj), json=obj) as r:
+        if r.status not in (201, 409):
+            raise RuntimeError(
+                f"creating {obj['kind']} {obj['metadata']['name']}: {await r.text()}"
+            )
+
+
+def _start_prometheus(stack: ExitStack, work: Path, sd_file: Path) -> str | None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        return None
+    port = free_port()
+    cfg = work / "prometheus.yml"
+    scrape = {"job_name": "podmonitors", "file_sd_configs": [{"files": [str(sd_file)]}]}
+    cfg.write_text(
+        yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [scrape]})
+    )
+    url = f"http://127.0.0.1:{port}"
+    stack.enter_context(
+        running_process(
+            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={work / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            ready_url=f"{url}/-/ready",
+            log_path=work / "prometheus.log",
+        )
+    )  # fmt: skip
+    return url
+
+
+async def _scenario(
+    cluster: LocalCluster, config: DemoConfig, prometheus: str | None, live: Live
+) -> tuple[Run, dict[str, TenantStats], str]:
+    rng = random.Random(config.seed)
+    keys = {t.name: "kvf-" + secrets.token_urlsafe(16) for t in tenants(config)}
+    stats = {t.name: TenantStats(budget=t.budget) for t in tenants(config)}
+    run_ = Run(min_replicas=1, burst=(0.2 * config.duration_s, 0.55 * config.duration_s))
+    view = View()
+    src = f"Prometheus ({prometheus})" if prometheus else "the pods' /metrics (no Prometheus)"
+    async with cluster.session() as api:
+        url = cluster.url
+        await _create(api, url, crd())
+        await _create(api, url, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        store = None
+        if shutil.which("redis-server"):
+            for doc in yaml.safe_load_all((ROOT / "examples" / "redis.yaml").read_text()):
+                if doc:
+                    await _create(api, url, doc)
+            store = f"redis://redis.{NS}.svc:6379/0"
+        operator = _start_operator(cluster, prometheus)
+        try:
+            # (In a thread: the API server it logs in to runs in this loop.)
+            await asyncio.to_thread(operator.ready.wait, 20)
+            for obj in objects(config, keys, store):
+                await _create(api, url, obj)
+            # The operator, the kubelet and (cold) engine start-up at work.
+            while not (view.gateway_url() and view.count("active") and view.count("warm")):
+                await refresh(view, api, url, run_, 0.0)
+                live.update(render(view, stats, run_, 0.0, config.duration_s, src))
+                await asyncio.sleep(0.5)
+            gateway = view.gateway_url()
+            clients = {
+                name: openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0)
+                for name, key in keys.items()
+            }
+            try:
+                await _traffic(config, view, api, url, run_, stats, clients, rng, live, src)
+            finally:
+                for c in clients.values():
+                    await c.close()
+        finally:
+            await asyncio.to_thread(operator.close)
+    return run_, stats, src
+
+
+async def _traffic(
+    config: DemoConfig,
+    view: View,
+    api: aiohttp.ClientSession,
+    url: str,
+    run_: Run,
+    stats: dict[str, TenantStats],
+    clients: dict[str, openai.AsyncOpenAI],
+    rng: random.Random,
+    live: Live,
+    src: str,
+) -> None:
+    from kvfleet_bench.demo.traffic import Conversations, drive, one_request
+
+    start = time.monotonic()
+
+    def elapsed() -> float:
+        return time.monotonic() - start
+
+    chats = Conversations(SUPPORT, rng, WORDS)
+    inflight: set[asyncio.Task[Any]] = set()
+    by_name = {t.name: t for t in tenants(config)}
+
+    async def support() -> None:
+        i, messages = chats.next()
+        reply = await one_request(
+            clients["support-chat"], MODEL, messages, 96, stats["support-chat"]
+        )
+        if reply is not None:
+            chats.answered(i, messages, reply)
+
+    def question(system: str) -> list[dict[str, str]]:
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15)))
+        return [{"role": "system", "content": system}, {"role": "user", "content": words}]
+
+    async def search() -> None:
+        await one_request(clients["doc-search"], MODEL, question(SEARCH), 48, stats["doc-search"])
+
+    async def trial() -> None:
+        await one_request(clients["trial"], MODEL, question(SUPPORT), 64, stats["trial"])
+
+    def rate(name: str) -> Any:
+        return lambda t: by_name[name].rates[phase(t, config.duration_s)]
+
+    drivers = [
+        asyncio.create_task(drive(rate(n), send, elapsed, config.duration_s, rng, inflight))
+        for n, send in (("support-chat", support), ("doc-search", search), ("trial", trial))
+    ]
+    # After the traffic: at most one more stabilization window for the scale-down.
+    end = config.duration_s + config.scale_down_s + 10
+    while (t := elapsed()) < end:
+        await refresh(view, api, url, run_, t)
+        auto = (view.isvc.get("status") or {}).get("autoscaling") or {}
+        desired = auto.get("desiredActive")
+        run_.max_desired = max(run_.max_desired, desired or 0)
+        run_.final_desired = desired
+        now = time.monotonic()
+        ttft = [v for s in stats.values() for v in s.window_ttft(now, 10.0)]
+        run_.samples.append(
+            Sample(
+                round(t, 2),
+                view.count("active"),
+                view.count("warm"),
+                desired,
+                sum(m.get("queue", 0.0) for m in view.engine_metrics.values()),
+                percentile(ttft, 50) if ttft else None,
+                percentile(ttft, 99) if ttft else None,
+                sum(s.tokens_per_s(now, 10.0) for s in stats.values()),
+                sum(s.ok for s in stats.values()),
+                sum(sum(s.refused.values()) for s in stats.values()),
+            )
+        )
+        live.update(render(view, stats, run_, t, config.duration_s, src))
+        if t > config.duration_s and desired is not None and desired <= run_.min_replicas:
+            break
+        await asyncio.sleep(1.0)
+    await asyncio.gather(*drivers)
+    await asyncio.gather(*list(inflight))
+
+
+class _Operator:
+    def __init__(self, controller: Controller) -> None:
+        self.stop, self.ready = threading.Event(), threading.Event()
+        self.thread = threading.Thread(
+            target=run,
+            args=(controller,),
+            kwargs={"stop_flag": self.stop, "ready_flag": self.ready},
+            daemon=True,
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(20)
+
+
+def _start_operator(cluster: LocalCluster, prometheus: str | None) -> _Operator:
+    credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
+    autoscaler = AutoscalerConfig(prometheus_url=prometheus, interval_s=1.0, stale_s=5.0)
+    config = OperatorConfig(credentials=credentials, resync_s=10, autoscaler=autoscaler)
+    return _Operator(Controller(Kube(api_client(credentials)), config))
+
+
+async def _run(config: DemoConfig) -> dict[str, Any]:
+    work = config.out / "cluster"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cluster_config = LocalClusterConfig(
+        kubeconfig=config.out / "kubeconfig",
+        kubelet=KubeletConfig(
+            state_dir=work / "state", time_scale=0.1, engine_startup_delay_s=config.cold_start_s
+        ),
+        resync_s=0.5,
+    )
+    async with AsyncExitStack() as astack, LocalCluster(cluster_config) as cluster:
+        stack = astack.enter_context(ExitStack())
+        sd_file = work / "targets.json"
+        store = cluster.api.store
+        prometheus = None
+        if shutil.which("prometheus"):
+            async with cluster.session() as api:
+                await _create(api, cluster.url, podmonitor_crd())
+            write_targets(store, sd_file)
+            prometheus = _start_prometheus(stack, work, sd_file)
+
+            async def sync_targets() -> None:
+                while True:
+                    write_targets(store, sd_file)
+                    await asyncio.sleep(0.5)
+
+            syncer = asyncio.create_task(sync_targets())
+            astack.callback(syncer.cancel)
+        with Live(refresh_per_second=4) as live:
+            run_, stats, src = await _scenario(cluster, config, prometheus, live)
+    doc = summary(run_, stats, src)
+    doc["report"] = [str(p) for p in write_report(config.out, doc, run_)]
+    return doc
+
+
+def run_autoscaler_demo(config: DemoConfig) -> dict[str, Any]:
+    for noisy in ("kopf", "kvfleet", "httpx", "openai"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)  # the table tells the story
+    return asyncio.run(_run(config))

@@ -1,0 +1,164 @@
+"""The demo's live view: the cluster (pods, the InferenceService, its scaling Events, the
+engines' own /metrics) read once a second, and the tables drawn from it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from rich.console import Group
+from rich.table import Table
+
+from kvfleet_bench.demo.timeline import Decision, Run, TenantStats
+from kvfleet_operator.scaling.observe import parse_engine
+from kvfleet_operator.status import pod_ready
+from kvfleet_sim.fleet.collector import percentile
+
+NS, NAME = "ai", "llama"
+ISVC_PATH = f"/apis/kvfleet.dev/v1alpha1/namespaces/{NS}/inferenceservices"
+PHASES = ("steady", "burst", "quiet")
+
+
+def phase(t: float, duration: float) -> int:
+    """20% steady, 35% burst, 45% quiet."""
+    return 0 if t < 0.2 * duration else (1 if t < 0.55 * duration else 2)
+
+
+@dataclass
+class View:
+    """The cluster as the live table shows it, refreshed once a second."""
+
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    isvc: dict[str, Any] = field(default_factory=dict)
+    engine_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
+    seen_events: set[str] = field(default_factory=set)
+
+    def engines(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods if "-engine-" in p["metadata"]["name"]]
+
+    def gateway_url(self) -> str | None:
+        for p in self.pods:
+            if "-gateway-" in p["metadata"]["name"] and pod_ready(p):
+                return f"http://{p['status']['podIP']}:8080"
+        return None
+
+    def count(self, role: str) -> int:
+        return sum(
+            1 for p in self.engines() if pod_ready(p) and _role(p) == role and not _leaving(p)
+        )
+
+
+def _role(pod: dict[str, Any]) -> str:
+    return str((pod["metadata"].get("labels") or {}).get("kvfleet.dev/role", "-"))
+
+
+def _leaving(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+async def _scrape(session: aiohttp.ClientSession, ip: str) -> dict[str, float]:
+    try:
+        async with session.get(f"http://{ip}:30000/metrics") as r:
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return {}
+    m = parse_engine(text, time.time())
+    values = {"queue": m.queue, "running": m.running, "kv": m.kv_usage} if m else {}
+    for line in text.splitlines():
+        for gauge in ("gen_throughput", "cache_hit_rate"):
+            if line.startswith((f"sglang:{gauge}", f"sglang_{gauge}")):
+                values[gauge] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+async def refresh(view: View, api: aiohttp.ClientSession, url: str, run_: Run, t: float) -> None:
+    async with api.get(f"{url}/api/v1/namespaces/{NS}/pods") as r:
+        view.pods = sorted((await r.json()).get("items") or [], key=lambda p: p["metadata"]["name"])
+    async with api.get(f"{url}{ISVC_PATH}/{NAME}") as r:
+        view.isvc = await r.json() if r.status == 200 else {}
+    async with api.get(f"{url}/api/v1/namespaces/{NS}/events") as r:
+        events = (await r.json()).get("items") or []
+    for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"])):
+        uid = e["metadata"]["uid"]
+        if uid not in view.seen_events and e["reason"] in ("ScaledUp", "ScaledDown"):
+            run_.decisions.append(Decision(t, f"{e['reason']}: {e.get('message', '')}"))
+        view.seen_events.add(uid)
+    for p in view.engines():
+        name, role = p["metadata"]["name"], _role(p)
+        if t > 0 and view.roles.get(name) == "warm" and role == "active":  # not at start-up
+            run_.promoted.append(name)
+            run_.decisions.append(Decision(t, f"promoted {name} (warm → active)"))
+        view.roles[name] = role
+    timeout = aiohttp.ClientTimeout(total=1.0)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        ready = [p for p in view.engines() if pod_ready(p)]
+        scraped = await asyncio.gather(*(_scrape(s, p["status"]["podIP"]) for p in ready))
+    view.engine_metrics = {p["metadata"]["name"]: m for p, m in zip(ready, scraped, strict=True)}
+
+
+def render(
+    view: View, stats: dict[str, TenantStats], run_: Run, t: float, duration: float, src: str
+) -> Group:
+    status = view.isvc.get("status") or {}
+    auto = status.get("autoscaling") or {}
+    ready: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c["type"] == "Ready"), {}
+    )
+    head = Table(
+        title=f"InferenceService {NS}/{NAME} · t = {t:5.1f} of {duration:.0f} s · "
+        f"phase: {PHASES[phase(t, duration)] if t > 0 else 'starting'} · "
+        f"signals: {src}",
+        expand=True,
+    )
+    for col in ("active", "warm", "desired active/warm", "Ready", "last decision"):
+        head.add_column(col)
+    head.add_row(
+        str(view.count("active")),
+        str(view.count("warm")),
+        f"{auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')}",
+        f"{ready.get('status', '-')} ({ready.get('reason', '-')})",
+        (auto.get("reason") or "-")[:90],
+    )
+    reps = Table(title="engine replicas (their /metrics)", expand=True)
+    reps.add_column("pod", no_wrap=True)
+    for col in ("role", "ready", "queue", "running", "KV", "hit rate", "tokens/s"):
+        reps.add_column(col, justify="right")
+    for p in view.engines():
+        m = view.engine_metrics.get(p["metadata"]["name"], {})
+        reps.add_row(
+            p["metadata"]["name"],
+            _role(p) + (" (leaving)" if _leaving(p) else ""),
+            "yes" if pod_ready(p) else "loading",
+            f"{m['queue']:g}" if "queue" in m else "-",
+            f"{m['running']:g}" if "running" in m else "-",
+            f"{m['kv']:.0%}" if "kv" in m else "-",
+            f"{m['cache_hit_rate']:.0%}" if "cache_hit_rate" in m else "-",
+            f"{m['gen_throughput']:,.0f}" if "gen_throughput" in m else "-",
+        )
+    now = time.monotonic()
+    traffic = Table(title="tenants, through the gateway (OpenAI SDK)", expand=True)
+    traffic.add_column("tenant", no_wrap=True)
+    for col in ("sent", "ok", "TTFT p50", "TTFT p99", "tok/s", "429 by reason", "budget"):
+        traffic.add_column(col, justify="right")
+    for name, s in stats.items():
+        ttft = s.window_ttft(now, 10.0)
+        traffic.add_row(
+            name,
+            str(s.sent),
+            str(s.ok),
+            f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-",
+            f"{percentile(ttft, 99) * 1000:,.0f} ms" if ttft else "-",
+            f"{s.tokens_per_s(now, 10.0):,.0f}",
+            ", ".join(f"{k} {v}" for k, v in s.refused.items()) or "-",
+            f"{s.billed_tokens:,}/{s.budget:,}" if s.budget else "-",
+        )
+    decisions = Table(title="scaling decisions", expand=True)
+    decisions.add_column("t", justify="right")
+    decisions.add_column("decision")
+    for d in run_.decisions[-6:]:
+        decisions.add_row(f"{d.t:5.1f}", d.what[:120])
+    return Group(head, reps, traffic, decisions)
