@@ -1,0 +1,197 @@
+"""Every command in README.md runs, as written, in a shell — or names the test that runs it.
+
+The README's `sh` blocks are parsed (continuation lines joined, comments dropped) and run by
+bash in a copy of the repository's manifests, examples and charts, with the installed
+`kvfleet`, kubectl and helm on the PATH: the simulator and gateway walkthrough on this
+machine; the local cluster's walkthrough, the install steps, the admin CLI and the
+autoscaler's commands on one local cluster (with the Prometheus Operator's CRDs, so the
+monitoring step applies); the Helm install on a fresh one. A command that fails fails the
+test with its output. Commands that run for good (servers, `top`) are started, checked and
+stopped; the few the shell cannot run here name where they are run instead."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from kvfleet_localcluster.podmonitors import podmonitor_crd
+from tests.conftest import dev_binary, kubectl_binary, require_binary
+from tests.support.objects import ROOT
+
+README = ROOT / "README.md"
+RUN_ELSEWHERE = {
+    "make demo": "tests/integration/test_demo.py runs its shortened version",
+    "make test": "CI (.ci/run) runs it",
+    "kvfleet gateway --config gateway.yaml": "every gateway pod runs it with the rendered config",
+}
+"""Commands the README test does not run itself, and where they run."""
+SERVERS = {
+    "kvfleet sim serve": "curl -sf http://127.0.0.1:30000/health",
+    "kvfleet gateway --backend": "curl -sf http://127.0.0.1:8080/healthz",
+}
+"""Long-running commands: started in the background; ready when the check passes."""
+FOR_A_WHILE = {
+    "kvfleet top": "llama-8b-engine-",
+    "kvfleet operator": "",
+}
+"""Commands that run until stopped: run for a few seconds; their output must contain this."""
+MONITORING_CRDS = ("prometheusrules", "PrometheusRule", "prometheusrule")
+
+
+def readme_blocks() -> list[tuple[str, list[str]]]:
+    """(the heading above it, its commands) for every ```sh block."""
+    blocks: list[tuple[str, list[str]]] = []
+    heading, lines, inside = "", README.read_text().splitlines(), False
+    commands: list[str] = []
+    for line in lines:
+        if line.startswith("#") and not inside:
+            heading = line.lstrip("# ").strip()
+        elif line.strip() == "```sh":
+            inside, commands = True, []
+        elif line.strip() == "```" and inside:
+            inside = False
+            blocks.append((heading, commands))
+        elif inside:
+            text = re.sub(r"\s{2,}#\s.*$", "", line).rstrip()
+            if not text.strip() or text.lstrip().startswith("#"):
+                continue
+            if commands and commands[-1].endswith("\\"):
+                commands[-1] = commands[-1][:-1].rstrip() + " " + text.strip()
+            else:
+                commands.append(text.strip())
+    return blocks
+
+
+def block(heading: str) -> list[str]:
+    found = [cmds for h, cmds in readme_blocks() if h == heading]
+    assert found, f"README has no sh block under {heading!r}"
+    return found[0]
+
+
+def _script(commands: list[str], work: Path) -> str:
+    out = [
+        "set -u",
+        "PIDS=''",
+        "trap 'kill $PIDS 2>/dev/null; wait 2>/dev/null' EXIT",
+    ]
+    for n, cmd in enumerate(commands):
+        out.append(f"echo {shlex.quote('::: ' + cmd)}")
+        server = next((chk for p, chk in SERVERS.items() if cmd.startswith(p)), None)
+        running = next((want for p, want in FOR_A_WHILE.items() if cmd.startswith(p)), None)
+        if server is not None:
+            out += [
+                f"{cmd} > {work}/server-{n}.log 2>&1 &",
+                'PIDS="$PIDS $!"',
+                f"for i in $(seq 150); do {server} >/dev/null && break; sleep 0.2; done",
+                f"{server} >/dev/null || "
+                f"{{ cat {work}/server-{n}.log; echo '::: FAILED'; exit 1; }}",
+            ]
+        elif running is not None:
+            out += [
+                f"timeout -s INT 8 {cmd} > {work}/run-{n}.log 2>&1",
+                f"grep -q {shlex.quote(running)} {work}/run-{n}.log || "
+                f"{{ cat {work}/run-{n}.log; echo '::: FAILED'; exit 1; }}",
+            ]
+        elif cmd.endswith("&"):  # `kvfleet cluster up ... &`: wait for its kubeconfig
+            kubeconfig = re.search(r"--kubeconfig (\S+)", cmd)
+            assert kubeconfig, cmd
+            out += [
+                cmd,
+                'PIDS="$PIDS $!"',
+                f"for i in $(seq 150); do [ -s {kubeconfig.group(1)} ] && break; sleep 0.1; done",
+            ]
+        else:
+            out.append(f'{cmd} || {{ echo "::: FAILED (exit $?)"; exit 1; }}')
+    return "\n".join(out) + "\n"
+
+
+def run_commands(commands: list[str], tmp: Path, timeout_s: float = 300) -> str:
+    """Run `commands` in one bash, in a scratch copy of what the README refers to."""
+    work = tmp / "work"
+    if not work.exists():
+        work.mkdir()
+        for d in ("manifests", "crds", "examples", "charts"):
+            shutil.copytree(ROOT / d, work / d, symlinks=True)
+    tools = (sys.executable, kubectl_binary(), dev_binary("helm"))
+    bins = dict.fromkeys(str(Path(t).parent) for t in tools)
+    env = {
+        "PATH": ":".join([*bins, "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": str(tmp),
+        "LANG": "C.UTF-8",
+    }
+    script = _script(commands, tmp)
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True,
+        timeout=timeout_s,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "::: FAILED" not in out, out[-6000:]
+    return out
+
+
+def test_every_readme_command_is_run_here_or_names_its_test() -> None:
+    ran = {
+        cmd
+        for heading in ("The simulator", "The gateway", "Installing on a cluster", "The admin CLI",
+                        "The autoscaler", "The local cluster")
+        for cmd in block(heading)
+    } | {cmd for cmd in _helm_block()}  # fmt: skip
+    for heading, commands in readme_blocks():
+        for cmd in commands:
+            assert cmd in ran or cmd in RUN_ELSEWHERE, f"{heading}: {cmd!r} is run by no test"
+
+
+def _helm_block() -> list[str]:
+    return next(c for h, c in readme_blocks() if c and c[0].startswith("helm install"))
+
+
+def test_the_simulator_and_gateway_walkthrough(tmp_path: Path) -> None:
+    commands = [c for c in block("The simulator") + block("The gateway") if c not in RUN_ELSEWHERE]
+    out = run_commands(commands, tmp_path)
+    assert "simulated" in out  # sim offline labels its times
+    assert "sha256:" in (tmp_path / "work" / "keys.yaml").read_text()
+
+
+def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
+    require_binary("redis-server")  # examples/redis.yaml, which the autoscaled example needs
+    local = block("The local cluster")
+    up, export, rest = local[0], local[1], local[2:]
+    kubeconfig = str(tmp_path / "kvfleet.kubeconfig")
+    up, export = (c.replace("/tmp/kvfleet.kubeconfig", kubeconfig) for c in (up, export))
+    crds = tmp_path / "monitoring-crds.yaml"
+    crds.write_text(yaml.safe_dump_all([podmonitor_crd(), _crd(*MONITORING_CRDS)]))
+    setup = [f"kubectl apply -f {crds}"]  # a cluster with the Prometheus Operator
+    commands = [
+        up, export, *setup,
+        *block("Installing on a cluster"), *block("The admin CLI"), *block("The autoscaler"),
+        *rest,
+    ]  # fmt: skip
+    out = run_commands(commands, tmp_path)
+    assert '"completion_tokens"' in out, out[-3000:]  # the curl through mistral's gateway pod
+    assert "desiredActive" in out  # the autoscaler's decision, read with jsonpath
+
+
+def test_the_helm_install_on_a_fresh_local_cluster(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    commands = [
+        f"kvfleet cluster up --no-processes --kubeconfig {kubeconfig} &",
+        f"export KUBECONFIG={kubeconfig}",
+        *_helm_block(),
+        "helm status kvfleet --namespace kvfleet-system",
+        "kubectl wait --for=condition=Established crd/inferenceservices.kvfleet.dev",
+    ]
+    out = run_commands(commands, tmp_path)
+    assert "STATUS: deployed" in out and "successfully rolled out" in out
+
+
+def _crd(plural: str, kind: str, singular: str) -> dict[str, object]:
+    doc = podmonitor_crd()
+    doc["metadata"] = {"name": f"{plural}.monitoring.coreos.com"}
+    doc["spec"]["names"] = {"kind": kind, "plural": plural, "singular": singular}
+    return doc
