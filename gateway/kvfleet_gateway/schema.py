@@ -351,10 +351,10 @@ def _type_name(tp: Any, meta: typing.Mapping[str, Any]) -> str:
         return " \\| ".join(f"`{v}`" for v in get_args(tp))
     if origin is tuple:
         return f"list of {_type_name(get_args(tp)[0], {})}"
-    if origin is dict:
-        return f"map of {_type_name(get_args(tp)[1], {})}"
     if tp is Json or tp == dict[str, Any]:
         return "object"
+    if origin is dict:
+        return f"map of {_type_name(get_args(tp)[1], {})}"
     if tp is Duration:
         return "duration (`30s`, `5m`, `1h`, `30d`)"
     if dataclasses.is_dataclass(tp):
