@@ -116,7 +116,14 @@ def _csv(value: str) -> list[str]:
 
 @bench.command("routing")
 @click.option("--gpu", default="h100", show_default=True)
-@click.option("--model", default="llama-3.1-8b", show_default=True)
+@click.option("--model", default="llama-3.1-8b", show_default=True, help="Catalogue name.")
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Any model from its Hugging Face config.json (or directory); --model names it.",
+)
+@click.option("--tp", type=int, default=1, show_default=True, help="GPUs per replica.")
 @click.option("--replicas", type=int, default=8, show_default=True)
 @click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
 @click.option("--policies", default=",".join(POLICIES), show_default=True)
@@ -136,6 +143,8 @@ def _csv(value: str) -> list[str]:
 def routing_bench(
     gpu: str,
     model: str,
+    model_config: Path | None,
+    tp: int,
     replicas: int,
     workloads: str,
     policies: str,
@@ -156,19 +165,27 @@ def routing_bench(
         raise click.UsageError(f"--loads: {exc}") from exc
     if not load_values or any(not 0 < x <= 2 for x in load_values):
         raise click.UsageError("--loads: shares of capacity in (0, 2], e.g. 0.5,0.8,0.95")
-    result = run_routing_bench(
-        out_dir,
-        lambda m: click.echo(m, err=as_json),
-        gpu=gpu,
-        model=model,
-        replicas=replicas,
-        workloads=_csv(workloads),
-        policies=_csv(policies),
-        loads=load_values,
-        num_requests=num_requests,
-        seed=seed,
-        live=live,
-    )
+    from kvfleet_sim.catalog import CatalogError
+    from kvfleet_sim.config import ConfigError
+
+    try:
+        result = run_routing_bench(
+            out_dir,
+            lambda m: click.echo(m, err=as_json),
+            gpu=gpu,
+            model=model,
+            replicas=replicas,
+            workloads=_csv(workloads),
+            policies=_csv(policies),
+            loads=load_values,
+            num_requests=num_requests,
+            seed=seed,
+            live=live,
+            model_config=model_config,
+            tp=tp,
+        )
+    except (CatalogError, ConfigError) as exc:  # the model, the GPU or their fit
+        raise click.UsageError(str(exc)) from exc
     met = sum(g["met"] for g in result["goals"])
     click.echo(
         f"goals met: {met} of {len(result['goals'])}; wrote {out_dir / 'routing.md'}", err=as_json

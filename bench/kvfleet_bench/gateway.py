@@ -198,7 +198,7 @@ def _report(result: dict[str, Any], seconds: float) -> str:
         "",
         "| path | requests/s |",
         "|---|---:|",
-        f"| kvfleet gateway (least_inflight, auth off) | {rps['kvfleet']:,.0f} |",
+        f"| kvfleet gateway (kvfleet routing, auth off) | {rps['kvfleet']:,.0f} |",
         f"| sglang-router 0.3.2 (cache_aware) | {rps['sglang_router']:,.0f} |",
         f"| one engine, direct | {rps['direct_one_engine']:,.0f} |",
         "",

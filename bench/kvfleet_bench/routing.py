@@ -23,6 +23,7 @@ from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
 from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+from kvfleet_sim.hf_config import load_model_config
 
 WORKLOADS = ("generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty")
 POLICIES = ("round_robin", "least_load", "sglang_cache_aware", "kvfleet", "oracle")
@@ -115,8 +116,16 @@ def run_routing_bench(
     num_requests: int = 2000,
     seed: int = 1,
     live: bool = True,
+    model_config: Path | None = None,
+    tp: int = 1,
 ) -> dict[str, Any]:
-    engine = EngineConfig(model=BUILTIN.model(model), gpu=BUILTIN.gpu(gpu))
+    spec = load_model_config(model_config, model) if model_config else BUILTIN.model(model)
+    engine = EngineConfig(
+        model=spec,
+        gpu=BUILTIN.gpu(gpu),
+        tp_size=tp,
+        quantization=spec.checkpoint_quantization,  # type: ignore[arg-type]
+    )
     config = FleetConfig(engine, replicas=replicas)
     tuning = tuning_for(engine)
     cells: list[Cell] = []

@@ -57,6 +57,62 @@ class ModelSpec:
     """Total parameters, including embeddings and LM head."""
     context_length: int
     tied_embeddings: bool = False
+    # Mixture of experts (0: a dense MLP in every layer).
+    num_experts: int = 0
+    """Routed experts per MoE layer (`num_experts`, `n_routed_experts`, `num_local_experts`)."""
+    experts_per_token: int = 0
+    """Routed experts each token uses (`num_experts_per_tok`)."""
+    shared_experts: int = 0
+    """Experts every token uses besides the routed ones (DeepSeek's `n_shared_experts`)."""
+    moe_intermediate_size: int = 0
+    """MLP width of one expert."""
+    dense_layers: int = 0
+    """Leading layers with a dense MLP before the MoE ones (`first_k_dense_replace`)."""
+    # Multi-head latent attention (0: per-head K and V).
+    kv_lora_rank: int = 0
+    """Width of MLA's compressed KV (`kv_lora_rank`): what the KV cache stores per token."""
+    qk_rope_head_dim: int = 0
+    """MLA's decoupled rotary key, stored beside the compressed KV."""
+    checkpoint_quantization: str = "none"
+    """How the published weights are stored (`fp8` for DeepSeek-V3): the engine's default
+    `--quantization`, as SGLang reads the checkpoint's `quantization_config`."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert (gated MLP: gate, up, down)."""
+        return 3.0 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def routed_expert_params(self) -> float:
+        """All routed experts of all MoE layers: weights a step reads only where routed."""
+        return self.moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def active_body_params(self) -> float:
+        """Parameters one token is multiplied by: the body less the experts it is not
+        routed to (= body_params for a dense model)."""
+        unused = self.moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params
+        return self.body_params - unused
+
+    def experts_touched(self, tokens: int) -> float:
+        """Expected distinct routed experts per MoE layer that `tokens` tokens use, with
+        uniform routing: E·(1 − (1 − k/E)^tokens)."""
+        if not self.is_moe or tokens <= 0:
+            return 0.0
+        e, k = self.num_experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** tokens)
 
     @property
     def embedding_params(self) -> float:
@@ -161,8 +217,27 @@ def parse_catalog(text: str, base: Catalog, origin: str) -> Catalog:
     if not isinstance(doc, dict) or set(doc) - {"gpus", "models"}:
         raise CatalogError(f"{origin}: expected a mapping with only 'gpus' and/or 'models'")
     gpus = {k: _build(GpuSpec, k, v) for k, v in (doc.get("gpus") or {}).items()}
-    models = {k: _build(ModelSpec, k, v) for k, v in (doc.get("models") or {}).items()}
+    models = {
+        k: _from_config(k, v, origin) if isinstance(v, Mapping) and "config" in v
+        else _build(ModelSpec, k, v)
+        for k, v in (doc.get("models") or {}).items()
+    }  # fmt: skip
     return base.extended(gpus, models)
+
+
+def _from_config(name: str, fields: Mapping[str, Any], origin: str) -> ModelSpec:
+    """`config: path/to/config.json` (relative to the catalogue file), plus overrides."""
+    from kvfleet_sim.hf_config import load_model_config
+
+    path = Path(str(fields["config"]))
+    if not path.is_absolute():
+        path = Path(origin).parent / path
+    spec = load_model_config(path, name)
+    overrides = {k: v for k, v in fields.items() if k != "config"}
+    if not overrides:
+        return spec
+    base = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    return typing.cast(ModelSpec, _build(ModelSpec, name, {**base, **overrides}))
 
 
 def load_catalog_file(path: Path, base: Catalog | None = None) -> Catalog:

@@ -96,8 +96,8 @@ def serve(**kw: Any) -> None:
         raise click.UsageError("--time-scale must be > 0")
     config = ServerConfig(
         engine=engine,
-        model_path=model_arg,
-        served_model_name=kw.pop("served_model_name") or model_arg,
+        model_path=model_arg or engine.model.name,
+        served_model_name=kw.pop("served_model_name") or model_arg or engine.model.name,
         host=kw.pop("host"),
         port=kw.pop("port"),
         time_scale=kw.pop("time_scale"),

@@ -18,6 +18,7 @@ from kvfleet_sim.config import (
     EngineConfig,
 )
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES
+from kvfleet_sim.hf_config import load_model_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,8 +44,16 @@ def engine_options(func: F) -> F:
             "--model",
             "--model-path",
             "model",
-            required=True,
-            help="Catalogue model name or Hugging Face id (e.g. llama-3.1-8b).",
+            default=None,
+            help="Catalogue model name or Hugging Face id (e.g. llama-3.1-8b), or a model"
+            " directory holding a config.json (as SGLang's --model-path).",
+        ),
+        click.option(
+            "--model-config",
+            type=click.Path(exists=True, path_type=Path),
+            default=None,
+            help="A Hugging Face config.json (or its directory): any model, dense, MoE or MLA;"
+            " --model then names it.",
         ),
         click.option("--gpu", required=True, help="Catalogue GPU (h100, h200, a100-80g, l40s)."),
         click.option(
@@ -59,8 +68,8 @@ def engine_options(func: F) -> F:
         click.option(
             "--quantization",
             type=click.Choice(QUANTIZATIONS),
-            default=d("quantization"),
-            show_default=True,
+            default=None,
+            help="Default: the checkpoint's (fp8 where its config.json says so), else none.",
         ),
         click.option(
             "--kv-cache-dtype",
@@ -117,6 +126,7 @@ def engine_options(func: F) -> F:
 
 ENGINE_KEYS = (
     "model",
+    "model_config",
     "gpu",
     "tp_size",
     "quantization",
@@ -139,10 +149,20 @@ def build_engine_config(kw: dict[str, Any]) -> EngineConfig:
     """Pop the engine flags out of `kw` and build the config, or fail with a clear message."""
     values = {k: kw.pop(k) for k in ENGINE_KEYS}
     catalog_file = values.pop("catalog_file")
+    name, config_file = values.pop("model"), values.pop("model_config")
     try:
         catalog: Catalog = load_catalog_file(catalog_file) if catalog_file else BUILTIN
-        model = catalog.model(values.pop("model"))
+        if config_file is not None:
+            model = load_model_config(config_file, name)
+        elif name is None:
+            raise click.UsageError("give --model (a catalogue name) or --model-config")
+        elif (Path(name) / "config.json").is_file():
+            model = load_model_config(Path(name))
+        else:
+            model = catalog.model(name)
         gpu = catalog.gpu(values.pop("gpu"))
+        if values["quantization"] is None:
+            values["quantization"] = model.checkpoint_quantization
         return EngineConfig(model=model, gpu=gpu, **values)
     except (CatalogError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc

@@ -140,8 +140,11 @@ def weight_bytes_per_gpu(model: ModelSpec, quantization: Quantization, tp_size: 
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_cache_dtype: KvCacheDtype, tp: int) -> float:
-    """KV heads split across TP ranks, replicated once tp exceeds the KV head count."""
+    """KV heads split across TP ranks, replicated once tp exceeds the KV head count. MLA
+    stores one compressed latent (plus the rotary key) per token and layer, on every rank."""
     dtype_bytes = 2.0 if kv_cache_dtype == "auto" else 1.0
+    if model.is_mla:
+        return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
     kv_heads_per_gpu = max(1, model.num_kv_heads // tp)
     return 2.0 * model.num_layers * kv_heads_per_gpu * model.head_dim * dtype_bytes
 

@@ -5,7 +5,9 @@ they run one after another, so their times add:
 
 * linear layers (QKV/O projections, MLP, LM head): FLOPs = 2 × params × tokens, bytes = all
   weights once per step. Decode at small batch is bound by reading the weights; prefill and
-  very large decode batches are bound by tensor-core throughput.
+  very large decode batches are bound by tensor-core throughput. A mixture of experts
+  multiplies each token by its *active* parameters only, and a step reads the routed experts
+  its tokens touch (expected distinct experts under uniform routing), not all of them.
 * attention: prefill does 4 × layers × heads × head_dim FLOPs per (query, key) pair under a
   causal mask, including keys already in the prefix cache; decode reads every running
   request's whole KV cache (bandwidth-bound at any batch size).
@@ -141,10 +143,21 @@ class RooflineCostModel:
         self._attn_flops_rate = gpu.bf16_flops * profile.matmul_efficiency
         self._bw = gpu.hbm_bandwidth * profile.bandwidth_efficiency
         # Per-token constants, per GPU.
-        self._flops_per_token = 2.0 * model.body_params / tp
+        self._flops_per_token = 2.0 * model.active_body_params / tp
         self._flops_per_logit_row = 2.0 * model.lm_head_params / tp
-        self._attn_flops_per_pair = 4.0 * model.num_layers * model.num_heads * model.head_dim / tp
-        self._weight_read_s = layout.weight_bytes_per_gpu / self._bw
+        if model.is_mla:  # absorbed MLA: scores and values over the latent (+ rotary key)
+            width = 2 * model.kv_lora_rank + model.qk_rope_head_dim
+            self._attn_flops_per_pair = 2.0 * model.num_layers * model.num_heads * width / tp
+        else:
+            self._attn_flops_per_pair = (
+                4.0 * model.num_layers * model.num_heads * model.head_dim / tp
+            )
+        self._model = model
+        linear_bytes = 1.0 if cfg.quantization == "fp8" else 2.0
+        expert_bytes = model.routed_expert_params * linear_bytes / tp
+        self._expert_read_s = expert_bytes / self._bw
+        """Reading every routed expert once (MoE; 0 for a dense model)."""
+        self._weight_read_s = (layout.weight_bytes_per_gpu - expert_bytes) / self._bw
         self._kv_read_s_per_token = layout.kv_bytes_per_token_per_gpu / self._bw
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
@@ -166,6 +179,9 @@ class RooflineCostModel:
             tokens * self._flops_per_token + seqs * self._flops_per_logit_row
         ) / self._linear_flops_rate
         linear_memory = self._weight_read_s
+        if self._expert_read_s:
+            touched = self._model.experts_touched(tokens) / self._model.num_experts
+            linear_memory += self._expert_read_s * touched
         attn_compute = (
             (shape.prefill_attn_pairs + shape.decode_ctx_tokens) * self._attn_flops_per_pair
         ) / self._attn_flops_rate

@@ -116,7 +116,7 @@ def run_commands(commands: list[str], tmp: Path, timeout_s: float = 300) -> str:
     work = tmp / "work"
     if not work.exists():
         work.mkdir()
-        for d in ("manifests", "crds", "examples", "charts"):
+        for d in ("manifests", "crds", "examples", "charts", "tests/data"):
             shutil.copytree(ROOT / d, work / d, symlinks=True)
     tools = (sys.executable, kubectl_binary(), dev_binary("helm"))
     bins = dict.fromkeys(str(Path(t).parent) for t in tools)
