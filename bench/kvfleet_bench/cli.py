@@ -124,6 +124,13 @@ def _csv(value: str) -> list[str]:
     help="Any model from its Hugging Face config.json (or directory); --model names it.",
 )
 @click.option("--tp", type=int, default=1, show_default=True, help="GPUs per replica.")
+@click.option(
+    "--workload-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="inference-perf's config (data + load stages) replayed instead of the built-in"
+    " workloads; each stage is a cell.",
+)
 @click.option("--replicas", type=int, default=8, show_default=True)
 @click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
 @click.option("--policies", default=",".join(POLICIES), show_default=True)
@@ -145,6 +152,7 @@ def routing_bench(
     model: str,
     model_config: Path | None,
     tp: int,
+    workload_file: Path | None,
     replicas: int,
     workloads: str,
     policies: str,
@@ -167,6 +175,7 @@ def routing_bench(
         raise click.UsageError("--loads: shares of capacity in (0, 2], e.g. 0.5,0.8,0.95")
     from kvfleet_sim.catalog import CatalogError
     from kvfleet_sim.config import ConfigError
+    from kvfleet_sim.fleet.workload_file import WorkloadFileError
 
     try:
         result = run_routing_bench(
@@ -183,8 +192,9 @@ def routing_bench(
             live=live,
             model_config=model_config,
             tp=tp,
+            workload_file=workload_file,
         )
-    except (CatalogError, ConfigError) as exc:  # the model, the GPU or their fit
+    except (CatalogError, ConfigError, WorkloadFileError) as exc:  # what was asked for
         raise click.UsageError(str(exc)) from exc
     met = sum(g["met"] for g in result["goals"])
     click.echo(

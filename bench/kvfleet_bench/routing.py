@@ -10,38 +10,34 @@ in bursts (a fifth of each 10 s period at five times the mean rate).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvfleet_bench.live_routing import live_check, live_report
+from kvfleet_bench.routing_cells import Cell
+from kvfleet_bench.routing_file import staged_cells
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
 from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.workload_file import load_workload_file
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 from kvfleet_sim.hf_config import load_model_config
 
-WORKLOADS = ("generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty")
-POLICIES = ("round_robin", "least_load", "sglang_cache_aware", "kvfleet", "oracle")
+WORKLOADS = (
+    "generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty", "kv-pressure"
+)  # fmt: skip
+KV_PRESSURE_PREFIX = 4096
+KV_PRESSURE_REPLICAS = 5.0
+"""kv-pressure: distinct 4,096-token system prompts adding up to five replicas' KV cache."""
+POLICIES = ("random", "round_robin", "least_load", "sglang_cache_aware", "kvfleet", "oracle")
 LOADS = (0.5, 0.8, 0.95)
 LIVE_REQUESTS, LIVE_RATE = 300, 25.0
-
-
-@dataclass(frozen=True)
-class Cell:
-    workload: str
-    load: float
-    policy: str
-    output_throughput: float
-    ttft_p50: float
-    ttft_p99: float
-    cache_hit_rate: float
-    imbalance: float
-    requests: int
 
 
 def tuning_for(engine: EngineConfig, profile: str = DEFAULT_PROFILE) -> KvfleetTuning:
@@ -60,7 +56,26 @@ def tuning_for(engine: EngineConfig, profile: str = DEFAULT_PROFILE) -> KvfleetT
     )
 
 
-def _spec(workload: str, n: int, seed: int) -> WorkloadSpec:
+def _spec(config: FleetConfig, workload: str, n: int, seed: int) -> WorkloadSpec:
+    if workload == "kv-pressure":
+        # Where a router earns its keep: the prefixes in use are several times one replica's
+        # KV cache (so no replica can hold them all) but fit in the fleet's.
+        kv = derive_layout(config.engine).max_total_num_tokens
+        groups = min(
+            math.ceil(KV_PRESSURE_REPLICAS * kv / KV_PRESSURE_PREFIX),
+            int(0.7 * config.replicas * kv / KV_PRESSURE_PREFIX),
+        )
+        n = max(n, 8 * groups)  # each prefix asked for ~8 times
+        return WorkloadSpec(
+            "generated-shared-prefix",
+            n,
+            seed=seed,
+            gsp_num_groups=groups,
+            gsp_prompts_per_group=math.ceil(n / groups),
+            gsp_system_prompt_len=KV_PRESSURE_PREFIX,
+            gsp_question_len=128,
+            gsp_output_len=128,
+        )
     kind = "generated-shared-prefix" if workload == "bursty" else workload
     return WorkloadSpec(kind, n, seed=seed)  # type: ignore[arg-type]
 
@@ -80,7 +95,7 @@ def _run(
     seed: int,
     tuning: KvfleetTuning,
 ) -> Any:
-    spec = _spec(workload, n, seed)
+    spec = _spec(config, workload, n, seed)
     conv_rate = rate / spec.turns if spec.kind == "multi-turn" else rate
     sim = FleetSimulator(config, fleet_policy("round_robin"))
     sim.policy = fleet_policy(policy, sim, tuning)
@@ -118,7 +133,10 @@ def run_routing_bench(
     live: bool = True,
     model_config: Path | None = None,
     tp: int = 1,
+    workload_file: Path | None = None,
 ) -> dict[str, Any]:
+    """Every policy on every workload at every load (or, with `workload_file`, at each of the
+    file's stages instead of the built-in workloads)."""
     spec = load_model_config(model_config, model) if model_config else BUILTIN.model(model)
     engine = EngineConfig(
         model=spec,
@@ -130,6 +148,12 @@ def run_routing_bench(
     tuning = tuning_for(engine)
     cells: list[Cell] = []
     caps: dict[str, float] = {}
+    if workload_file is not None:
+        wf = load_workload_file(workload_file, seed)
+        stages = ", ".join(f"{s.rate:g} req/s × {s.duration_s:g} s" for s in wf.arrivals.stages)
+        log(f"{wf.name}: {wf.arrivals.kind} stages {stages} on {replicas}× {spec.name}/{gpu}")
+        cells += staged_cells(config, wf, policies, tuning, log)
+        workloads = ()
     for workload in workloads:
         caps[workload] = capacity(config, workload, num_requests, seed, tuning)
         log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {model}/{gpu}")
@@ -138,17 +162,7 @@ def run_routing_bench(
                 s = _run(
                     config, policy, workload, load * caps[workload], num_requests, seed, tuning
                 )
-                cell = Cell(
-                    workload,
-                    load,
-                    policy,
-                    s.output_throughput,
-                    s.ttft_p50,
-                    s.ttft_p99,
-                    s.cache_hit_rate,
-                    s.imbalance,
-                    s.requests,
-                )
+                cell = Cell.of(workload, load, policy, s)
                 cells.append(cell)
                 log(
                     f"  {load:.0%} {policy:19s} {cell.output_throughput:8,.0f} tok/s  TTFT p50 "
@@ -297,19 +311,22 @@ def report(
         "",
     ]
     for w in dict.fromkeys(c.workload for c in cells):
+        title = f"{w} (capacity {caps[w]:.1f} req/s)" if w in caps else f"{w} (workload file)"
         lines += [
-            f"## {w} (capacity {caps[w]:.1f} req/s)",
+            f"## {title}",
             "",
-            "| load | policy | output tok/s | TTFT p50 | TTFT p99 | cache hit | imbalance |",
-            "|---:|---|---:|---:|---:|---:|---:|",
+            "| load | policy | output tok/s | TTFT p50 | TTFT p90 | TTFT p99 | cache hit |"
+            " imbalance |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for c in cells:
             if c.workload == w:
                 name = f"**{c.policy}**" if c.policy == "kvfleet" else c.policy
+                load = f"{c.load:.0%}" if w in caps else f"{c.load:g} req/s"
                 lines.append(
-                    f"| {c.load:.0%} | {name} | {c.output_throughput:,.0f} | "
-                    f"{c.ttft_p50 * 1000:.1f} ms | {c.ttft_p99 * 1000:.1f} ms | "
-                    f"{c.cache_hit_rate:.2f} | {c.imbalance:.2f} |"
+                    f"| {load} | {name} | {c.output_throughput:,.0f} | "
+                    f"{c.ttft_p50 * 1000:.1f} ms | {c.ttft_p90 * 1000:.1f} ms | "
+                    f"{c.ttft_p99 * 1000:.1f} ms | {c.cache_hit_rate:.2f} | {c.imbalance:.2f} |"
                 )
         lines.append("")
     lines += [
@@ -351,6 +368,7 @@ def cells_json(result: dict[str, Any]) -> str:
         "policy",
         "output_throughput",
         "ttft_p50",
+        "ttft_p90",
         "ttft_p99",
         "cache_hit_rate",
         "imbalance",

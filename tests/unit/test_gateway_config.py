@@ -114,7 +114,7 @@ def test_the_crd_limits_are_the_gateway_limits() -> None:
     tenant = gateway["tenants"]["items"]["properties"]["limits"]
     assert tenant["properties"] == openapi(Limits)["properties"]
     assert gateway["routingPolicy"]["enum"] == ["kvfleet", "round_robin", "least_load",
-                                                "sglang_cache_aware"]  # fmt: skip
+                                                "sglang_cache_aware", "random"]  # fmt: skip
 
 
 def test_keys_are_hashes_and_raw_keys_are_never_echoed() -> None:

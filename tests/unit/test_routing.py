@@ -3,11 +3,18 @@
 import random
 
 from kvfleet_gateway.breaker import Breaker
-from kvfleet_gateway.routing import Candidate, EngineSignals, RouteRequest, make_policy
+from kvfleet_gateway.routing import (
+    POLICY_NAMES,
+    Candidate,
+    EngineSignals,
+    RouteRequest,
+    make_policy,
+)
 from kvfleet_gateway.routing.approx_tree import ApproxTree
 from kvfleet_gateway.routing.blocks import text_blocks, token_blocks
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
+from kvfleet_gateway.routing.random_choice import RandomChoice
 from kvfleet_gateway.routing.sglang_cache_aware import SglangCacheAware
 from kvfleet_gateway.signals import parse_metrics
 
@@ -116,11 +123,20 @@ def test_kvfleet_retry_replaces_the_placement() -> None:
 
 
 def test_every_policy_answers_for_any_candidate_set() -> None:
-    for name in ("round_robin", "least_load", "sglang_cache_aware", "kvfleet"):
+    for name in POLICY_NAMES:
         p = make_policy(name)
         for n in (1, 3):
             assert p.choose(request(), cands(n)) in {f"r{i}" for i in range(n)}
         p.on_removed("r0")
+
+
+def test_random_spreads_evenly_and_a_seed_repeats_it() -> None:
+    picks = [RandomChoice(seed=3).choose(request(), cands(4)) for _ in range(1)]
+    p = RandomChoice(seed=3)
+    seq = [p.choose(request(), cands(4)) for _ in range(4000)]
+    counts = {k: seq.count(k) for k in {f"r{i}" for i in range(4)}}
+    assert all(900 < n < 1100 for n in counts.values()), counts
+    assert seq[0] == picks[0]  # the same seed, the same first pick
 
 
 def test_breaker_opens_then_half_opens_and_closes() -> None:

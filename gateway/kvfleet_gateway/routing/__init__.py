@@ -8,6 +8,7 @@ from collections.abc import Callable
 from kvfleet_gateway.routing.base import Candidate, EngineSignals, Policy, RouteRequest
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy, KvfleetTuning
 from kvfleet_gateway.routing.least_load import LeastLoad
+from kvfleet_gateway.routing.random_choice import RandomChoice
 from kvfleet_gateway.routing.round_robin import RoundRobin
 from kvfleet_gateway.routing.sglang_cache_aware import SglangCacheAware
 
@@ -16,6 +17,7 @@ POLICIES: dict[str, Callable[[KvfleetTuning], Policy]] = {
     RoundRobin.name: lambda _: RoundRobin(),
     LeastLoad.name: lambda _: LeastLoad(),
     SglangCacheAware.name: lambda _: SglangCacheAware(),
+    RandomChoice.name: lambda _: RandomChoice(),
 }
 """The one list of routing policies: the gateway config's and the CRD's enum come from it."""
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)

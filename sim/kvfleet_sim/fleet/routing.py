@@ -24,6 +24,7 @@ from kvfleet_gateway.routing import (
 )
 from kvfleet_gateway.routing.blocks import token_blocks
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
+from kvfleet_gateway.routing.random_choice import RandomChoice
 from kvfleet_sim.engine import EngineLoad
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ def fleet_policy(
         from kvfleet_sim.fleet.oracle import OraclePolicy
 
         return OraclePolicy(sim.engines)
+    if name == RandomChoice.name:  # seeded: a benchmark run is reproducible
+        return RandomChoice(seed=1)
     return make_policy(name, tuning)
 
 

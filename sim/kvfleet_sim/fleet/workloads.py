@@ -10,10 +10,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from kvfleet_sim.datasets import random_lengths, random_token_ids, sharegpt_lengths
-from kvfleet_sim.fleet.traces import RateTrace
 
 WorkloadKind = Literal["generated-shared-prefix", "hot-tenant", "random", "sharegpt", "multi-turn"]
 WORKLOADS: tuple[str, ...] = (
@@ -23,6 +22,12 @@ WORKLOADS: tuple[str, ...] = (
     "sharegpt",
     "multi-turn",
 )
+
+
+class ArrivalProcess(Protocol):
+    """When requests arrive: a `RateTrace`, or a workload file's stages."""
+
+    def arrivals(self, n: int, rng: random.Random) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class Arrival:
 class Workload:
     """Iterates arrivals in time order; multi-turn follow-ups come from `follow_up`."""
 
-    def __init__(self, spec: WorkloadSpec, trace: RateTrace, vocab_size: int) -> None:
+    def __init__(self, spec: WorkloadSpec, trace: ArrivalProcess, vocab_size: int) -> None:
         if spec.num_requests < 1:
             raise ValueError("num_requests must be >= 1")
         self.spec, self.trace, self.vocab = spec, trace, vocab_size
