@@ -136,7 +136,7 @@ def _csv(value: str) -> list[str]:
 @click.option("--policies", default=",".join(POLICIES), show_default=True)
 @click.option("--loads", default=",".join(str(x) for x in LOADS), show_default=True)
 @click.option("--num-requests", type=int, default=2000, show_default=True)
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seeds", default="1,2,3", show_default=True, help="Every cell runs once per seed.")
 @click.option(
     "--live/--no-live",
     default=True,
@@ -158,7 +158,7 @@ def routing_bench(
     policies: str,
     loads: str,
     num_requests: int,
-    seed: int,
+    seeds: str,
     live: bool,
     out_dir: Path,
     as_json: bool,
@@ -173,6 +173,12 @@ def routing_bench(
         raise click.UsageError(f"--loads: {exc}") from exc
     if not load_values or any(not 0 < x <= 2 for x in load_values):
         raise click.UsageError("--loads: shares of capacity in (0, 2], e.g. 0.5,0.8,0.95")
+    try:
+        seed_values = [int(x) for x in _csv(seeds)]
+    except ValueError as exc:
+        raise click.UsageError(f"--seeds: {exc}") from exc
+    if not seed_values:
+        raise click.UsageError("--seeds: at least one, e.g. 1,2,3")
     from kvfleet_sim.catalog import CatalogError
     from kvfleet_sim.config import ConfigError
     from kvfleet_sim.fleet.workload_file import WorkloadFileError
@@ -188,7 +194,7 @@ def routing_bench(
             policies=_csv(policies),
             loads=load_values,
             num_requests=num_requests,
-            seed=seed,
+            seeds=seed_values,
             live=live,
             model_config=model_config,
             tp=tp,

@@ -114,3 +114,36 @@ def test_traces_have_the_rate_they_say(kind: str) -> None:
 def test_percentile_nearest_rank() -> None:
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
     assert percentile(list(map(float, range(1, 101))), 99) == 99.0
+
+
+def test_gateways_behind_a_service_each_see_their_own_share() -> None:
+    """Requests spread round robin over gateway replicas, each with its own policy (its own
+    prefix index and in-flight counts): every request is served once, each gateway routes
+    its share, and cache affinity learned separately hits less than one gateway's."""
+    seen: list[list[int]] = []
+
+    class Counting(Stateless):
+        name = "counting"
+
+        def __init__(self) -> None:
+            self.inflight_seen: list[int] = []
+            seen.append(self.inflight_seen)
+
+        def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
+            self.inflight_seen.append(sum(c.inflight_requests for c in candidates))
+            return candidates[len(self.inflight_seen) % len(candidates)].key
+
+    workload = Workload(WorkloadSpec(num_requests=400), RateTrace("poisson", 40.0), 128_256)
+    sim = FleetSimulator(FleetConfig(ENGINE, replicas=4), make_policy("round_robin"))
+    sim.behind_gateways([Counting(), Counting()])
+    assert sim.run(workload).summary.requests == 400
+    assert [len(s) for s in seen] == [200, 200]
+    assert max(max(s) for s in seen) < 200  # each counts only its own in-flight requests
+
+    def hit(gateways: int) -> float:
+        w = Workload(WorkloadSpec(num_requests=600), RateTrace("poisson", 30.0), 128_256)
+        sim = FleetSimulator(FleetConfig(ENGINE, replicas=4), make_policy("round_robin"))
+        sim.behind_gateways([make_policy("sglang_cache_aware") for _ in range(gateways)])
+        return sim.run(w).summary.cache_hit_rate
+
+    assert hit(4) < hit(1)

@@ -143,7 +143,11 @@ class FleetSimulator:
         self._seq = itertools.count()
         self._rid = itertools.count()
         self._unrouted: list[Arrival] = []
-        self._placed: dict[str, tuple[Arrival, RouteRequest, str]] = {}
+        self._placed: dict[str, tuple[Arrival, RouteRequest, str, int]] = {}
+        self._gateways: list[Policy] = []
+        """Gateway replicas behind one Service (see `behind_gateways`); none: one gateway."""
+        self._gw_inflight: list[dict[str, list[int]]] = []
+        self._next_gateway = 0
         self._outstanding = 0
         self._trace: list[tuple[float, int]] = []
         self._target = Target(config.replicas)
@@ -151,6 +155,17 @@ class FleetSimulator:
         """(time, active, warm, starting) at every scaling tick and change."""
         for _ in range(config.replicas):
             self._add_replica(0.0, ready_at=0.0)
+
+    def behind_gateways(self, policies: list[Policy]) -> None:
+        """Route through several gateway replicas, requests spread round robin over them (a
+        Service in front of a gateway Deployment). Each has its own policy object — its own
+        prefix index — and sees only its own in-flight requests, as separate gateway pods
+        do; the engines' scraped metrics are the same for all."""
+        self._gateways = list(policies)
+        self._gw_inflight = [{} for _ in policies]
+
+    def _policy(self, gateway: int) -> Policy:
+        return self._gateways[gateway] if self._gateways else self.policy
 
     # ---- plumbing -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any = None) -> None:
@@ -208,16 +223,21 @@ class FleetSimulator:
             arrival.max_new_tokens,
             BLOCK_TOKENS,
         )
+        gw = 0
+        if self._gateways:
+            gw = self._next_gateway % len(self._gateways)
+            self._next_gateway += 1
+        own = self._gw_inflight[gw] if self._gateways else None
         offered = [
             Candidate(
                 r.key,
-                r.inflight_requests,
-                r.inflight_tokens,
+                own.get(r.key, [0, 0])[0] if own is not None else r.inflight_requests,
+                own.get(r.key, [0, 0])[1] if own is not None else r.inflight_tokens,
                 None if r.load is None else signals_of(r.load, now - r.scraped_at),
             )
             for r in candidates
         ]
-        key = self.policy.choose(route, offered)
+        key = self._policy(gw).choose(route, offered)
         rep = next(r for r in candidates if r.key == key)
         n = next(self._rid)
         req = Request(
@@ -227,10 +247,14 @@ class FleetSimulator:
             arrival_time=arrival.time,
             seed=n,
         )
-        self._placed[req.rid] = (arrival, route, key)
+        self._placed[req.rid] = (arrival, route, key, gw)
         rep.engine.submit(req)
         rep.inflight_requests += 1
         rep.inflight_tokens += req.prompt_len + req.max_new_tokens
+        if own is not None:
+            counts = own.setdefault(key, [0, 0])
+            counts[0] += 1
+            counts[1] += req.prompt_len + req.max_new_tokens
         self._kick(rep)
 
     def _step_end(self, rep: Replica, step: Step, workload: Workload) -> None:
@@ -238,10 +262,14 @@ class FleetSimulator:
         rep.busy_s += step.duration
         outcome = rep.engine.end_step(step)
         for req in outcome.first_tokens:
-            _, route, key = self._placed[req.rid]
-            self.policy.on_first_token(route, key)
+            _, route, key, gw = self._placed[req.rid]
+            self._policy(gw).on_first_token(route, key)
         for req in outcome.finished:
-            arrival, route, key = self._placed.pop(req.rid)
+            arrival, route, key, gw = self._placed.pop(req.rid)
+            if self._gateways:
+                counts = self._gw_inflight[gw][key]
+                counts[0] -= 1
+                counts[1] -= req.prompt_len + req.max_new_tokens
             assert req.first_token_time is not None
             assert req.finish_time is not None
             rep.inflight_requests -= 1
@@ -259,7 +287,7 @@ class FleetSimulator:
                     tenant=arrival.tenant,
                 )
             )
-            self.policy.on_finished(route, key)
+            self._policy(gw).on_finished(route, key)
             if arrival.conversation is not None:
                 out_ids = rep.engine.tokenizer.generate_ids(req.seed, req.output_len)
                 nxt = workload.follow_up(arrival, out_ids, self.clock.t)
