@@ -1,7 +1,7 @@
 """Many gateways: the same traffic through 1, 2 and 4 gateway replicas behind one Service
 (requests spread round robin over them), each with its own prefix index built from the
 requests it routed — what every gateway replica of a Deployment has today. The cache hit rate
-and TTFT p90 it costs, on `kv-pressure` at saturation."""
+and TTFT p90 it costs, on `kv-pressure` at the highest load below saturation."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def many_gateways(
 
 def gateways_report(rows: list[dict[str, Any]], rate: float) -> str:
     lines = [
-        "## Many gateways (kv-pressure at saturation)",
+        "## Many gateways (kv-pressure, at the highest load below saturation)",
         "",
         f"{rate:.1f} req/s through 1, 2 and 4 gateway replicas (round robin over them), each "
         "with the prefix index it built from its own routing history. Mean [min–max] over "
