@@ -228,15 +228,16 @@ class FleetSimulator:
             gw = self._next_gateway % len(self._gateways)
             self._next_gateway += 1
         own = self._gw_inflight[gw] if self._gateways else None
-        offered = [
-            Candidate(
-                r.key,
-                own.get(r.key, [0, 0])[0] if own is not None else r.inflight_requests,
-                own.get(r.key, [0, 0])[1] if own is not None else r.inflight_tokens,
-                None if r.load is None else signals_of(r.load, now - r.scraped_at),
+        offered: list[Candidate] = []
+        for r in candidates:
+            # What this gateway knows: its own in-flight requests there.
+            reqs, tokens = (
+                own.get(r.key, (0, 0))
+                if own is not None
+                else (r.inflight_requests, r.inflight_tokens)
             )
-            for r in candidates
-        ]
+            load = None if r.load is None else signals_of(r.load, now - r.scraped_at)
+            offered.append(Candidate(r.key, reqs, tokens, load))
         key = self._policy(gw).choose(route, offered)
         rep = next(r for r in candidates if r.key == key)
         n = next(self._rid)
