@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from kvfleet_bench.demo.timeline import Decision, Run, TenantStats
+from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE, GATEWAY, ROLE_LABEL
 from kvfleet_operator.scaling.observe import parse_engine
 from kvfleet_operator.status import pod_ready
 from kvfleet_sim.fleet.collector import percentile
@@ -38,11 +39,11 @@ class View:
     seen_events: set[str] = field(default_factory=set)
 
     def engines(self) -> list[dict[str, Any]]:
-        return [p for p in self.pods if "-engine-" in p["metadata"]["name"]]
+        return [p for p in self.pods if _label(p, COMPONENT_LABEL) == ENGINE]
 
     def gateway_url(self) -> str | None:
         for p in self.pods:
-            if "-gateway-" in p["metadata"]["name"] and pod_ready(p):
+            if _label(p, COMPONENT_LABEL) == GATEWAY and pod_ready(p):
                 return f"http://{p['status']['podIP']}:8080"
         return None
 
@@ -52,8 +53,12 @@ class View:
         )
 
 
+def _label(pod: dict[str, Any], name: str) -> str:
+    return str((pod["metadata"].get("labels") or {}).get(name, "-"))
+
+
 def _role(pod: dict[str, Any]) -> str:
-    return str((pod["metadata"].get("labels") or {}).get("kvfleet.dev/role", "-"))
+    return _label(pod, ROLE_LABEL)
 
 
 def _leaving(pod: dict[str, Any]) -> bool:
