@@ -1,5 +1,6 @@
-"""`kvfleet gateway`, `kvfleet keys` and `kvfleet budgets`: run the gateway; make and hash
-API keys; accept a budget-store data loss."""
+"""`kvfleet gateway`, `kvfleet keys`, `kvfleet budgets` and `kvfleet fetch-tokenizer`: run the
+gateway; make and hash API keys; accept a budget-store data loss; fetch the tokenizer the
+gateway hashes prompts with (prefixIndex: events)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from kvfleet_gateway.config import (
     load_config,
 )
 from kvfleet_gateway.keys import hash_key, new_key
+from kvfleet_gateway.kv_events.hub import HubError
+from kvfleet_gateway.kv_events.hub import fetch_tokenizer as fetch_from_hub
 
 
 @click.command("gateway")
@@ -183,3 +186,21 @@ def budgets_reset(store: str, tenant: str | None) -> None:
         return
     for name in reset:
         click.echo(f"budget of tenant {name} starts again from zero")
+
+
+@click.command("fetch-tokenizer")
+@click.argument("repo")
+@click.option("--revision", default=None, help="Branch, tag or commit (default: main).")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to write tokenizer.json (and tokenizer_config.json, chat_template.jinja).",
+)
+def fetch_tokenizer(repo: str, revision: str | None, dest: Path) -> None:
+    """Download REPO's tokenizer from the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN honoured)."""
+    try:
+        written = asyncio.run(fetch_from_hub(repo, dest, revision))
+    except (HubError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{repo}: wrote {', '.join(written)} to {dest}", err=True)

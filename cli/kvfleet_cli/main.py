@@ -49,6 +49,11 @@ COMMANDS: dict[str, Entry] = {
         "kvfleet_cli.keys_cmds", "keys", "API keys: create, list, revoke, rotate; new, hash."
     ),
     "budgets": Entry("kvfleet_cli.gateway_cmds", "budgets", "Accept a lost budget store (Redis)."),
+    "fetch-tokenizer": Entry(
+        "kvfleet_cli.gateway_cmds",
+        "fetch_tokenizer",
+        "Download a model's tokenizer from the Hugging Face Hub (gateway init container).",
+    ),
     "sim": Entry(
         "kvfleet_sim.cli", "sim", "Stand-in: the SGLang-compatible engine simulator.", "sim"
     ),

@@ -34,11 +34,14 @@ from kvfleet_gateway.config import GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.keys import KeyWatcher, Tenant
+from kvfleet_gateway.kv_events.hashing import page_hashes
+from kvfleet_gateway.kv_events.prompts import PromptTokenizer
+from kvfleet_gateway.kv_events.streams import KvEventStreams
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.proxy import Exchange, Proxy
 from kvfleet_gateway.redis_store import RedisStore
-from kvfleet_gateway.routing import make_policy
+from kvfleet_gateway.routing import EventIndex, make_policy
 from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
 
@@ -55,6 +58,9 @@ class Gateway:
     pool: BackendPool
     metrics: GatewayMetrics
     proxy: Proxy | None = None
+    events: EventIndex | None = None
+    """Exact prefix state from the engines' KV events (prefixIndex.source: events)."""
+    prompts: PromptTokenizer | None = None
 
 
 GATEWAY = web.AppKey("kvfleet_gateway", Gateway)
@@ -201,6 +207,46 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+LONG_PROMPT_CHARS = 16_384
+"""Prompts longer than this are tokenized off the event loop (about a millisecond or more)."""
+
+
+async def _engine_pages(
+    gw: Gateway, req: inbound.ClientRequest
+) -> tuple[tuple[int, ...], int, int | None]:
+    """The prompt's page hashes as the engines publish them, their page size, and the exact
+    prompt length; nothing when no engine stream is live or the prompt cannot be reproduced."""
+    ep = req.engine_prompt
+    size = gw.events.block_size() if gw.events is not None else None
+    if gw.prompts is None or ep is None or size is None:
+        return (), 0, None
+    prompts = gw.prompts
+    ids: list[int] | None
+    if ep.ids is not None:
+        ids = list(ep.ids)
+    elif ep.text is not None:
+        text = ep.text
+        ids = (
+            await asyncio.to_thread(prompts.text_ids, text)
+            if len(text) > LONG_PROMPT_CHARS
+            else prompts.text_ids(text)
+        )
+    else:
+        messages = ep.messages
+        long = sum(len(c) for _, c in messages) > LONG_PROMPT_CHARS
+        ids = (
+            await asyncio.to_thread(prompts.chat_ids, messages)
+            if long
+            else prompts.chat_ids(messages)
+        )
+    if ids is None:
+        return (), 0, None
+    try:
+        return page_hashes(ids, size), size, len(ids)
+    except OverflowError:  # an id beyond uint32: not a real tokenizer's
+        return (), 0, None
+
+
 async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     assert gw.proxy is not None
@@ -227,13 +273,16 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             "model",
         )
     inbound.check_context(req, models[req.model])
+    pages, page_tokens, prompt_tokens = await _engine_pages(gw, req)
     route = RouteRequest(
         req.model,
         req.prompt_text,
         text_blocks(req.prompt_text),
-        req.estimated_prompt_tokens,
+        prompt_tokens or req.estimated_prompt_tokens,
         req.max_tokens,
         block_tokens=BLOCK_TOKENS,
+        pages=pages,
+        page_tokens=page_tokens,
     )
     # Everything above may refuse the request; nothing below may leak what admission grants.
     ticket = Ticket(
@@ -345,7 +394,14 @@ def make_app(config: GatewayConfig) -> web.Application:
     if config.auth.keys_file is None and not config.auth.insecure_no_auth:
         raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
     _redact_server_logs()
-    policy = make_policy(config.routing.policy, config.routing.tuning)
+    index_config = config.routing.prefix_index
+    events = EventIndex() if index_config.source == "events" else None
+    prompts = (
+        PromptTokenizer.load(index_config.tokenizer)
+        if events is not None and index_config.tokenizer
+        else None
+    )
+    policy = make_policy(config.routing.policy, config.routing.tuning, events)
     gw = Gateway(
         config=config,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
@@ -354,6 +410,8 @@ def make_app(config: GatewayConfig) -> web.Application:
             config.backends.static, config.health_interval, config.routing.scrape_interval
         ),
         metrics=GatewayMetrics(),
+        events=events,
+        prompts=prompts,
     )
     gw.pool.removed_hook = policy.on_removed
     app = web.Application(middlewares=[errors_middleware], client_max_size=config.max_body_bytes)
@@ -403,7 +461,21 @@ def make_app(config: GatewayConfig) -> web.Application:
         finally:
             await runner.cleanup()
 
-    app.cleanup_ctx.extend([metrics_server, store, key_watcher, http_client, discovery])
+    async def kv_event_streams(app: web.Application) -> AsyncIterator[None]:
+        if events is None:
+            yield
+            return
+        streams = KvEventStreams(
+            events,
+            gw.metrics,
+            lambda: [b.url for b in gw.pool.backends.values() if b.healthy and not b.draining],
+        )
+        async with aiohttp.ClientSession() as session, streams.running(session):
+            yield
+
+    app.cleanup_ctx.extend(
+        [metrics_server, store, key_watcher, http_client, discovery, kv_event_streams]
+    )
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)

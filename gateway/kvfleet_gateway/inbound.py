@@ -69,6 +69,16 @@ IDS_FIELD: dict[Kind, str] = {"chat": "input_ids", "completion": "prompt", "gene
 
 
 @dataclass(frozen=True)
+class EnginePrompt:
+    """What the engine's tokenizer turns into the prompt, when the gateway can reproduce it
+    (`kv_events.prompts`): chat messages for the chat template, prompt text, or token ids."""
+
+    messages: tuple[tuple[str, str], ...] = ()
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class ClientRequest:
     kind: Kind
     model: str
@@ -84,6 +94,8 @@ class ClientRequest:
     """An upper bound of the prompt tokens the engine can count for this body."""
     wire: bytes
     """The JSON body sent upstream."""
+    engine_prompt: EnginePrompt | None = None
+    """None: the engine's prompt cannot be reproduced here (tools, a template's extras)."""
 
     @property
     def reserve_tokens(self) -> int:
@@ -161,13 +173,17 @@ def _token_ids(value: Any) -> list[int] | None:
     return None
 
 
-def _chat_messages(messages: Any, req: Requests) -> tuple[str, int, int]:
-    """Routing text, its estimate, and the bytes of message-level tools."""
+def _chat_messages(
+    messages: Any, req: Requests
+) -> tuple[str, int, int, tuple[tuple[str, str], ...] | None]:
+    """Routing text, its estimate, the bytes of message-level tools, and the messages as a
+    plain chat template sees them (None when any carries more than a role and text)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
     parts: list[str] = []
     content_chars = 0
     tool_bytes = 0
+    plain: list[tuple[str, str]] | None = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -195,7 +211,11 @@ def _chat_messages(messages: Any, req: Requests) -> tuple[str, int, int]:
             tool_bytes += len(_encode(m["tools"]))
         content_chars += len(content or "")
         parts.append(f"{m['role']}: {content or ''}\n")
-    return "".join(parts), _estimate(content_chars), tool_bytes
+        if plain is not None and set(m) <= {"role", "content"} and isinstance(content, str):
+            plain.append((m["role"], content))
+        else:
+            plain = None
+    return "".join(parts), _estimate(content_chars), tool_bytes, tuple(plain) if plain else None
 
 
 def parse(
@@ -231,10 +251,13 @@ def parse(
     wants_continuous = bool(opts and opts.get("continuous_usage_stats"))
     overhead = PROMPT_OVERHEAD
     ids: list[int] | None = None
+    engine_prompt: EnginePrompt | None = None
     if kind == "chat":
-        prompt, estimate, tool_bytes = _chat_messages(body.get("messages"), req)
+        prompt, estimate, tool_bytes, plain = _chat_messages(body.get("messages"), req)
         if body.get("tools") is not None:
             tool_bytes += len(_encode(body["tools"]))
+        if plain is not None and not (TEMPLATE_FIELDS["chat"] - {"messages"}) & body.keys():
+            engine_prompt = EnginePrompt(messages=plain)
         overhead = TEMPLATE_OVERHEAD + PER_MESSAGE_OVERHEAD * len(body["messages"])
         if tool_bytes:
             overhead += TOOLS_OVERHEAD + tool_bytes
@@ -246,8 +269,10 @@ def parse(
             p = p[0]
         if isinstance(p, str):
             prompt, estimate = p, estimate_tokens(p)
+            engine_prompt = EnginePrompt(text=p) if body.get("suffix") is None else None
         elif (ids := _token_ids(p)) is not None:
             prompt, estimate = " ".join(map(str, ids)), len(ids)
+            engine_prompt = EnginePrompt(ids=tuple(ids))
         elif isinstance(p, list) and len(p) > 1 and all(isinstance(x, str) for x in p):
             raise bad_request("only one prompt per request is supported", "prompt")
         else:
@@ -276,6 +301,7 @@ def parse(
         estimate,
         bound,
         wire,
+        engine_prompt,
     )
 
 
@@ -295,8 +321,10 @@ def _parse_generate(
     text, ids = body.get("text"), _token_ids(body.get("input_ids"))
     if isinstance(text, str) and body.get("input_ids") is None:
         prompt, estimate = text, estimate_tokens(text)
+        engine_prompt = EnginePrompt(text=text)
     elif text is None and ids is not None:
         prompt, estimate = " ".join(map(str, ids)), len(ids)
+        engine_prompt = EnginePrompt(ids=tuple(ids))
     else:
         raise bad_request("give either 'text' (a string) or 'input_ids' (a list of token ids)")
     sp = body.get("sampling_params") or {}
@@ -326,7 +354,17 @@ def _parse_generate(
     wire = _encode(body)
     bound = _bound("generate", body, wire, ids) + PROMPT_OVERHEAD
     return ClientRequest(
-        "generate", model, stream, True, True, max_tokens, prompt, estimate, bound, wire
+        "generate",
+        model,
+        stream,
+        True,
+        True,
+        max_tokens,
+        prompt,
+        estimate,
+        bound,
+        wire,
+        None if body.get("lora_path") is not None else engine_prompt,
     )
 
 

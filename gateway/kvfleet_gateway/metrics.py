@@ -109,6 +109,31 @@ class GatewayMetrics:
             "Settlements the shared store has not taken yet (retried in the background).",
             registry=r,
         )
+        self.kv_events = Counter(
+            f"{p}kv_events",
+            "KV-cache events applied to the prefix index, by kind.",
+            ("backend", "kind"),
+            registry=r,
+        )
+        self.kv_event_resyncs = Counter(
+            f"{p}kv_event_resyncs",
+            "Resynchronisations of an engine's KV-event stream (connect, gap, restart), by"
+            " outcome: complete (replayed from the first event) or partial (the engine's"
+            " replay buffer had rolled over; pages stored before it are unknown).",
+            ("backend", "outcome"),
+            registry=r,
+        )
+        self.kv_event_streams = Gauge(
+            f"{p}kv_event_streams_live",
+            "Engines whose KV-event stream is synchronised (the others route approximately).",
+            registry=r,
+        )
+        self.kv_index_pages = Gauge(
+            f"{p}kv_index_pages",
+            "Pages each engine holds, as its KV events say.",
+            ("backend",),
+            registry=r,
+        )
         self.gpu_seconds = Histogram(
             f"{p}request_gpu_seconds",
             "GPU-seconds attributed to each request.",

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,8 +17,10 @@ from rich.table import Table
 from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options
 from kvfleet_sim.config import ConfigError, derive_layout
 from kvfleet_sim.faults import FaultPlan
+from kvfleet_sim.kv_events import KvEventsConfig
 from kvfleet_sim.offline import OfflineSpec, run_offline
 from kvfleet_sim.server import ServerConfig, make_app
+from kvfleet_sim.tokenizer import TOKENIZER_FILE
 
 
 @click.group("sim")
@@ -52,6 +55,18 @@ def sim() -> None:
     help="Tokens per streamed chunk.",
 )
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' like SGLang.")
+@click.option(
+    "--kv-events-config",
+    default=None,
+    help="JSON, as SGLang's: publish KV-cache events, e.g."
+    ' \'{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}\'.',
+)
+@click.option(
+    "--tokenizer-path",
+    default=None,
+    help="Directory with a Hugging Face tokenizer.json to tokenize with (default: the"
+    " --model directory when it has one, else the built-in stand-in tokenizer).",
+)
 @click.option("--no-eos", is_flag=True, help="Never end early: every request runs to its limit.")
 @click.option("--enable-metrics", is_flag=True, help="Accepted for SGLang parity; always on.")
 @click.option("--fail-nth", type=int, default=None, help="Fault: the Nth request gets HTTP 500.")
@@ -94,6 +109,17 @@ def serve(**kw: Any) -> None:
         raise click.UsageError("--stream-interval must be >= 1")
     if kw["time_scale"] <= 0:
         raise click.UsageError("--time-scale must be > 0")
+    kv_events = None
+    if raw_events := kw.pop("kv_events_config"):
+        try:
+            kv_events = KvEventsConfig.from_cli(raw_events)
+        except (ValueError, TypeError) as exc:
+            raise click.UsageError(str(exc)) from exc
+    tokenizer_path = kw.pop("tokenizer_path")
+    if tokenizer_path is None and model_arg and (Path(model_arg) / TOKENIZER_FILE).is_file():
+        tokenizer_path = model_arg
+    if tokenizer_path is not None and not (Path(tokenizer_path) / TOKENIZER_FILE).is_file():
+        raise click.UsageError(f"--tokenizer-path: no {TOKENIZER_FILE} in {tokenizer_path}")
     config = ServerConfig(
         engine=engine,
         model_path=model_arg or engine.model.name,
@@ -107,6 +133,8 @@ def serve(**kw: Any) -> None:
         profile=profile,
         simulate_eos=not kw.pop("no_eos"),
         faults=faults,
+        kv_events=kv_events,
+        tokenizer_path=tokenizer_path,
     )
     with contextlib.suppress(ImportError):  # uvloop: the same asyncio API, cheaper sockets
         import uvloop

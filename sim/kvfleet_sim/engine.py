@@ -106,12 +106,13 @@ class Engine:
         *,
         profile: str = DEFAULT_PROFILE,
         cost_model: CostModel | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.config = config
         self.layout: EngineLayout = derive_layout(config)
         self.clock = clock
         self.cost: CostModel = cost_model or RooflineCostModel(self.layout, PROFILES[profile])
-        self.tokenizer = Tokenizer(config.model.vocab_size)
+        self.tokenizer = tokenizer or Tokenizer(config.model.vocab_size)
         self.scheduler = Scheduler(self.layout, self.tokenizer.generate_ids)
         self.counters = EngineCounters()
         self.listeners: list[StepListener] = []

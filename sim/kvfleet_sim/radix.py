@@ -6,6 +6,10 @@ first. Sizes are kept incrementally so the scheduler can ask for `evictable_size
 
 Eviction candidates sit in a lazy heap: an entry is checked when popped (still a leaf, still
 unlocked, same access stamp) rather than re-heaped on every access.
+
+With a `CacheEventSink` attached (`--kv-events-config`), every node that enters the tree and
+every node evicted from it is reported, with the chained per-page digests SGLang names pages
+by (`kv_events.py`); a node keeps its pages' digests so eviction and splits need no rehash.
 """
 
 from __future__ import annotations
@@ -14,10 +18,25 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
+from typing import Protocol
+
+
+class CacheEventSink(Protocol):
+    """Told what enters and leaves the tree (SGLang's KV-event recorder does the same)."""
+
+    def digests(self, prior: bytes | None, tokens: Sequence[int]) -> list[bytes]:
+        """Chained digests of the whole pages of `tokens`, following `prior`."""
+        ...
+
+    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Sequence[int]) -> None: ...
+
+    def removed(self, digests: list[bytes]) -> None: ...
+
+    def cleared(self) -> None: ...
 
 
 class Node:
-    __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
+    __slots__ = ("children", "digests", "key", "last_access", "lock_ref", "parent")
 
     def __init__(self, key: list[int], parent: Node | None) -> None:
         self.key = key
@@ -25,6 +44,8 @@ class Node:
         self.children: dict[int, Node] = {}
         self.lock_ref = 0
         self.last_access = 0
+        self.digests: list[bytes] = []
+        """Per-page digests, kept only when a CacheEventSink is attached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +73,13 @@ class RadixCache:
         self.page_size = page_size
         self._tick = count(1)
         self._seq = count()
+        self.events: CacheEventSink | None = None
+        self.total_size = 0
         self.reset()
 
     def reset(self) -> None:
+        if self.events is not None and self.total_size:
+            self.events.cleared()
         self.root = Node([], None)
         self.root.lock_ref = 1  # the root is never evicted
         self.total_size = 0
@@ -80,6 +105,9 @@ class RadixCache:
         upper = Node(child.key[:at], parent)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        if child.digests:  # splits fall on page boundaries (_walk aligns them)
+            pages = at // self.page_size
+            upper.digests, child.digests = child.digests[:pages], child.digests[pages:]
         child.key = child.key[at:]
         child.parent = upper
         upper.children[child.key[0]] = child
@@ -137,6 +165,10 @@ class RadixCache:
             leaf = Node(list(key[pos:]), node)
             leaf.last_access = tick
             node.children[key[pos]] = leaf
+            if self.events is not None:
+                prior = node.digests[-1] if node.digests else None
+                leaf.digests = self.events.digests(prior, leaf.key)
+                self.events.stored(prior, leaf.digests, leaf.key)
             self.total_size += n - pos
             self.evictable_size += n - pos
             self._push(leaf)
@@ -174,6 +206,8 @@ class RadixCache:
             parent = node.parent
             del parent.children[node.key[0]]
             node.parent = None
+            if self.events is not None and node.digests:
+                self.events.removed(node.digests)
             size = len(node.key)
             freed += size
             self.total_size -= size

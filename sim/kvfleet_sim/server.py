@@ -27,11 +27,13 @@ from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.datasets import SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA
 from kvfleet_sim.engine import Engine, RealClock
 from kvfleet_sim.faults import FaultPlan, FaultState
+from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
 from kvfleet_sim.metrics import EngineMetrics
 from kvfleet_sim.realtime import RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
 from kvfleet_sim.scheduler import QueueFullError
+from kvfleet_sim.tokenizer import HfTokenizer
 
 log = logging.getLogger("kvfleet.sim.server")
 
@@ -57,6 +59,10 @@ class ServerConfig:
     simulate_eos: bool = True
     """Requests without ignore_eos end naturally at a seeded, ShareGPT-like length."""
     faults: FaultPlan = field(default_factory=FaultPlan)
+    kv_events: KvEventsConfig | None = None
+    """`--kv-events-config`: publish the radix cache's events like SGLang."""
+    tokenizer_path: str | None = None
+    """`--tokenizer-path`: a Hugging Face tokenizer.json directory (None: the stand-in)."""
 
 
 @dataclass
@@ -74,6 +80,7 @@ class SimState:
 
 
 STATE = web.AppKey("kvfleet_sim_state", SimState)
+PUBLISHER = web.AppKey("kvfleet_sim_kv_events", ZmqKvEventPublisher)
 
 
 def _state(request: web.Request) -> SimState:
@@ -112,7 +119,7 @@ def _server_args(st: SimState) -> dict[str, Any]:
     e = c.engine
     return {
         "model_path": c.model_path,
-        "tokenizer_path": c.model_path,
+        "tokenizer_path": c.tokenizer_path or c.model_path,
         "served_model_name": c.served_model_name,
         "host": c.host,
         "port": c.port,
@@ -138,6 +145,7 @@ def _server_args(st: SimState) -> dict[str, Any]:
         "api_key": None,
         "disaggregation_mode": "null",
         "speculative_algorithm": None,
+        "kv_events_config": None if c.kv_events is None else json.dumps(c.kv_events.__dict__),
     }
 
 
@@ -150,6 +158,11 @@ async def server_info(request: web.Request) -> web.Response:
         "max_req_input_len": st.engine.layout.max_req_input_len,
         "status": "ready" if st.loaded else "starting",
         "version": SGLANG_VERSION,
+        "kv_events": (
+            None
+            if st.config.kv_events is None
+            else st.config.kv_events.describe(st.config.engine.page_size)
+        ),
         "internal_states": [
             {
                 "last_gen_throughput": load.gen_throughput,
@@ -259,6 +272,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def flush_cache(request: web.Request) -> web.Response:
     if _state(request).engine.scheduler.flush_cache():
+        if publisher := request.app.get(PUBLISHER):
+            publisher.flush()
         return web.Response(text="Cache flushed.\n")
     return web.Response(
         status=400, text="Cache not flushed: there are running or waiting requests.\n"
@@ -285,7 +300,12 @@ def _natural_length(seed: int) -> int:
 def build_request(st: SimState, gen: api.GenRequest) -> Request:
     """Tokenise, check limits like SGLang, and decide where generation stops."""
     tok = st.engine.tokenizer
-    ids = gen.input_ids if gen.input_ids is not None else tok.encode(gen.text or "")
+    ids = (
+        gen.input_ids
+        if gen.input_ids is not None
+        # A chat template writes its own begin-of-text; a bare prompt gets the tokenizer's.
+        else tok.encode(gen.text or "", add_special_tokens=gen.kind != "chat")
+    )
     if not ids:
         raise api.ApiError("The input is empty: send at least one token.")
     ctx = st.engine.layout.context_length
@@ -406,7 +426,8 @@ def _auth_middleware(api_key: str) -> Any:
 
 def make_app(config: ServerConfig) -> web.Application:
     clock = RealClock(config.time_scale)
-    engine = Engine(config.engine, clock, profile=config.profile)
+    tokenizer = HfTokenizer.load(config.tokenizer_path) if config.tokenizer_path else None
+    engine = Engine(config.engine, clock, profile=config.profile, tokenizer=tokenizer)
     state = SimState(
         config=config,
         engine=engine,
@@ -422,7 +443,21 @@ def make_app(config: ServerConfig) -> web.Application:
         async with app[STATE].runner.running():
             yield
 
-    app.cleanup_ctx.append(engine_loop)
+    async def kv_event_publisher(app: web.Application) -> Any:
+        events = config.kv_events
+        if events is None or events.publisher != "zmq" or config.engine.disable_radix_cache:
+            yield
+            return
+        publisher = ZmqKvEventPublisher(events, config.engine.page_size)
+        engine.scheduler.cache.events = publisher
+        engine.listeners.append(lambda _engine, _step, _outcome: publisher.flush())
+        app[PUBLISHER] = publisher
+        try:
+            yield
+        finally:
+            publisher.close()
+
+    app.cleanup_ctx.extend([kv_event_publisher, engine_loop])
     r = app.router
     r.add_get("/health", health)
     r.add_get("/ready", health)

@@ -18,6 +18,11 @@ import re
 import zlib
 from collections.abc import Iterator
 from functools import lru_cache
+from pathlib import Path
+
+from tokenizers import Tokenizer as HfTokenizerFile
+
+TOKENIZER_FILE = "tokenizer.json"
 
 # Special tokens (`<|eot_id|>`) are one token each, as in every real chat tokenizer.
 _PIECE = re.compile(r"<\|[a-z_]+\|>|\s*(?:(?!<\|)\S){1,4}|\s+")
@@ -46,7 +51,7 @@ class Tokenizer:
     def _piece_id(self, piece: str) -> int:
         return zlib.crc32(piece.encode()) % self.vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ident = self._id
         return [ident(p) for p in _PIECE.findall(text)]
 
@@ -69,3 +74,33 @@ class Tokenizer:
         rng = random.Random(seed)
         ids, n, r = self._word_ids, len(self._word_ids), rng.random
         return [ids[int(r() * n)] for _ in range(count)]
+
+
+class HfTokenizer(Tokenizer):
+    """A model's own Hugging Face `tokenizer.json` (`--tokenizer-path`) for prompts, so token
+    ids (and the KV-event page hashes built from them) are the real engine's. Generated text
+    is still the stand-in's words, each mapped to its id in this vocabulary (words that are
+    not one token there are not generated). Chat is rendered in Llama 3's format
+    (`api.render_chat`) whatever the model's own template is."""
+
+    def __init__(self, hf: HfTokenizerFile) -> None:
+        self._hf = hf
+        super().__init__(hf.get_vocab_size())
+        pairs = [(w, hf.encode(w, add_special_tokens=False).ids) for w in self._words]
+        single = [(w, ids[0]) for w, ids in pairs if len(ids) == 1]
+        if not single:
+            raise ValueError("the tokenizer has no single-token words to generate from")
+        self._words = [w for w, _ in single]
+        self._word_ids = [i for _, i in single]
+        self._pieces_by_id = dict(zip(self._word_ids, self._words, strict=True))
+
+    @classmethod
+    def load(cls, directory: str) -> HfTokenizer:
+        # Read in Python, parsed from text: the file may sit on any mounted volume.
+        return cls(HfTokenizerFile.from_str((Path(directory) / TOKENIZER_FILE).read_text()))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))

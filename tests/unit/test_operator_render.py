@@ -3,6 +3,7 @@ each child says what a production SGLang fleet needs."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from kvfleet_cli.main import cli
-from kvfleet_gateway.config import GatewayConfig
+from kvfleet_gateway.config import ConfigError, GatewayConfig
 from kvfleet_operator.diff import covers, repair_patch, warm_assignment
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.gateway import CONFIG_KEY
@@ -314,3 +315,70 @@ def test_unset_images_follow_the_operator_and_set_ones_are_pinned() -> None:
         "mistral-engine": "registry.local/sglang@sha256:abc",
         "mistral-gateway": "registry.local/kvfleet:0.0.9",
     }
+
+
+def _gateway_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    dep = next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    )
+    return dep["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def test_prefix_index_events_wires_engines_gateway_and_network() -> None:
+    (doc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    doc["spec"]["gateway"]["prefixIndex"] = "events"
+    objs = render_children(owner_of(doc))
+    for obj in objs:
+        if obj["kind"] != "PodMonitor":
+            kubernetes_validate.validate(obj, K8S, strict=True)
+    engine = _engine(objs)["spec"]["template"]["spec"]["containers"][0]
+    args = engine["args"]
+    config = json.loads(args[args.index("--kv-events-config") + 1])
+    assert config == {
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "topic": "kv-events",
+    }
+    assert args[args.index("--page-size") + 1] == "16"
+    assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {
+        "http": 30000,
+        "kv-events": 5557,
+        "kv-replay": 5558,
+    }
+    # Only the gateway reaches the event ports; scrapers still reach only the HTTP port.
+    np = next(o for o in objs if o["kind"] == "NetworkPolicy" and "engine" in o["metadata"]["name"])
+    gateway_rule, scraper_rule = np["spec"]["ingress"]
+    assert {p["port"] for p in gateway_rule["ports"]} == {30000, 5557, 5558}
+    assert {p["port"] for p in scraper_rule["ports"]} == {30000}
+    # The gateway hashes prompts with the model's tokenizer, fetched by an init container.
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    parsed = GatewayConfig.from_dict(yaml.safe_load(cm["data"][CONFIG_KEY]))
+    assert parsed.routing.prefix_index.source == "events"
+    pod = _gateway_pod(objs)
+    (init,) = pod["initContainers"]
+    assert init["args"][:2] == ["fetch-tokenizer", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert init["args"][init["args"].index("--dest") + 1] == parsed.routing.prefix_index.tokenizer
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts[parsed.routing.prefix_index.tokenizer]["readOnly"] is True
+
+
+def test_prefix_index_events_reads_a_pvc_models_tokenizer_in_place() -> None:
+    (doc,) = services(ROOT / "examples" / "mistral-7b-manual.yaml")
+    doc["spec"]["model"]["source"] = {"pvc": {"claimName": "weights", "path": "mistral-7b"}}
+    doc["spec"]["gateway"]["prefixIndex"] = "events"
+    doc["spec"]["engine"]["pageSize"] = 32
+    objs = render_children(owner_of(doc))
+    args = _engine(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--page-size") + 1] == "32"
+    pod = _gateway_pod(objs)
+    assert "initContainers" not in pod
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    parsed = GatewayConfig.from_dict(yaml.safe_load(cm["data"][CONFIG_KEY]))
+    assert parsed.routing.prefix_index.tokenizer == "/models/mistral-7b"
+    # A model from a URI has no tokenizer the gateway can read: refused with a reason.
+    doc["spec"]["model"]["source"] = {"uri": "s3://bucket/mistral"}
+    with pytest.raises(ConfigError, match="prefixIndex: events needs the model's tokenizer"):
+        owner_of(doc)

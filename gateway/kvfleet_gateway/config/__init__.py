@@ -168,12 +168,39 @@ class Backends:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefixIndexConfig:
+    """Where the kvfleet policy learns which replica holds which prompt prefix."""
+
+    RULES: ClassVar = (
+        Rule(
+            "self.source != 'events' || has(self.tokenizer)",
+            "source: events needs the model's tokenizer (a directory with tokenizer.json)",
+            ".tokenizer",
+        ),
+    )
+    source: Literal["approximate", "events"] = fld(
+        "approximate",
+        "approximate: from what this gateway sent where. events: exact, from the engines'"
+        " KV-cache events (engines started with --kv-events-config; approximate for an"
+        " engine whose stream is down).",
+    )
+    tokenizer: str | None = fld(
+        None,
+        "Directory holding the model's tokenizer.json and tokenizer_config.json, to hash"
+        " prompts as the engine does (events).",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Routing:
     policy: str = fld(DEFAULT_POLICY, "How a replica is picked.", enum=POLICY_NAMES)
     scrape_interval: Duration = fld(
         Duration(1), "How often each engine's /metrics is read for routing signals."
     )
     tuning: KvfleetTuning = fld(KvfleetTuning, "The kvfleet policy's model of a replica.")
+    prefix_index: PrefixIndexConfig = fld(
+        PrefixIndexConfig, "Where prefix-cache state comes from (kvfleet policy)."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

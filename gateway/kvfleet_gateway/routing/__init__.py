@@ -6,30 +6,35 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvfleet_gateway.routing.base import Candidate, EngineSignals, Policy, RouteRequest
+from kvfleet_gateway.routing.event_index import EventIndex
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy, KvfleetTuning
 from kvfleet_gateway.routing.least_load import LeastLoad
 from kvfleet_gateway.routing.random_choice import RandomChoice
 from kvfleet_gateway.routing.round_robin import RoundRobin
 from kvfleet_gateway.routing.sglang_cache_aware import SglangCacheAware
 
-POLICIES: dict[str, Callable[[KvfleetTuning], Policy]] = {
+POLICIES: dict[str, Callable[[KvfleetTuning, EventIndex | None], Policy]] = {
     KvfleetPolicy.name: KvfleetPolicy,
-    RoundRobin.name: lambda _: RoundRobin(),
-    LeastLoad.name: lambda _: LeastLoad(),
-    SglangCacheAware.name: lambda _: SglangCacheAware(),
-    RandomChoice.name: lambda _: RandomChoice(),
+    RoundRobin.name: lambda _t, _e: RoundRobin(),
+    LeastLoad.name: lambda _t, _e: LeastLoad(),
+    SglangCacheAware.name: lambda _t, _e: SglangCacheAware(),
+    RandomChoice.name: lambda _t, _e: RandomChoice(),
 }
-"""The one list of routing policies: the gateway config's and the CRD's enum come from it."""
+"""The one list of routing policies: the gateway config's and the CRD's enum come from it.
+Only `kvfleet` reads the KV-event index; the others route as they would without it
+(`sglang_cache_aware` is sglang-router's approximate tree, by design)."""
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 DEFAULT_POLICY = KvfleetPolicy.name
 
 
-def make_policy(name: str, tuning: KvfleetTuning | None = None) -> Policy:
+def make_policy(
+    name: str, tuning: KvfleetTuning | None = None, events: EventIndex | None = None
+) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}") from None
-    return factory(tuning or KvfleetTuning())
+    return factory(tuning or KvfleetTuning(), events)
 
 
 __all__ = [
@@ -38,6 +43,7 @@ __all__ = [
     "POLICY_NAMES",
     "Candidate",
     "EngineSignals",
+    "EventIndex",
     "KvfleetTuning",
     "Policy",
     "RouteRequest",

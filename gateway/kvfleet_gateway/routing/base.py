@@ -21,6 +21,11 @@ class RouteRequest:
     max_tokens: int
     block_tokens: int = 32
     """Tokens per block (`blocks.BLOCK_TOKENS`; text blocks are about as many tokens)."""
+    pages: tuple[int, ...] = ()
+    """The engine's own hashes of the prompt's whole pages (`kv_events.hashing`), when the
+    gateway knows the prompt's token ids; empty otherwise."""
+    page_tokens: int = 0
+    """Tokens per page of `pages` (the engines' advertised block size)."""
 
 
 @dataclass(frozen=True, slots=True)

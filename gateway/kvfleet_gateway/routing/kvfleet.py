@@ -9,11 +9,13 @@ For every replica, the request's expected completion time there =
   + decode    max_tokens decode steps, each longer with more KV in use there
   + penalty   when the replica's free KV cannot hold the request (it would retract or wait).
 The first three are its time to first token; the decode term is what balances load.
-The expected cache hit comes from a prefix index of what was sent where, bounded by each
-replica's KV capacity. Nothing special-cases a hot prefix: once its owner's queue makes the
-wait longer than a cold prefill elsewhere, the next request goes elsewhere (and that replica
-becomes a second owner), so a shared system prompt spreads instead of piling up, and a replica
-whose batch has swollen stops attracting work even for the prefixes it holds.
+The expected cache hit comes from the engines' own KV events where a replica's stream is
+live (`event_index.py`: exact), else from a prefix index of what was sent where, bounded by
+each replica's KV capacity (`prefix_index.py`: approximate). Nothing special-cases a hot
+prefix: once its owner's queue makes the wait longer than a cold prefill elsewhere, the next
+request goes elsewhere (and that replica becomes a second owner), so a shared system prompt
+spreads instead of piling up, and a replica whose batch has swollen stops attracting work
+even for the prefixes it holds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvfleet_gateway.routing.base import Candidate, RouteRequest
+from kvfleet_gateway.routing.event_index import EventIndex
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
 from kvfleet_gateway.schema import fld
 
@@ -72,9 +75,13 @@ class KvfleetTuning:
 class KvfleetPolicy:
     name = "kvfleet"
 
-    def __init__(self, tuning: KvfleetTuning | None = None) -> None:
+    def __init__(
+        self, tuning: KvfleetTuning | None = None, events: EventIndex | None = None
+    ) -> None:
         self.tuning = tuning or KvfleetTuning()
         self.index = PrefixIndex()
+        self.events = events
+        """Exact prefix state from KV events (None: approximate only)."""
         self._pending_tokens: dict[str, float] = {}
         self._pending_reqs: dict[str, int] = {}
         self._placed: dict[int, tuple[str, int]] = {}
@@ -98,7 +105,13 @@ class KvfleetPolicy:
         base, penalty = t.decode_step_base_s, t.retraction_penalty_s
         max_tokens, block = req.max_tokens, req.block_tokens
         cap_hit = max(0, req.prompt_tokens - 1)
-        matched = self.index.match(req.blocks, [c.key for c in candidates])
+        keys = [c.key for c in candidates]
+        hits = [m * block for m in self.index.match(req.blocks, keys)]
+        if self.events is not None and req.pages:
+            exact = self.events.match(req.pages, req.page_tokens, keys)
+            for i, pages in enumerate(exact):
+                if pages is not None:
+                    hits[i] = pages * req.page_tokens
         running_of = [
             max(c.inflight_requests, c.engine.running_reqs if c.engine else 0) for c in candidates
         ]
@@ -106,8 +119,8 @@ class KvfleetPolicy:
         pending_tokens, pending_reqs = self._pending_tokens, self._pending_reqs
         scores: list[float] = []
         misses: list[int] = []
-        for c, blocks, running in zip(candidates, matched, running_of, strict=True):
-            miss = req.prompt_tokens - min(blocks * block, cap_hit)
+        for c, hit, running in zip(candidates, hits, running_of, strict=True):
+            miss = req.prompt_tokens - min(hit, cap_hit)
             pending = pending_tokens.get(c.key, 0.0)
             e = c.engine
             if e is not None:
@@ -148,12 +161,16 @@ class KvfleetPolicy:
         self._avg_miss += 0.05 * (miss - self._avg_miss)
         self._avg_kv += 0.05 * (req.prompt_tokens + req.max_tokens / 2 - self._avg_kv)
         self.index.insert(c.key, req.blocks)
+        if self.events is not None and req.pages:
+            self.events.reserve(c.key, req.pages)
         return c.key
 
     def _release(self, req: RouteRequest) -> None:
         placed = self._placed.pop(id(req), None)
         if placed is not None:
             key, miss = placed
+            if self.events is not None and req.pages:
+                self.events.release(key, req.pages)
             self._pending_tokens[key] = max(0.0, self._pending_tokens.get(key, 0.0) - miss)
             self._pending_reqs[key] = max(0, self._pending_reqs.get(key, 0) - 1)
 
@@ -165,5 +182,7 @@ class KvfleetPolicy:
 
     def on_removed(self, key: str) -> None:
         self.index.remove(key)
+        if self.events is not None:
+            self.events.remove(key)
         self._pending_tokens.pop(key, None)
         self._pending_reqs.pop(key, None)

@@ -15,6 +15,30 @@ from collections.abc import Sequence
 DEFAULT_CAPACITY_BLOCKS = 400_000 // 32  # ~400k tokens (an 8B model on an 80 GB GPU)
 
 
+def leading_matches(
+    holders: dict[int, int], blocks: Sequence[int], slots: Sequence[int]
+) -> list[int]:
+    """For each slot, how many leading `blocks` its bit is set on in `holders` (block →
+    bitmask of slots): one walk over the blocks for all slots, stopping when none is left."""
+    want = 0
+    for s in slots:
+        want |= 1 << s
+    depth: dict[int, int] = {}
+    alive = want
+    for i, h in enumerate(blocks):
+        have = holders.get(h, 0) & alive
+        if have != alive:
+            lost = alive & ~have
+            while lost:  # each slot that stops matching here
+                low = lost & -lost
+                depth[low.bit_length() - 1] = i
+                lost ^= low
+            alive = have
+            if not alive:
+                break
+    return [depth.get(s, len(blocks)) for s in slots]
+
+
 class PrefixIndex:
     def __init__(self) -> None:
         self._holders: dict[int, int] = {}
@@ -46,24 +70,7 @@ class PrefixIndex:
         """Matched leading blocks for each of `keys` (same order)."""
         known = self._slots
         slots = [known[k] if k in known else self.slot(k) for k in keys]
-        want = 0
-        for s in slots:
-            want |= 1 << s
-        depth: dict[int, int] = {}
-        alive = want
-        holders = self._holders
-        for i, h in enumerate(blocks):
-            have = holders.get(h, 0) & alive
-            if have != alive:
-                lost = alive & ~have
-                while lost:  # each replica that stops matching here
-                    low = lost & -lost
-                    depth[low.bit_length() - 1] = i
-                    lost ^= low
-                alive = have
-                if not alive:
-                    break
-        return [depth.get(s, len(blocks)) for s in slots]
+        return leading_matches(self._holders, blocks, slots)
 
     def insert(self, key: str, blocks: Sequence[int]) -> None:
         """`key` now holds these blocks (after a request's prefill runs there)."""

@@ -9,6 +9,8 @@ from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 ENGINE, GATEWAY = "engine", "gateway"
 ENGINE_PORT, GATEWAY_PORT = 30000, 8080
+KV_EVENTS_PORT, KV_REPLAY_PORT = 5557, 5558
+"""Where engines publish KV events (prefixIndex: events) and answer replay requests."""
 GATEWAY_METRICS_PORT = 9090
 """The gateway's /metrics: apart from the API, reachable by scrapers only."""
 ISVC_LABEL = "kvfleet.dev/inferenceservice"

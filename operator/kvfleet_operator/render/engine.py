@@ -7,12 +7,15 @@ probe sized for minutes of model load, and drains for `terminationGracePeriodSec
 
 from __future__ import annotations
 
+import json
 import math
 
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
     RESTRICTED_CONTAINER,
     ROLE_LABEL,
     Owner,
@@ -32,6 +35,27 @@ CACHE_MOUNT = "/cache"
 STARTUP_PERIOD_S = 10
 PRE_STOP_S = 10
 """Time for gateways to see the pod leave before the engine stops taking requests."""
+EVENTS_PAGE_SIZE = 16
+"""--page-size when KV events are on and engine.pageSize is unset (see its description)."""
+KV_EVENTS_TOPIC = "kv-events"
+
+
+def kv_events_config() -> str:
+    """SGLang's --kv-events-config: publish on every interface (the gateways connect), keep
+    a replay buffer for a gateway that reconnects or misses a batch."""
+    return json.dumps(
+        {
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+            "replay_endpoint": f"tcp://*:{KV_REPLAY_PORT}",
+            "topic": KV_EVENTS_TOPIC,
+        },
+        separators=(",", ":"),
+    )
+
+
+def uses_kv_events(spec: InferenceServiceSpec) -> bool:
+    return spec.gateway.enabled and spec.gateway.prefix_index == "events"
 
 
 def model_path(spec: InferenceServiceSpec) -> str:
@@ -71,6 +95,7 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         ("--max-running-requests", e.max_running_requests),
         ("--chunked-prefill-size", e.chunked_prefill_size),
         ("--quantization", e.quantization),
+        ("--page-size", e.page_size or (EVENTS_PAGE_SIZE if uses_kv_events(spec) else None)),
     ]
     if e.speculative:
         s = e.speculative
@@ -86,9 +111,21 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
             args += [flag, str(value)]
     if not e.radix_cache:
         args.append("--disable-radix-cache")
+    if uses_kv_events(spec):
+        args += ["--kv-events-config", kv_events_config()]
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
     return args + list(e.extra_args)
+
+
+def _ports(spec: InferenceServiceSpec) -> list[Json]:
+    ports: list[Json] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if uses_kv_events(spec):
+        ports += [
+            {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+            {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"},
+        ]
+    return ports
 
 
 def _env(spec: InferenceServiceSpec) -> list[Json]:
@@ -168,7 +205,7 @@ def engine_pod_spec(owner: Owner) -> Json:
         "imagePullPolicy": e.image_pull_policy,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": engine_args(spec),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": _ports(spec),
         "env": _env(spec),
         "resources": resources,
         "volumeMounts": mounts,

@@ -25,7 +25,8 @@ from kvfleet_operator.render.common import (
     merge_resources,
     service,
 )
-from kvfleet_operator.spec import KVFLEET_IMAGE
+from kvfleet_operator.render.engine import MODEL_MOUNT, model_path, uses_kv_events
+from kvfleet_operator.spec import KVFLEET_IMAGE, InferenceServiceSpec
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
 STATE_DIR = "/var/lib/kvfleet"
@@ -33,6 +34,14 @@ STATE_DIR = "/var/lib/kvfleet"
 CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
 CONFIG_HASH = "kvfleet.dev/config-hash"
 RUN_AS = 10001
+TOKENIZER_DIR = "/var/lib/kvfleet-tokenizer"
+"""An emptyDir the init container fills from the Hub (model.source.huggingFace)."""
+
+
+def tokenizer_dir(spec: InferenceServiceSpec) -> str:
+    """Where the gateway reads the model's tokenizer (prefixIndex: events): the model's own
+    directory on its PVC, or what the init container fetched from the Hub."""
+    return model_path(spec) if spec.model.source.pvc else TOKENIZER_DIR
 
 
 def gateway_config(owner: Owner) -> GatewayConfig:
@@ -62,7 +71,14 @@ def gateway_config(owner: Owner) -> GatewayConfig:
                 "port": ENGINE_PORT,
             }
         },
-        "routing": {"policy": g.routing_policy},
+        "routing": {
+            "policy": g.routing_policy,
+            "prefixIndex": (
+                {"source": "events", "tokenizer": tokenizer_dir(spec)}
+                if uses_kv_events(spec)
+                else {"source": "approximate"}
+            ),
+        },
         "auth": auth,
         "limits": limits,
         "cost": {
@@ -100,6 +116,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
         # The gateway polls the file: a rotated Secret takes effect without a restart.
         volumes.append({"name": "keys", "secret": {"secretName": g.api_keys_secret}})
         mounts.append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+    init = _tokenizer_volumes(owner, volumes, mounts)
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     container: Json = {
         "name": "gateway",
@@ -152,6 +169,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
                 },
                 "spec": {
                     "serviceAccountName": owner.gateway_name,
+                    **({"initContainers": init} if init else {}),
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": 60,
@@ -166,6 +184,53 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
             },
         },
     }
+
+
+def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) -> list[Json]:
+    """With prefixIndex: events the gateway tokenizes prompts with the model's tokenizer:
+    the model's PVC mounted read-only, or an init container that fetches it from the Hub
+    (with the engines' HF token). Returns the init containers."""
+    spec = owner.spec
+    if not uses_kv_events(spec):
+        return []
+    src = spec.model.source
+    if src.pvc:
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        return []
+    assert src.hugging_face is not None  # the spec's CEL rule: huggingFace or pvc
+    volumes.append({"name": "tokenizer", "emptyDir": {"sizeLimit": "256Mi"}})
+    mounts.append({"name": "tokenizer", "mountPath": TOKENIZER_DIR, "readOnly": True})
+    args = ["fetch-tokenizer", src.hugging_face, "--dest", TOKENIZER_DIR]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    env: list[Json] = []
+    if spec.model.hf_token_secret:
+        ref = spec.model.hf_token_secret
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    return [
+        {
+            "name": "tokenizer",
+            "image": spec.gateway.image or KVFLEET_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["kvfleet"],
+            "args": args,
+            "env": env,
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "128Mi"},
+                "limits": {"memory": "512Mi"},
+            },
+            "volumeMounts": [{"name": "tokenizer", "mountPath": TOKENIZER_DIR}],
+            "securityContext": {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
+        }
+    ]
 
 
 def gateway_service(owner: Owner) -> Json:

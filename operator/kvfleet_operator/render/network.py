@@ -10,10 +10,13 @@ from kvfleet_operator.render.common import (
     GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
     ISVC_LABEL,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
     ROLE_LABEL,
     Owner,
     service,
 )
+from kvfleet_operator.render.engine import uses_kv_events
 
 SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
 """Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""
@@ -90,8 +93,15 @@ def engine_pdb(owner: Owner) -> Json:
 
 def engine_network_policy(owner: Owner) -> Json:
     """Only this service's gateway, metrics scrapers and the operator's autoscaler (which
-    reads the engines' /metrics when no Prometheus is configured) reach the engine port."""
+    reads the engines' /metrics when no Prometheus is configured) reach the engine port; only
+    the gateway reaches the KV-event ports (prefixIndex: events)."""
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    gateway_ports = list(port)
+    if uses_kv_events(owner.spec):
+        gateway_ports += [
+            {"protocol": "TCP", "port": KV_EVENTS_PORT},
+            {"protocol": "TCP", "port": KV_REPLAY_PORT},
+        ]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -102,7 +112,7 @@ def engine_network_policy(owner: Owner) -> Json:
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
-                    "ports": port,
+                    "ports": gateway_ports,
                 },
                 {"from": _scrapers(), "ports": port},
             ],

@@ -1,0 +1,272 @@
+"""SGLang's KV events end to end without sockets: the simulator's radix cache reports what it
+stores and evicts, in SGLang's wire format; the gateway decodes it, hashes prompts the same
+way, keeps an exact index, and follows a stream through gaps, replays and restarts."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvfleet_gateway.config import ConfigError, GatewayConfig
+from kvfleet_gateway.kv_events.hashing import page_hashes
+from kvfleet_gateway.kv_events.prompts import PromptTokenizer
+from kvfleet_gateway.kv_events.streams import Publisher, StreamState
+from kvfleet_gateway.kv_events.wire import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode_batch,
+)
+from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.routing import Candidate, EventIndex, RouteRequest
+from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
+from kvfleet_sim.api import render_chat
+from kvfleet_sim.kv_events import KvEventsConfig, event_hash, page_digests
+from kvfleet_sim.radix import RadixCache
+from kvfleet_sim.tokenizer import HfTokenizer
+
+TOKENIZER = Path(__file__).parents[1] / "data" / "tokenizers" / "tiny-chat"
+
+
+def sglang_hash(ids: list[int], page: int) -> list[int]:
+    """SGLang's hash_binding.cpp + hash_str_to_int64, restated from its source."""
+    out, prior = [], b""
+    for start in range(0, len(ids) - len(ids) % page, page):
+        digest = hashlib.sha256(prior + struct.pack(f"<{page}I", *ids[start : start + page]))
+        prior = digest.digest()
+        value = int(digest.hexdigest()[:16], 16)
+        out.append(value - 2**64 if value >= 2**63 else value)
+    return out
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_gateway_and_engine_name_pages_as_sglang_does(page: int) -> None:
+    ids = list(range(1000, 1000 + 70))
+    expected = sglang_hash(ids, page)
+    assert list(page_hashes(ids, page)) == expected
+    assert [event_hash(d) for d in page_digests(None, ids, page)] == expected
+    # the chain continues from a parent's last digest, as a child node's pages do
+    head = page_digests(None, ids[:32], page)
+    tail = page_digests(head[-1], ids[32:], page)
+    assert [event_hash(d) for d in head + tail] == expected
+    assert len(expected) == 70 // page  # a trailing partial page has no hash
+
+
+class Recorder:
+    """A CacheEventSink that keeps the events in SGLang's wire shape (dicts)."""
+
+    def __init__(self, page: int) -> None:
+        self.page = page
+        self.events: list[dict[str, Any]] = []
+
+    def digests(self, prior: bytes | None, tokens: Any) -> list[bytes]:
+        return page_digests(prior, tokens, self.page)
+
+    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Any) -> None:
+        self.events.append(
+            {
+                "type": "BlockStored",
+                "block_hashes": [event_hash(d) for d in digests],
+                "parent": event_hash(parent) if parent else None,
+            }
+        )
+
+    def removed(self, digests: list[bytes]) -> None:
+        self.events.append(
+            {"type": "BlockRemoved", "block_hashes": [event_hash(d) for d in digests]}
+        )
+
+    def cleared(self) -> None:
+        self.events.append({"type": "AllBlocksCleared"})
+
+
+def test_radix_cache_reports_stores_splits_and_evictions() -> None:
+    cache = RadixCache(page_size=4)
+    rec = Recorder(4)
+    cache.events = rec
+    a = list(range(16))
+    b = list(range(8)) + [99] * 8  # shares two pages with a
+    cache.insert(a)
+    cache.insert(b)  # splits a's node after 8 tokens, stores b's own two pages
+    first, second = rec.events
+    assert first["block_hashes"] == sglang_hash(a, 4) and first["parent"] is None
+    assert second["block_hashes"] == sglang_hash(b, 4)[2:]
+    assert second["parent"] == sglang_hash(a, 4)[1]  # linked to the shared page
+    cache.evict(24)  # both leaves, then the shared node they leave childless
+    removed = {h for e in rec.events if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
+    assert removed == set(sglang_hash(a, 4)) | set(sglang_hash(b, 4))
+    cache.insert(a)
+    cache.reset()
+    assert rec.events[-1] == {"type": "AllBlocksCleared"}
+
+
+def test_published_bytes_have_sglangs_shape_and_decode_in_the_gateway() -> None:
+    from kvfleet_sim.kv_events import ZmqKvEventPublisher
+
+    publisher = ZmqKvEventPublisher.__new__(ZmqKvEventPublisher)  # no sockets: encode only
+    publisher.page_size, publisher._events = 2, []
+    digests = page_digests(None, [5, 6, 7, 8], 2)
+    publisher.stored(None, digests, [5, 6, 7, 8])
+    publisher.removed(digests[1:])
+    publisher.cleared()
+    batch = [1.5, publisher._events, 0]
+    raw = msgspec.msgpack.encode(batch)
+    # SGLang's EventBatch is array_like [ts, events, attn_dp_rank]; events are maps tagged by
+    # "type", optional fields at their default omitted (lora_id has no default: always sent).
+    plain = msgspec.msgpack.decode(raw)
+    assert plain[0] == 1.5 and plain[2] == 0
+    assert plain[1][0] == {
+        "type": "BlockStored",
+        "block_hashes": [event_hash(d) for d in digests],
+        "parent_block_hash": None,
+        "token_ids": [5, 6, 7, 8],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+    }
+    decoded = decode_batch(raw)
+    stored, removed, cleared = decoded.events
+    assert isinstance(stored, BlockStored) and stored.block_hashes == sglang_hash([5, 6, 7, 8], 2)
+    assert isinstance(removed, BlockRemoved) and removed.medium == "GPU"
+    assert isinstance(cleared, AllBlocksCleared)
+
+
+def batch(*events: dict[str, Any]) -> bytes:
+    return msgspec.msgpack.encode([0.0, list(events), 0])
+
+
+def stored(*hashes: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "BlockStored",
+        "block_hashes": list(hashes),
+        "parent_block_hash": None,
+        "token_ids": [],
+        "block_size": 1,
+        "lora_id": None,
+        **extra,
+    }
+
+
+def removed(*hashes: int) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": list(hashes)}
+
+
+def stream(replay: bool = True) -> tuple[StreamState, EventIndex]:
+    index = EventIndex()
+    return StreamState("http://e1", 1, index, GatewayMetrics(), replay), index
+
+
+def test_a_stream_replays_from_zero_on_connect_and_is_live_after_the_replay() -> None:
+    state, index = stream()
+    index.stored("http://e1", [42])  # stale: from before the (re)connect
+    assert state.connected() == 0
+    assert not index.is_live("http://e1") and index.pages_held("http://e1") == 0
+    state.replayed(0, batch(stored(1, 2, 3)))
+    state.replayed(1, batch(removed(3)))
+    assert state.message(1, batch(removed(3))) is None  # the live copy of a replayed batch
+    state.replayed(END_SEQ, b"")
+    assert index.is_live("http://e1")
+    assert index.match([1, 2, 3], 1, ["http://e1"]) == [2]
+    assert index.match([1, 2], 2, ["http://e1"]) == [None]  # pages of another size: unknown
+
+
+def test_a_gap_asks_for_a_replay_and_a_rolled_over_buffer_is_partial() -> None:
+    state, index = stream()
+    state.connected()
+    state.replayed(END_SEQ, b"")
+    assert state.message(0, batch(stored(1))) is None
+    assert state.message(3, batch(stored(4))) == 1  # 1 and 2 are missing: replay from 1
+    state.replayed(1, batch(stored(2)))
+    state.replayed(2, batch(stored(3)))
+    state.replayed(3, batch(stored(4)))
+    state.replayed(END_SEQ, b"")
+    assert index.match([1, 2, 3, 4], 1, ["http://e1"]) == [4] and not state.partial
+    # the engine restarted unseen and its buffer starts later than asked: partial, but live
+    state.connected()
+    state.replayed(5, batch(stored(9)))
+    state.replayed(END_SEQ, b"")
+    assert state.partial and index.is_live("http://e1")
+    assert index.match([1], 1, ["http://e1"]) == [0] and index.match([9], 1, ["http://e1"]) == [1]
+
+
+def test_a_dropped_stream_forgets_its_pages_and_routing_falls_back() -> None:
+    state, index = stream(replay=False)
+    state.connected()  # without a replay socket: live at once, from what comes next
+    state.message(7, batch(stored(1, 2)))
+    assert index.match([1, 2], 1, ["http://e1"]) == [2]
+    state.disconnected()
+    assert index.match([1, 2], 1, ["http://e1"]) == [None]
+    assert index.distinct_pages() == 0
+
+
+def test_namespaced_and_host_tier_pages_are_not_indexed() -> None:
+    state, index = stream(replay=False)
+    state.connected()
+    state.message(0, batch(stored(1, cache_salt="tenant-a"), stored(2, medium="CPU_PINNED")))
+    assert index.distinct_pages() == 0
+
+
+def test_the_event_index_overrides_what_routing_history_believes() -> None:
+    events = EventIndex()
+    policy = KvfleetPolicy(events=events)
+    a, b = "http://a", "http://b"
+    for key in (a, b):
+        events.set_live(key, 16)
+    pages = tuple(range(100, 164))  # 1,024 tokens
+    req = RouteRequest("m", "", (), 1024, 16, pages=pages, page_tokens=16)
+    cands = [Candidate(a, 0, 0, None), Candidate(b, 0, 0, None)]
+    assert policy.choose(req, cands) == a  # nothing cached anywhere: the tie-break
+    policy.on_first_token(req, a)
+    policy.on_finished(req, a)
+    events.stored(b, pages)  # b holds the prefix (a request that went there directly) ...
+    # ... and a never reported it: the approximate index says a, the events say b
+    again = RouteRequest("m", "", (), 1024, 16, pages=pages, page_tokens=16)
+    assert policy.choose(again, cands) == b
+
+
+def test_pages_in_flight_count_until_the_first_token() -> None:
+    index = EventIndex()
+    index.set_live("a", 1)
+    index.reserve("a", [1, 2, 3])
+    index.reserve("a", [1, 2])
+    assert index.match([1, 2, 3], 1, ["a"]) == [3]
+    index.release("a", [1, 2, 3])
+    assert index.match([1, 2, 3], 1, ["a"]) == [2]
+    index.release("a", [1, 2])
+    assert index.match([1, 2, 3], 1, ["a"]) == [0]
+    index.reserve("a", [5])
+    index.remove("a")
+    assert index._inflight == {} and index._inflight_refs == {}
+
+
+def test_gateway_tokenizes_chat_exactly_as_the_engine_does() -> None:
+    gateway = PromptTokenizer.load(str(TOKENIZER))
+    engine = HfTokenizer.load(str(TOKENIZER))
+    messages = [("system", "You are a helpful assistant."), ("user", "Where is my order?")]
+    text = render_chat([{"role": r, "content": c} for r, c in messages])
+    assert gateway.chat_ids(messages) == engine.encode(text, add_special_tokens=False)
+    assert gateway.text_ids("the quick brown fox") == engine.encode("the quick brown fox")
+
+
+def test_publisher_discovery_and_config_rules() -> None:
+    info = {
+        "kv_events": KvEventsConfig.from_cli(
+            '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}'
+        ).describe(16)
+    }
+    assert Publisher.from_server_info(info) == Publisher(5557, "kv", 16, 5558, 1)
+    assert Publisher.from_server_info({"kv_events": None}) is None
+    with pytest.raises(ConfigError, match="needs the model's tokenizer"):
+        GatewayConfig.from_dict(
+            {
+                "backends": {"static": ["http://e:1"]},
+                "auth": {"insecureNoAuth": True},
+                "routing": {"prefixIndex": {"source": "events"}},
+            }
+        )
