@@ -160,3 +160,74 @@ def test_an_evicted_prefix_is_routed_by_the_updated_index(
         assert cached >= prompt_tokens - PAGE, (prompt_tokens, cached)
     else:  # the approximate index sent it back to P, which no longer holds it
         assert cached < PAGE, (prompt_tokens, cached)
+
+
+async def test_a_stream_resyncs_after_a_restart_and_recovers_a_dropped_batch() -> None:
+    """The gateway's follower against the simulator's publisher over real ZeroMQ: a restarted
+    engine's old pages are forgotten, and a batch lost on the wire is replayed."""
+    import asyncio
+
+    import zmq.asyncio
+
+    from kvfleet_gateway.kv_events.streams import Publisher, follow
+    from kvfleet_gateway.metrics import GatewayMetrics
+    from kvfleet_gateway.routing import EventIndex
+    from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher, event_hash, page_digests
+    from tests.support.waiting import until
+
+    pub_port, replay_port = free_port(), free_port()
+    config = KvEventsConfig(
+        publisher="zmq",
+        endpoint=f"tcp://127.0.0.1:{pub_port}",
+        bind=True,
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        topic="kv-events",
+    )
+    key = "http://127.0.0.1:1"
+    index, ctx = EventIndex(), zmq.asyncio.Context()
+
+    def publish(publisher: ZmqKvEventPublisher, tokens: list[int]) -> list[int]:
+        digests = page_digests(None, tokens, 1)
+        publisher.stored(None, digests, tokens)
+        publisher.flush()
+        return [event_hash(d) for d in digests]
+
+    def held(pages: list[int]) -> bool:
+        return index.match(pages, 1, [key]) == [len(pages)]
+
+    first = ZmqKvEventPublisher(config, 1)
+    old = publish(first, [1, 2, 3])  # before the gateway connects: only a replay has it
+    follower = asyncio.create_task(
+        follow(
+            key, Publisher(pub_port, "kv-events", 1, replay_port, 1), index, GatewayMetrics(), ctx
+        )
+    )
+    try:
+        await until(lambda: held(old), 10, "the replayed pages")
+        first.close()
+        await until(lambda: not index.is_live(key), 10, "the stream to drop")
+        assert index.match(old, 1, [key]) == [None]
+
+        second = ZmqKvEventPublisher(config, 1)  # the engine restarted: an empty cache
+        try:
+            await until(lambda: index.is_live(key), 10, "the stream to resync")
+            assert index.match(old, 1, [key]) == [0]
+            sent = second._pub.send_multipart
+            dropped: list[bytes] = []
+
+            def lossy(frames: Any, *args: Any, **kw: Any) -> Any:
+                if frames[1] == (1).to_bytes(8, "big") and not dropped:
+                    dropped.append(frames[1])  # lost on the wire, still in the replay buffer
+                    return None
+                return sent(frames, *args, **kw)
+
+            second._pub.send_multipart = lossy  # type: ignore[method-assign]
+            pages = [publish(second, [10 + i, 20 + i]) for i in range(3)]
+            await until(lambda: all(held(p) for p in pages), 10, "the lost batch's replay")
+            assert dropped
+        finally:
+            second.close()
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        ctx.term()

@@ -270,3 +270,25 @@ def test_publisher_discovery_and_config_rules() -> None:
                 "routing": {"prefixIndex": {"source": "events"}},
             }
         )
+
+
+def test_bisection_finds_every_replicas_prefix_length() -> None:
+    """held_prefixes relies on a radix cache's prefix property; on such sets it agrees with a
+    page-by-page walk, whichever of the stored and in-flight maps holds each page."""
+    import random
+
+    from kvfleet_gateway.routing.event_index import held_prefixes
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        n = rng.randrange(0, 40)
+        pages = list(range(1000, 1000 + n))
+        slots = list(range(rng.randrange(1, 10)))
+        depths = {s: rng.randrange(0, n + 1) for s in slots}
+        holders: dict[int, int] = {}
+        inflight: dict[int, int] = {}
+        for s, d in depths.items():
+            for i in range(d):
+                target = holders if rng.random() < 0.7 else inflight
+                target[pages[i]] = target.get(pages[i], 0) | 1 << s
+        assert held_prefixes(holders, inflight, pages, slots) == [depths[s] for s in slots]

@@ -17,7 +17,46 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvfleet_gateway.routing.prefix_index import leading_matches
+
+def held_prefixes(
+    holders: dict[int, int], inflight: dict[int, int], pages: Sequence[int], slots: Sequence[int]
+) -> list[int]:
+    """For each slot, how many leading `pages` it holds (or is prefilling).
+
+    A radix cache holds prefixes: a page is evicted only after every page that extends it,
+    and a page's hash names its whole prefix, so the set of replicas holding page i only
+    shrinks as i grows. Each replica's match length is where it drops out, found by
+    bisection: O(log n) lookups per distinct length instead of one per page (a 2,048-token
+    prompt at 16 tokens per page is 128 pages, and most replicas drop out together).
+    """
+    want = 0
+    for s in slots:
+        want |= 1 << s
+    depth: dict[int, int] = {}
+    get_h, get_i = holders.get, inflight.get
+
+    def at(i: int) -> int:
+        h = pages[i]
+        return (get_h(h, 0) | get_i(h, 0)) & want
+
+    # Segments (lo, hi, mask at lo, mask at hi), with mask(-1) = want and mask(n) = 0.
+    stack = [(-1, len(pages), want, 0)]
+    while stack:
+        lo, hi, m_lo, m_hi = stack.pop()
+        if m_lo == m_hi:
+            continue  # nobody drops out in (lo, hi]
+        if hi - lo == 1:
+            lost = m_lo & ~m_hi
+            while lost:  # these hold page lo but not page hi: `hi` leading pages
+                low = lost & -lost
+                depth[low.bit_length() - 1] = hi
+                lost ^= low
+            continue
+        mid = (lo + hi) // 2
+        m_mid = at(mid)
+        stack.append((mid, hi, m_mid, m_hi))
+        stack.append((lo, mid, m_lo, m_mid))
+    return [depth.get(s, 0) for s in slots]
 
 
 class EventIndex:
@@ -114,13 +153,7 @@ class EventIndex:
         None for a replica whose stream is not live or hashes pages of another size."""
         live = self._live
         slots = [self._slot(k) for k in keys]
-        inflight = self._inflight
-        if inflight:
-            holders = self._holders
-            merged = {h: holders.get(h, 0) | inflight.get(h, 0) for h in pages}
-            found = leading_matches(merged, pages, slots)
-        else:
-            found = leading_matches(self._holders, pages, slots)
+        found = held_prefixes(self._holders, self._inflight, pages, slots)
         return [n if live.get(k) == block_size else None for k, n in zip(keys, found, strict=True)]
 
     def reserve(self, key: str, pages: Sequence[int]) -> None:

@@ -84,8 +84,9 @@ class KvfleetPolicy:
         """Exact prefix state from KV events (None: approximate only)."""
         self._pending_tokens: dict[str, float] = {}
         self._pending_reqs: dict[str, int] = {}
-        self._placed: dict[int, tuple[str, int]] = {}
-        """id(request) → (replica, uncached tokens charged to its pending prefill)."""
+        self._placed: dict[int, tuple[str, int, int]] = {}
+        """id(request) → (replica, uncached tokens charged to its pending prefill, pages the
+        event index said it held: the rest were reserved)."""
         self._avg_miss = 512.0
         self._avg_kv = 1024.0
         """Running average of prompt + max_tokens / 2: a request's KV footprint mid-decode."""
@@ -96,8 +97,9 @@ class KvfleetPolicy:
 
     def _score(
         self, req: RouteRequest, candidates: Sequence[Candidate]
-    ) -> tuple[list[float], list[int]]:
-        """Scores and uncached-token counts, one per candidate (the hot path: keep it lean)."""
+    ) -> tuple[list[float], list[int], list[int]]:
+        """Scores, uncached-token counts and pages the event index says each holds, one per
+        candidate (the hot path: keep it lean)."""
         t = self.tuning
         inv_rate = 1.0 / t.prefill_tokens_per_second
         miss_factor = 1.0 + t.miss_weight
@@ -106,12 +108,20 @@ class KvfleetPolicy:
         max_tokens, block = req.max_tokens, req.block_tokens
         cap_hit = max(0, req.prompt_tokens - 1)
         keys = [c.key for c in candidates]
-        hits = [m * block for m in self.index.match(req.blocks, keys)]
-        if self.events is not None and req.pages:
-            exact = self.events.match(req.pages, req.page_tokens, keys)
-            for i, pages in enumerate(exact):
-                if pages is not None:
-                    hits[i] = pages * req.page_tokens
+        exact: list[int | None] = (
+            self.events.match(req.pages, req.page_tokens, keys)
+            if self.events is not None and req.pages
+            else [None] * len(keys)
+        )
+        held = [e or 0 for e in exact]
+        if None in exact:  # some replica's stream is down: its hits are approximated
+            approx = self.index.match(req.blocks, keys)
+            hits = [
+                a * block if e is None else e * req.page_tokens
+                for a, e in zip(approx, exact, strict=True)
+            ]
+        else:
+            hits = [e * req.page_tokens for e in held]
         running_of = [
             max(c.inflight_requests, c.engine.running_reqs if c.engine else 0) for c in candidates
         ]
@@ -142,10 +152,10 @@ class KvfleetPolicy:
                 score += penalty  # would not fit in free KV: it would wait or retract
             scores.append(score)
             misses.append(miss)
-        return scores, misses
+        return scores, misses, held
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
-        scores, misses = self._score(req, candidates)
+        scores, misses, held = self._score(req, candidates)
         best = 0
         for i in range(1, len(candidates)):  # lowest score; ties: fewer in flight, then key
             a, b = candidates[i], candidates[best]
@@ -155,22 +165,23 @@ class KvfleetPolicy:
         if c.engine is not None:
             self.index.set_capacity(c.key, c.engine.max_total_tokens // req.block_tokens)
         self._release(req)  # a retry replaces the earlier placement
-        self._placed[id(req)] = (c.key, miss)
+        self._placed[id(req)] = (c.key, miss, held[best])
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
         self._pending_reqs[c.key] = self._pending_reqs.get(c.key, 0) + 1
         self._avg_miss += 0.05 * (miss - self._avg_miss)
         self._avg_kv += 0.05 * (req.prompt_tokens + req.max_tokens / 2 - self._avg_kv)
         self.index.insert(c.key, req.blocks)
         if self.events is not None and req.pages:
-            self.events.reserve(c.key, req.pages)
+            # Only the pages it does not hold yet: those are what its prefill will add.
+            self.events.reserve(c.key, req.pages[held[best] :])
         return c.key
 
     def _release(self, req: RouteRequest) -> None:
         placed = self._placed.pop(id(req), None)
         if placed is not None:
-            key, miss = placed
+            key, miss, held = placed
             if self.events is not None and req.pages:
-                self.events.release(key, req.pages)
+                self.events.release(key, req.pages[held:])
             self._pending_tokens[key] = max(0.0, self._pending_tokens.get(key, 0.0) - miss)
             self._pending_reqs[key] = max(0, self._pending_reqs.get(key, 0) - 1)
 

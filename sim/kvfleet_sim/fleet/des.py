@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvfleet_gateway.routing import Candidate, Policy, RouteRequest
+from kvfleet_gateway.kv_events.hashing import page_hashes
+from kvfleet_gateway.routing import Candidate, EventIndex, Policy, RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
 from kvfleet_sim.fleet.collector import Collector, FleetSummary, RequestRecord
+from kvfleet_sim.fleet.kv_events import FleetKvEvents
 from kvfleet_sim.fleet.routing import ReplicaView, signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
 from kvfleet_sim.request import Request
@@ -147,6 +149,8 @@ class FleetSimulator:
         self._gateways: list[Policy] = []
         """Gateway replicas behind one Service (see `behind_gateways`); none: one gateway."""
         self._gw_inflight: list[dict[str, list[int]]] = []
+        self._event_indexes: list[EventIndex] = []
+        """Gateways' KV-event indexes every engine reports to (see `publish_kv_events`)."""
         self._next_gateway = 0
         self._outstanding = 0
         self._trace: list[tuple[float, int]] = []
@@ -164,6 +168,20 @@ class FleetSimulator:
         self._gateways = list(policies)
         self._gw_inflight = [{} for _ in policies]
 
+    def publish_kv_events(self, index: EventIndex) -> None:
+        """Every engine, now and later, reports its cache's stores and evictions to `index`
+        (a gateway with prefixIndex: events), and prompts are routed with their page hashes."""
+        self._event_indexes.append(index)
+        for rep in self.replicas:
+            self._attach_events(rep)
+
+    def _attach_events(self, rep: Replica) -> None:
+        cache = rep.engine.scheduler.cache
+        if self._event_indexes and self.config.engine.disable_radix_cache is False:
+            cache.events = FleetKvEvents(
+                rep.key, self.config.engine.page_size, list(self._event_indexes)
+            )
+
     def _policy(self, gateway: int) -> Policy:
         return self._gateways[gateway] if self._gateways else self.policy
 
@@ -175,6 +193,7 @@ class FleetSimulator:
         engine = Engine(self.config.engine, self.clock, profile=self.config.profile)
         rep = Replica(len(self.replicas), engine, created=now, ready_at=ready_at)
         self.replicas.append(rep)
+        self._attach_events(rep)
         if ready_at > now:
             self._push(ready_at, READY, rep)
         return rep
@@ -215,6 +234,7 @@ class FleetSimulator:
             return
         now = self.clock.t
         ids = arrival.prompt_ids
+        page = self.config.engine.page_size
         route = RouteRequest(
             self.config.engine.model.name,
             ids,
@@ -222,6 +242,8 @@ class FleetSimulator:
             len(ids),
             arrival.max_new_tokens,
             BLOCK_TOKENS,
+            pages=page_hashes(ids, page) if self._event_indexes else (),
+            page_tokens=page,
         )
         gw = 0
         if self._gateways:

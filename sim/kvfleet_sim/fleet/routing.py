@@ -17,6 +17,7 @@ from kvfleet_gateway.routing import (
     POLICIES,
     Candidate,
     EngineSignals,
+    EventIndex,
     KvfleetTuning,
     Policy,
     RouteRequest,
@@ -30,7 +31,10 @@ from kvfleet_sim.engine import EngineLoad
 if TYPE_CHECKING:
     from kvfleet_sim.fleet.des import FleetSimulator
 
-FLEET_POLICIES: tuple[str, ...] = (*POLICIES, "oracle")
+KVFLEET_EVENTS = "kvfleet_events"
+"""`kvfleet` routing on the engines' KV events (gateway prefixIndex: events) instead of its
+approximate index: simulator-only name, the same policy object with an `EventIndex`."""
+FLEET_POLICIES: tuple[str, ...] = (*POLICIES, KVFLEET_EVENTS, "oracle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,12 @@ def fleet_policy(
         from kvfleet_sim.fleet.oracle import OraclePolicy
 
         return OraclePolicy(sim.engines)
+    if name == KVFLEET_EVENTS:
+        if sim is None:
+            raise ValueError("kvfleet_events reads the simulated engines' KV events: pass `sim`")
+        index = EventIndex()
+        sim.publish_kv_events(index)
+        return make_policy(KvfleetPolicy.name, tuning, index)
     if name == RandomChoice.name:  # seeded: a benchmark run is reproducible
         return RandomChoice(seed=1)
     return make_policy(name, tuning)
@@ -75,6 +85,7 @@ __all__ = [
     "FLEET_POLICIES",
     "Candidate",
     "EngineSignals",
+    "EventIndex",
     "KvfleetPolicy",
     "KvfleetTuning",
     "Policy",
