@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvfleet_gateway import inbound
 from kvfleet_gateway.accounting import Admitted
 from kvfleet_gateway.backends import BackendPool
-from kvfleet_gateway.config import GatewayConfig, Limits
+from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.keys import KeyWatcher, Tenant
@@ -396,11 +396,12 @@ def make_app(config: GatewayConfig) -> web.Application:
     _redact_server_logs()
     index_config = config.routing.prefix_index
     events = EventIndex() if index_config.source == "events" else None
-    prompts = (
-        PromptTokenizer.load(index_config.tokenizer)
-        if events is not None and index_config.tokenizer
-        else None
-    )
+    prompts = None
+    if events is not None and index_config.tokenizer:
+        try:
+            prompts = PromptTokenizer.load(index_config.tokenizer)
+        except ValueError as e:
+            raise ConfigError("routing.prefixIndex.tokenizer", str(e)) from None
     policy = make_policy(config.routing.policy, config.routing.tuning, events)
     gw = Gateway(
         config=config,

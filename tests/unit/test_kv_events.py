@@ -292,3 +292,60 @@ def test_bisection_finds_every_replicas_prefix_length() -> None:
                 target = holders if rng.random() < 0.7 else inflight
                 target[pages[i]] = target.get(pages[i], 0) | 1 << s
         assert held_prefixes(holders, inflight, pages, slots) == [depths[s] for s in slots]
+
+
+async def test_fetch_tokenizer_from_a_hub(tmp_path: Path) -> None:
+    """The gateway's init container against a Hub-compatible server (HF_ENDPOINT): the
+    tokenizer files of a revision, the token sent, optional files skipped, a gated model's
+    refusal said plainly."""
+    from aiohttp import web
+
+    from kvfleet_gateway.kv_events.hub import HubError, fetch_tokenizer
+    from kvfleet_sim.procs import free_port
+
+    seen: list[tuple[str, str | None]] = []
+
+    async def resolve(request: web.Request) -> web.StreamResponse:
+        seen.append((request.path, request.headers.get("Authorization")))
+        if request.match_info["repo"] == "gated":
+            return web.Response(status=401)
+        name = request.match_info["name"]
+        if not (TOKENIZER / name).exists():
+            return web.Response(status=404)
+        return web.Response(body=(TOKENIZER / name).read_bytes())
+
+    app = web.Application()
+    app.router.add_get("/{org}/{repo}/resolve/{revision}/{name}", resolve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        hub = f"http://127.0.0.1:{port}"
+        dest = tmp_path / "tok"
+        written = await fetch_tokenizer("org/model", dest, "v1.0", hub, "hf_secret")
+        assert written == ["tokenizer.json", "tokenizer_config.json"]  # no chat_template.jinja
+        assert seen[0] == ("/org/model/resolve/v1.0/tokenizer.json", "Bearer hf_secret")
+        loaded = PromptTokenizer.load(str(dest))
+        assert loaded.text_ids("the farm") == PromptTokenizer.load(str(TOKENIZER)).text_ids(
+            "the farm"
+        )
+        with pytest.raises(HubError, match="gated or private model needs HF_TOKEN"):
+            await fetch_tokenizer("org/gated", tmp_path / "gated", None, hub)
+    finally:
+        await runner.cleanup()
+
+
+def test_a_gateway_without_a_usable_tokenizer_refuses_to_start(tmp_path: Path) -> None:
+    from kvfleet_gateway.app import make_app
+
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    config = GatewayConfig.from_dict(
+        {
+            "backends": {"static": ["http://127.0.0.1:1"]},
+            "auth": {"insecureNoAuth": True},
+            "routing": {"prefixIndex": {"source": "events", "tokenizer": str(tmp_path)}},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"prefixIndex\.tokenizer: .* is not a tokenizer"):
+        make_app(config)

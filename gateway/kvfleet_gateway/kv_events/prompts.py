@@ -66,10 +66,18 @@ class PromptTokenizer:
 
     @classmethod
     def load(cls, directory: str) -> PromptTokenizer:
+        """The tokenizer in `directory`, or a ValueError that says what is wrong with it."""
         path = Path(directory)
         if not (path / TOKENIZER_FILE).is_file():
             raise ValueError(f"no {TOKENIZER_FILE} in {directory}")
-        return cls(path)
+        try:
+            return cls(path)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read the tokenizer in {directory}: {e}") from None
+        except jinja2.TemplateError as e:
+            raise ValueError(f"the chat template in {directory} does not parse: {e}") from None
+        except Exception as e:  # tokenizers raises its own (untyped) errors on a bad file
+            raise ValueError(f"{directory}/{TOKENIZER_FILE} is not a tokenizer: {e}") from None
 
     def chat_ids(self, messages: Sequence[tuple[str, str]]) -> list[int] | None:
         if self.chat_template is None:
