@@ -24,8 +24,8 @@ from kvfleet_bench.routing_file import staged_cells
 from kvfleet_bench.routing_gateways import gateway_goals, gateways_report, many_gateways
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
+from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workload_file import load_workload_file
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
@@ -89,8 +89,7 @@ def _run(
 ) -> Any:
     spec = _spec(config, workload, n, seed)
     conv_rate = rate / spec.turns if spec.kind == "multi-turn" else rate
-    sim = FleetSimulator(config, fleet_policy("round_robin"))
-    sim.policy = fleet_policy(policy, sim, tuning)
+    sim = routed_fleet(config, policy, tuning)
     vocab = config.engine.model.vocab_size
     return sim.run(Workload(spec, _trace(workload, conv_rate), vocab)).summary
 
@@ -130,12 +129,7 @@ def run_routing_bench(
     """Every policy on every workload at every load (or, with `workload_file`, at each of the
     file's stages instead of the built-in workloads)."""
     spec = load_model_config(model_config, model) if model_config else BUILTIN.model(model)
-    engine = EngineConfig(
-        model=spec,
-        gpu=BUILTIN.gpu(gpu),
-        tp_size=tp,
-        quantization=spec.checkpoint_quantization,  # type: ignore[arg-type]
-    )
+    engine = EngineConfig.for_model(spec, BUILTIN.gpu(gpu), tp_size=tp)
     config = FleetConfig(engine, replicas=replicas)
     # What a gateway runs with no configuration: nothing read from the cost model it is
     # scored on (the defaults describe an 8B model on one H100, whatever is simulated).

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from kvfleet_bench.routing_cells import Cell
 from kvfleet_sim.fleet.collector import Collector
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
+from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.workload_file import WorkloadFile
 from kvfleet_sim.fleet.workloads import Workload
 
@@ -25,8 +25,7 @@ def staged_cells(
     cells: list[Cell] = []
     vocab = config.engine.model.vocab_size
     for policy in policies:
-        sim = FleetSimulator(config, fleet_policy("round_robin"))
-        sim.policy = fleet_policy(policy, sim, tuning)
+        sim = routed_fleet(config, policy, tuning)
         result = sim.run(Workload(wf.spec, wf.arrivals, vocab))
         for stage in wf.arrivals.stages:
             records = [r for r in result.records if stage.start_s <= r.arrival <= stage.end_s]

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import Any
 
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
-from kvfleet_sim.fleet.routing import KvfleetTuning, fleet_policy
+from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -33,8 +33,7 @@ def many_gateways(
         for n in GATEWAYS:
             hits, p90s = [], []
             for seed in seeds:
-                sim = FleetSimulator(config, fleet_policy("round_robin"))
-                sim.behind_gateways([fleet_policy(policy, sim, tuning) for _ in range(n)])
+                sim = routed_fleet(config, policy, tuning, gateways=n)
                 s = sim.run(Workload(spec_of(seed), RateTrace("poisson", rate=rate), vocab))
                 hits.append(s.summary.cache_hit_rate)
                 p90s.append(s.summary.ttft_p90)

@@ -160,9 +160,6 @@ def build_engine_config(kw: dict[str, Any]) -> EngineConfig:
             model = load_model_config(Path(name))
         else:
             model = catalog.model(name)
-        gpu = catalog.gpu(values.pop("gpu"))
-        if values["quantization"] is None:
-            values["quantization"] = model.checkpoint_quantization
-        return EngineConfig(model=model, gpu=gpu, **values)
+        return EngineConfig.for_model(model, catalog.gpu(values.pop("gpu")), **values)
     except (CatalogError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc

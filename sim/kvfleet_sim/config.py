@@ -8,8 +8,9 @@ request-slot limit, using the same formulas, so `/server_info` reports what a re
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kvfleet_sim.catalog import GIB, GpuSpec, ModelSpec
 
@@ -61,6 +62,17 @@ class EngineConfig:
     """`--page-size`: KV allocation granularity (1 on CUDA)."""
     schedule_conservativeness: float = 1.0
     """`--schedule-conservativeness`: scales the initial new_token_ratio."""
+
+    @classmethod
+    def for_model(
+        cls, model: ModelSpec, gpu: GpuSpec, quantization: str | None = None, **kw: Any
+    ) -> EngineConfig:
+        """`quantization` None: the checkpoint's own, as SGLang reads it from the model's
+        `quantization_config` when `--quantization` is not given."""
+        q = model.checkpoint_quantization if quantization is None else quantization
+        if q not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {q!r}")
+        return cls(model=model, gpu=gpu, quantization=typing.cast(Quantization, q), **kw)
 
     def __post_init__(self) -> None:
         if self.tp_size not in TP_SIZES:

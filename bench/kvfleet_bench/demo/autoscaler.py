@@ -194,7 +194,11 @@ async def _scenario(
     run_ = Run(min_replicas=1, burst=(0.2 * config.duration_s, 0.55 * config.duration_s))
     view = View()
     src = f"Prometheus ({prometheus})" if prometheus else "the pods' /metrics (no Prometheus)"
-    async with cluster.session() as api:
+    scrape_timeout = aiohttp.ClientTimeout(total=1.0)
+    async with (
+        cluster.session() as api,
+        aiohttp.ClientSession(timeout=scrape_timeout) as scraper,
+    ):
         url = cluster.url
         await _create(api, url, crd())
         await _create(api, url, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
@@ -212,7 +216,7 @@ async def _scenario(
                 await _create(api, url, obj)
             # The operator, the kubelet and (cold) engine start-up at work.
             while not (view.gateway_url() and view.count("active") and view.count("warm")):
-                await refresh(view, api, url, run_, 0.0)
+                await refresh(view, api, scraper, url, run_, 0.0)
                 live.update(render(view, stats, run_, 0.0, config.duration_s, src))
                 await asyncio.sleep(0.5)
             gateway = view.gateway_url()
@@ -221,7 +225,9 @@ async def _scenario(
                 for name, key in keys.items()
             }
             try:
-                await _traffic(config, view, api, url, run_, stats, clients, rng, live, src)
+                await _traffic(
+                    config, view, api, scraper, url, run_, stats, clients, rng, live, src
+                )
             finally:
                 for c in clients.values():
                     await c.close()
@@ -234,6 +240,7 @@ async def _traffic(
     config: DemoConfig,
     view: View,
     api: aiohttp.ClientSession,
+    scraper: aiohttp.ClientSession,
     url: str,
     run_: Run,
     stats: dict[str, TenantStats],
@@ -281,7 +288,7 @@ async def _traffic(
     # After the traffic: at most one more stabilization window for the scale-down.
     end = config.duration_s + config.scale_down_s + 10
     while (t := elapsed()) < end:
-        await refresh(view, api, url, run_, t)
+        await refresh(view, api, scraper, url, run_, t)
         auto = (view.isvc.get("status") or {}).get("autoscaling") or {}
         desired = auto.get("desiredActive")
         run_.max_desired = max(run_.max_desired, desired or 0)

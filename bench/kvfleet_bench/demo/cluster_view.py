@@ -80,7 +80,16 @@ async def _scrape(session: aiohttp.ClientSession, ip: str) -> dict[str, float]:
     return values
 
 
-async def refresh(view: View, api: aiohttp.ClientSession, url: str, run_: Run, t: float) -> None:
+async def refresh(
+    view: View,
+    api: aiohttp.ClientSession,
+    scraper: aiohttp.ClientSession,
+    url: str,
+    run_: Run,
+    t: float,
+) -> None:
+    """The cluster's state from the API server (`api`), the engines' from their /metrics
+    (`scraper`: one session for the whole run, with a short timeout)."""
     async with api.get(f"{url}/api/v1/namespaces/{NS}/pods") as r:
         view.pods = sorted((await r.json()).get("items") or [], key=lambda p: p["metadata"]["name"])
     async with api.get(f"{url}{ISVC_PATH}/{NAME}") as r:
@@ -98,10 +107,8 @@ async def refresh(view: View, api: aiohttp.ClientSession, url: str, run_: Run, t
             run_.promoted.append(name)
             run_.decisions.append(Decision(t, f"promoted {name} (warm → active)"))
         view.roles[name] = role
-    timeout = aiohttp.ClientTimeout(total=1.0)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
-        ready = [p for p in view.engines() if pod_ready(p)]
-        scraped = await asyncio.gather(*(_scrape(s, p["status"]["podIP"]) for p in ready))
+    ready = [p for p in view.engines() if pod_ready(p)]
+    scraped = await asyncio.gather(*(_scrape(scraper, p["status"]["podIP"]) for p in ready))
     view.engine_metrics = {p["metadata"]["name"]: m for p, m in zip(ready, scraped, strict=True)}
 
 

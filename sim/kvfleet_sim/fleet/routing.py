@@ -29,7 +29,7 @@ from kvfleet_gateway.routing.random_choice import RandomChoice
 from kvfleet_sim.engine import EngineLoad
 
 if TYPE_CHECKING:
-    from kvfleet_sim.fleet.des import FleetSimulator
+    from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
 
 KVFLEET_EVENTS = "kvfleet_events"
 """`kvfleet` routing on the engines' KV events (gateway prefixIndex: events) instead of its
@@ -81,6 +81,22 @@ def fleet_policy(
     return make_policy(name, tuning)
 
 
+def routed_fleet(
+    config: FleetConfig, policy: str, tuning: KvfleetTuning | None = None, gateways: int = 1
+) -> FleetSimulator:
+    """A fleet simulator routed by `policy` through `gateways` gateway replicas, each with
+    its own policy object (policies such as `oracle` and `kvfleet_events` read the simulator
+    itself, so it is built first)."""
+    from kvfleet_sim.fleet.des import FleetSimulator
+
+    sim = FleetSimulator(config, make_policy("round_robin"))  # replaced below
+    if gateways == 1:
+        sim.policy = fleet_policy(policy, sim, tuning)
+    else:
+        sim.behind_gateways([fleet_policy(policy, sim, tuning) for _ in range(gateways)])
+    return sim
+
+
 __all__ = [
     "FLEET_POLICIES",
     "Candidate",
@@ -93,6 +109,7 @@ __all__ = [
     "RouteRequest",
     "fleet_policy",
     "make_policy",
+    "routed_fleet",
     "signals_of",
     "token_blocks",
 ]
