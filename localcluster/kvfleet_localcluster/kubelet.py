@@ -82,6 +82,8 @@ SIM_FLAGS: dict[str, bool] = {
     "--enable-metrics": False,
     "--quantization": True,
     "--schedule-policy": True,
+    "--kv-events-config": True,
+    "--tokenizer-path": True,
 }
 SIM_VALUES = {"--quantization": {"none", "fp8"}, "--schedule-policy": {"fcfs", "lpm"}}
 

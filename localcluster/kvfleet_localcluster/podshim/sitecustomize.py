@@ -4,7 +4,8 @@ the pod's own network and mount namespaces, emulated inside the process.
 * Network: a listening socket bound to the wildcard (`0.0.0.0`, `::`, `""`) is bound to the
   pod's address instead, so three pods that all listen on 0.0.0.0:30000 each get their own
   127.0.0.x:30000, as three pods on a real node do. (An IPv6-only wildcard socket, which
-  no pod address here could serve, gets a private port on ::1.)
+  no pod address here could serve, gets a private port on ::1.) ZeroMQ binds in C, so its
+  `tcp://*:PORT` endpoints are rewritten to the pod's address where pyzmq is installed.
 * Mounts: paths under the mount paths the kubelet lists — the service-account volume at
   /var/run/secrets/kubernetes.io/serviceaccount, whose path client libraries hard-code —
   open the pod's copy of that volume.
@@ -124,6 +125,18 @@ def _pod_bind(original: Any) -> Any:
     return bind
 
 
+def _zmq_bind(original: Any) -> Any:
+    def bind(self: Any, addr: Any) -> Any:
+        text = addr.decode() if isinstance(addr, bytes) else addr
+        if isinstance(text, str) and text.startswith("tcp://"):
+            host, sep, port = text[len("tcp://") :].rpartition(":")
+            if sep and host in ("*", "0.0.0.0", "[::]", "::"):
+                addr = f"tcp://{_POD_IP}:{port}"
+        return original(self, addr)
+
+    return bind
+
+
 def _mapped(path: Any) -> Any:
     if isinstance(path, bytes):
         return os.fsencode(_mapped(os.fsdecode(path)))
@@ -177,6 +190,12 @@ if _POD_IP:
         pass
     else:
         uvloop.Loop.create_server = _pod_server(uvloop.Loop.create_server)  # type: ignore[method-assign]
+    try:
+        import zmq
+    except ImportError:
+        pass
+    else:
+        zmq.Socket.bind = _zmq_bind(zmq.Socket.bind)  # type: ignore[method-assign]
 
 if _SERVICE_TABLE:
     socket.getaddrinfo = _cluster_dns(socket.getaddrinfo)
