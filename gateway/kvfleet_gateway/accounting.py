@@ -18,9 +18,9 @@ from types import TracebackType
 
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.errors import GatewayError
+from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.limiter import Lease, LimitStore
 from kvfleet_gateway.metrics import GatewayMetrics
-from kvfleet_gateway.proxy import Exchange
 
 log = logging.getLogger("kvfleet.gateway")
 access_log = logging.getLogger("kvfleet.gateway.access")

@@ -33,13 +33,14 @@ from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import GatewayError
+from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.kv_events.streams import KvEventStreams
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
 from kvfleet_gateway.metrics import GatewayMetrics
-from kvfleet_gateway.proxy import Exchange, Proxy
+from kvfleet_gateway.proxy import Proxy
 from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.routing import EventIndex, make_policy
 from kvfleet_gateway.routing.base import RouteRequest

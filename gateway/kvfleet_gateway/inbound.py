@@ -16,7 +16,7 @@ estimate of the message text but a bound over *every byte the engine receives*:
   thousands of tokens), `input_embeds`, `n` > 1, and fields outside the allow-list.
 
 The completion side is bounded by the `max_tokens` the gateway always forwards. Both go into
-the reservation, and settlement never bills beyond it (see `proxy.Exchange.billed_usage`), so
+the reservation, and settlement never bills beyond it (see `exchange.Exchange.billed_usage`), so
 the tokens billed to a tenant never exceed its budget.
 
 The forwarded body is encoded here, once: a string the engine could not decode (a lone UTF-16

@@ -109,6 +109,18 @@ class GatewayMetrics:
             "Settlements the shared store has not taken yet (retried in the background).",
             registry=r,
         )
+        self.calibrated_prefill = Gauge(
+            f"{p}calibrated_prefill_tokens_per_second",
+            "The kvfleet policy's learned prefill rate of a replica (its prior until streamed"
+            " answers are timed).",
+            registry=r,
+        )
+        self.calibrated_step = Gauge(
+            f"{p}calibrated_decode_step_scale",
+            "The kvfleet policy's learned decode step over its configured model (1: as"
+            " configured).",
+            registry=r,
+        )
         self.kv_events = Counter(
             f"{p}kv_events",
             "KV-cache events applied to the prefix index, by kind.",

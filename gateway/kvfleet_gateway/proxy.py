@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +34,10 @@ from aiohttp import web
 from kvfleet_gateway.backends import Backend, BackendPool
 from kvfleet_gateway.config import Hold, Timeouts
 from kvfleet_gateway.errors import GatewayError
-from kvfleet_gateway.inbound import CHARS_PER_TOKEN_ESTIMATE, ClientRequest
+from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.metrics import GatewayMetrics, Usage
-from kvfleet_gateway.routing import Policy, RouteRequest
+from kvfleet_gateway.routing import Policy
+from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
 MAX_ATTEMPTS = 3
@@ -61,59 +61,6 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-
-
-@dataclass
-class Exchange:
-    """One request's progress, filled in as it goes; read at the end for billing and logs."""
-
-    tenant: str
-    req: ClientRequest
-    route: RouteRequest
-    started: float = field(default_factory=time.monotonic)
-    backend: Backend | None = None
-    status: int = 0
-    first_token_at: float | None = None
-    prev_token_at: float = 0.0
-    last_token_at: float | None = None
-    usage: Usage | None = None
-    content_chunks: int = 0
-    content_chars: int = 0
-    client_gone: bool = False
-    last_event: bytes = b""
-    on_first_token: Callable[[], None] | None = None
-    engine_accepted: bool = False
-    """An engine answered 200 and started on the request (its prefill is under way)."""
-
-    def billed_usage(self) -> Usage:
-        """The engine's counts when it reported any (in every chunk of a stream), clamped to
-        the reservation; else an estimate of the work the engine was given."""
-        req = self.req
-        if self.usage is not None:
-            u = self.usage
-            prompt = min(max(0, u.prompt_tokens), req.prompt_bound)
-            completion = min(max(0, u.completion_tokens), req.max_tokens)
-            cached = min(max(0, u.cached_tokens), prompt)
-            return Usage(prompt, completion, cached)
-        if not self.engine_accepted:
-            return Usage(0, 0)  # no engine took it: nothing to charge
-        # Accepted but no counts (cut before the first chunk, or an engine that reports
-        # none): the prompt was handed to the engine for prefill; estimate what was served.
-        completion = max(
-            self.content_chunks, math.ceil(self.content_chars / CHARS_PER_TOKEN_ESTIMATE)
-        )
-        prompt = min(req.estimated_prompt_tokens, req.prompt_bound)
-        return Usage(prompt, min(completion, req.max_tokens))
-
-    def token_arrived(self) -> None:
-        now = time.monotonic()
-        if self.first_token_at is None:
-            self.first_token_at = now
-            if self.on_first_token is not None:
-                self.on_first_token()
-        self.prev_token_at = self.last_token_at or now
-        self.last_token_at = now
-        self.content_chunks += 1
 
 
 @dataclass
@@ -184,6 +131,7 @@ class Proxy:
             # response has not started yet (a non-streaming answer arrives all at once).
             backend.inflight_requests += 1
             backend.inflight_tokens += req.reserve_tokens
+            ex.dispatched_at = time.monotonic()
             try:
                 async with asyncio.timeout(self.timeouts.first_byte):
                     resp = await self.session.post(
@@ -214,6 +162,20 @@ class Proxy:
             "upstream_unavailable",
         )
 
+    def _report_timing(self, ex: Exchange, key: str) -> None:
+        """A streamed answer's timing, for the policy's calibration: dispatch to first token,
+        then the mean time per token (a whole response arrives at once: nothing to time)."""
+        if not ex.req.stream or ex.first_token_at is None or ex.status >= 400:
+            return
+        tokens = ex.usage.completion_tokens if ex.usage is not None else ex.content_chunks
+        itl = None
+        if tokens > 1 and ex.last_token_at is not None:
+            itl = (ex.last_token_at - ex.first_token_at) / (tokens - 1)
+        self.policy.observe(ex.route, key, ex.first_token_at - ex.dispatched_at, itl)
+        if isinstance(self.policy, KvfleetPolicy):
+            self.metrics.calibrated_prefill.set(self.policy.prefill_rate)
+            self.metrics.calibrated_step.set(self.policy.step_scale)
+
     async def forward(
         self, request: web.Request, ex: Exchange, headers: dict[str, str]
     ) -> web.StreamResponse:
@@ -231,6 +193,7 @@ class Proxy:
                 upstream.close()  # cut: the engine sees the disconnect and aborts the request
             else:
                 upstream.release()  # clean end: keep the connection for the next request
+            self._report_timing(ex, backend.url)
             self.policy.on_finished(ex.route, backend.url)
             self._not_in_flight(backend, ex)
 

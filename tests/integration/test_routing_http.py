@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 
 from kvfleet_gateway.config import GatewayConfig
+from kvfleet_gateway.routing import KvfleetTuning
 from tests.support.gateway import gateway_config
 
 SYSTEM = "You are a meticulous assistant for the kvfleet project. " * 20
@@ -134,3 +135,36 @@ async def test_slow_probes_eject_a_replica_only_three_in_a_row(
         assert not backend.healthy and backend.probe_failures >= 3
     finally:
         await runner.cleanup()
+
+
+async def test_streamed_answers_report_their_timing_to_the_policy(
+    sim_server: Any, gateway_server: Any
+) -> None:
+    """The gateway times each streamed answer from dispatch to its first token and between
+    tokens, for the policy's calibration; a whole (non-streamed) answer says nothing."""
+    engine = await sim_server()
+    gw = await gateway_server(config([engine]))
+    policy = gateway_server.state(gw).proxy.policy
+    seen: list[tuple[float, float | None]] = []
+    observe = policy.observe
+
+    def spy(req: Any, key: str, ttft_s: float, itl_s: float | None) -> None:
+        seen.append((ttft_s, itl_s))
+        observe(req, key, ttft_s, itl_s)
+
+    policy.observe = spy
+    await asyncio.sleep(0.3)
+    await chat(gw, "not streamed", max_tokens=8)
+    body = {
+        "model": "llama-3.1-8b",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}],
+    }
+    async with aiohttp.ClientSession() as s, s.post(f"{gw}/v1/chat/completions", json=body) as r:
+        assert r.status == 200
+        await r.read()
+    ((ttft, itl),) = seen
+    assert 0 < ttft < 1 and itl is not None and 0 < itl < ttft
+    assert policy.step_scale != 1.0  # the decode step learned (the prompt hit the cache: its
+    assert policy.prefill_rate == KvfleetTuning().prefill_tokens_per_second  # TTFT is no prefill)

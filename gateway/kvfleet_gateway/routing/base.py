@@ -65,6 +65,12 @@ class Policy(Protocol):
         """The replica started answering: its prefill for this request is done."""
         ...
 
+    def observe(self, req: RouteRequest, key: str, ttft_s: float, itl_s: float | None) -> None:
+        """The replica's timing for the request, before `on_finished`: time from dispatch to
+        the first token, and the mean time between tokens (None: fewer than two). Only for
+        streamed responses, whose first token is timed."""
+        ...
+
     def on_finished(self, req: RouteRequest, key: str) -> None:
         """The request ended there (any outcome)."""
         ...
@@ -78,6 +84,9 @@ class Stateless:
     """For policies that learn nothing from a request's progress."""
 
     def on_first_token(self, req: RouteRequest, key: str) -> None:
+        return None
+
+    def observe(self, req: RouteRequest, key: str, ttft_s: float, itl_s: float | None) -> None:
         return None
 
     def on_finished(self, req: RouteRequest, key: str) -> None:

@@ -31,8 +31,8 @@ from kvfleet_gateway.schema import fld
 
 @dataclass(frozen=True, kw_only=True)
 class KvfleetTuning:
-    """The replica's speed, as the operator knows it from the model and GPU (defaults: an
-    8B model in bf16 on one H100)."""
+    """A replica's speed: the priors (defaults: an 8B model in bf16 on one H100) that online
+    calibration moves towards what the replicas show (`calibrate`)."""
 
     prefill_tokens_per_second: float = fld(
         30_000.0, "Uncached prompt tokens one replica prefills per second.", minimum=1
@@ -70,6 +70,18 @@ class KvfleetTuning:
         " decode counts against it.",
         minimum=0,
     )
+    calibrate: bool = fld(
+        True,
+        "Learn the prefill rate and the decode step from what replicas show (time to first"
+        " token and between tokens of streamed responses), starting from the values above;"
+        " false: use them as they are.",
+    )
+
+
+CALIBRATION_GAIN = 0.05
+"""Weight of one observation in the log-space moving averages (about the last 20 requests)."""
+MIN_CALIBRATION_MISS = 256
+"""Uncached tokens below which a first token says more about overheads than prefill speed."""
 
 
 class KvfleetPolicy:
@@ -87,6 +99,12 @@ class KvfleetPolicy:
         self._placed: dict[int, tuple[str, int, int]] = {}
         """id(request) → (replica, uncached tokens charged to its pending prefill, pages the
         event index said it held: the rest were reserved)."""
+        self.prefill_rate = self.tuning.prefill_tokens_per_second
+        """Learned from what replicas show (`observe`); starts at the configured prior."""
+        self.step_scale = 1.0
+        """Observed decode steps over the tuned model's: learned, starts at 1."""
+        self._probes: dict[int, tuple[int, bool, int]] = {}
+        """id(request) → (uncached tokens, replica idle at dispatch, its running requests)."""
         self._avg_miss = 512.0
         self._avg_kv = 1024.0
         """Running average of prompt + max_tokens / 2: a request's KV footprint mid-decode."""
@@ -101,10 +119,10 @@ class KvfleetPolicy:
         """Scores, uncached-token counts and pages the event index says each holds, one per
         candidate (the hot path: keep it lean)."""
         t = self.tuning
-        inv_rate = 1.0 / t.prefill_tokens_per_second
+        inv_rate = 1.0 / self.prefill_rate
         miss_factor = 1.0 + t.miss_weight
-        per_running = self._avg_kv * t.kv_read_s_per_token
-        base, penalty = t.decode_step_base_s, t.retraction_penalty_s
+        per_running = self._avg_kv * t.kv_read_s_per_token * self.step_scale
+        base, penalty = t.decode_step_base_s * self.step_scale, t.retraction_penalty_s
         max_tokens, block = req.max_tokens, req.block_tokens
         cap_hit = max(0, req.prompt_tokens - 1)
         keys = [c.key for c in candidates]
@@ -165,6 +183,11 @@ class KvfleetPolicy:
         if c.engine is not None:
             self.index.set_capacity(c.key, c.engine.max_total_tokens // req.block_tokens)
         self._release(req)  # a retry replaces the earlier placement
+        idle = self._pending_reqs.get(c.key, 0) == 0 and (
+            c.engine is None or c.engine.queue_reqs == 0
+        )
+        running = max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
+        self._probes[id(req)] = (miss, idle, running)
         self._placed[id(req)] = (c.key, miss, held[best])
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
         self._pending_reqs[c.key] = self._pending_reqs.get(c.key, 0) + 1
@@ -188,8 +211,29 @@ class KvfleetPolicy:
     def on_first_token(self, req: RouteRequest, key: str) -> None:
         self._release(req)
 
+    def observe(self, req: RouteRequest, key: str, ttft_s: float, itl_s: float | None) -> None:
+        """The request's replica answered in `ttft_s` and then `itl_s` per token (mean; None
+        for fewer than two output tokens): calibrate the prefill rate from requests that met
+        an idle replica (their first token is their own prefill) and the decode step from
+        every request, each a slow moving average in log space around its prior."""
+        probe = self._probes.pop(id(req), None)
+        if probe is None or not self.tuning.calibrate:
+            return
+        miss, idle, running = probe
+        t = self.tuning
+        step = t.decode_step_base_s + running * self._avg_kv * t.kv_read_s_per_token
+        if itl_s is not None and itl_s > 0:
+            ratio = min(8.0, max(0.125, itl_s / step))
+            self.step_scale *= (ratio / self.step_scale) ** CALIBRATION_GAIN
+        if idle and miss >= MIN_CALIBRATION_MISS:
+            prefill_s = ttft_s - step * self.step_scale
+            if prefill_s > 0:
+                rate = min(1e7, max(100.0, miss / prefill_s))
+                self.prefill_rate *= (rate / self.prefill_rate) ** CALIBRATION_GAIN
+
     def on_finished(self, req: RouteRequest, key: str) -> None:
         self._release(req)
+        self._probes.pop(id(req), None)  # never observed (not streamed, failed): forget it
 
     def on_removed(self, key: str) -> None:
         self.index.remove(key)

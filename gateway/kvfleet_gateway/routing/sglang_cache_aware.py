@@ -50,6 +50,9 @@ class SglangCacheAware:
     def on_first_token(self, req: RouteRequest, key: str) -> None:
         return None
 
+    def observe(self, req: RouteRequest, key: str, ttft_s: float, itl_s: float | None) -> None:
+        return None  # sglang-router learns nothing from timing
+
     def on_finished(self, req: RouteRequest, key: str) -> None:
         return None
 

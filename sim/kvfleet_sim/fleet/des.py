@@ -310,7 +310,15 @@ class FleetSimulator:
                     tenant=arrival.tenant,
                 )
             )
-            self._policy(gw).on_finished(route, key)
+            policy = self._policy(gw)
+            itl = (
+                (req.finish_time - req.first_token_time) / (req.output_len - 1)
+                if req.output_len > 1
+                else None
+            )
+            # Every simulated response is streamed: its first token is timed from dispatch.
+            policy.observe(route, key, req.first_token_time - req.arrival_time, itl)
+            policy.on_finished(route, key)
             if arrival.conversation is not None:
                 out_ids = rep.engine.tokenizer.generate_ids(req.seed, req.output_len)
                 nxt = workload.follow_up(arrival, out_ids, self.clock.t)

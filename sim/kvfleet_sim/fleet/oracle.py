@@ -65,6 +65,9 @@ class OraclePolicy:
     def on_first_token(self, req: RouteRequest, key: str) -> None:
         return None
 
+    def observe(self, req: RouteRequest, key: str, ttft_s: float, itl_s: float | None) -> None:
+        return None  # it reads the engines' true state
+
     def on_finished(self, req: RouteRequest, key: str) -> None:
         if len(self._peeked) > 100_000:
             self._peeked.clear()

@@ -1,0 +1,69 @@
+"""One request's progress through the proxy: filled in as it goes, read at the end for
+billing (`billed_usage`), timing (the routing policy's calibration) and the access log."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvfleet_gateway.backends import Backend
+from kvfleet_gateway.inbound import CHARS_PER_TOKEN_ESTIMATE, ClientRequest
+from kvfleet_gateway.metrics import Usage
+from kvfleet_gateway.routing import RouteRequest
+
+
+@dataclass
+class Exchange:
+    """One request's progress, filled in as it goes; read at the end for billing and logs."""
+
+    tenant: str
+    req: ClientRequest
+    route: RouteRequest
+    started: float = field(default_factory=time.monotonic)
+    dispatched_at: float = 0.0
+    """When the request was sent to the engine that answered (after any hold and retry)."""
+    backend: Backend | None = None
+    status: int = 0
+    first_token_at: float | None = None
+    prev_token_at: float = 0.0
+    last_token_at: float | None = None
+    usage: Usage | None = None
+    content_chunks: int = 0
+    content_chars: int = 0
+    client_gone: bool = False
+    last_event: bytes = b""
+    on_first_token: Callable[[], None] | None = None
+    engine_accepted: bool = False
+    """An engine answered 200 and started on the request (its prefill is under way)."""
+
+    def billed_usage(self) -> Usage:
+        """The engine's counts when it reported any (in every chunk of a stream), clamped to
+        the reservation; else an estimate of the work the engine was given."""
+        req = self.req
+        if self.usage is not None:
+            u = self.usage
+            prompt = min(max(0, u.prompt_tokens), req.prompt_bound)
+            completion = min(max(0, u.completion_tokens), req.max_tokens)
+            cached = min(max(0, u.cached_tokens), prompt)
+            return Usage(prompt, completion, cached)
+        if not self.engine_accepted:
+            return Usage(0, 0)  # no engine took it: nothing to charge
+        # Accepted but no counts (cut before the first chunk, or an engine that reports
+        # none): the prompt was handed to the engine for prefill; estimate what was served.
+        completion = max(
+            self.content_chunks, math.ceil(self.content_chars / CHARS_PER_TOKEN_ESTIMATE)
+        )
+        prompt = min(req.estimated_prompt_tokens, req.prompt_bound)
+        return Usage(prompt, min(completion, req.max_tokens))
+
+    def token_arrived(self) -> None:
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            if self.on_first_token is not None:
+                self.on_first_token()
+        self.prev_token_at = self.last_token_at or now
+        self.last_token_at = now
+        self.content_chunks += 1
