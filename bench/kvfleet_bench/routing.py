@@ -125,6 +125,7 @@ def run_routing_bench(
     model_config: Path | None = None,
     tp: int = 1,
     workload_file: Path | None = None,
+    event_pages: int = 500_000,
 ) -> dict[str, Any]:
     """Every policy on every workload at every load (or, with `workload_file`, at each of the
     file's stages instead of the built-in workloads)."""
@@ -134,6 +135,15 @@ def run_routing_bench(
     # What a gateway runs with no configuration: nothing read from the cost model it is
     # scored on (the defaults describe an 8B model on one H100, whatever is simulated).
     tuning = KvfleetTuning()
+    # First, in a fresh process (a gateway's, not one that has run the cells below).
+    timing = decision_time(event_pages=event_pages, log=log)
+    log(
+        f"decision time with 32 replicas: kvfleet p50 {timing['kvfleet_p50_us']:.0f} µs, p99 "
+        f"{timing['kvfleet_p99_us']:.0f} µs with 100k approximate entries, p99 "
+        f"{timing['kvfleet_events_p99_us']:.0f} µs with the event index (sglang_cache_aware p99 "
+        f"{timing['sglang_cache_aware_p99_us']:.0f} µs, round_robin "
+        f"{timing['round_robin_p99_us']:.1f} µs)"
+    )
     runs: list[Cell] = []
     caps: dict[str, float] = {}
     if workload_file is not None:
@@ -167,18 +177,13 @@ def run_routing_bench(
                 )
     cells = merge_seeds(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    timing = decision_time(log=log)
-    log(
-        f"decision time with 32 replicas: kvfleet p50 {timing['kvfleet_p50_us']:.0f} µs, p99 "
-        f"{timing['kvfleet_p99_us']:.0f} µs with 100k approximate entries, p99 "
-        f"{timing['kvfleet_events_p99_us']:.0f} µs with the event index (sglang_cache_aware p99 "
-        f"{timing['sglang_cache_aware_p99_us']:.0f} µs, round_robin "
-        f"{timing['round_robin_p99_us']:.1f} µs)"
-    )
     goals = check_goals(cells, runs)
     for what, key in (
         ("decision p99 ≤ 100 µs (32 replicas, 100k entries)", "kvfleet_p99_us"),
-        ("decision p99 ≤ 100 µs (32 replicas × 500k event pages)", "kvfleet_events_p99_us"),
+        (
+            f"decision p99 ≤ 100 µs (32 replicas × {event_pages:,} event pages)",
+            "kvfleet_events_p99_us",
+        ),
     ):
         goals.append(
             {

@@ -88,7 +88,7 @@ def test_the_routing_bench_reports_each_stage(tmp_path: Path) -> None:
     )
     result = run_routing_bench(
         tmp_path, lambda _: None, replicas=2, policies=["round_robin", "kvfleet"],
-        live=False, workload_file=file,
+        live=False, workload_file=file, event_pages=5_000,
     )  # fmt: skip
     cells = result["cells"]
     assert {(c["workload"], c["load"], c["policy"]) for c in cells} == {

@@ -96,9 +96,9 @@ class KvfleetPolicy:
         """Exact prefix state from KV events (None: approximate only)."""
         self._pending_tokens: dict[str, float] = {}
         self._pending_reqs: dict[str, int] = {}
-        self._placed: dict[int, tuple[str, int, int]] = {}
-        """id(request) → (replica, uncached tokens charged to its pending prefill, pages the
-        event index said it held: the rest were reserved)."""
+        self._placed: dict[int, tuple[str, int, int | None]] = {}
+        """id(request) → (replica, uncached tokens charged to its pending prefill, the first
+        page reserved in the event index — the ones it did not hold — or None)."""
         self.prefill_rate = self.tuning.prefill_tokens_per_second
         """Learned from what replicas show (`observe`); starts at the configured prior."""
         self.step_scale = 1.0
@@ -188,23 +188,28 @@ class KvfleetPolicy:
         )
         running = max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
         self._probes[id(req)] = (miss, idle, running)
-        self._placed[id(req)] = (c.key, miss, held[best])
+        live = self.events is not None and bool(req.pages) and self.events.is_live(c.key)
+        self._placed[id(req)] = (c.key, miss, held[best] if live else None)
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
         self._pending_reqs[c.key] = self._pending_reqs.get(c.key, 0) + 1
         self._avg_miss += 0.05 * (miss - self._avg_miss)
         self._avg_kv += 0.05 * (req.prompt_tokens + req.max_tokens / 2 - self._avg_kv)
-        self.index.insert(c.key, req.blocks)
-        if self.events is not None and req.pages:
-            # Only the pages it does not hold yet: those are what its prefill will add.
+        if live:
+            assert self.events is not None
+            # Only the pages it does not hold yet: those are what its prefill will add. (The
+            # approximate index is not fed for a replica whose events are live: should its
+            # stream drop, it falls back to what it last learned, an underestimate.)
             self.events.reserve(c.key, req.pages[held[best] :])
+        else:
+            self.index.insert(c.key, req.blocks)
         return c.key
 
     def _release(self, req: RouteRequest) -> None:
         placed = self._placed.pop(id(req), None)
         if placed is not None:
-            key, miss, held = placed
-            if self.events is not None and req.pages:
-                self.events.release(key, req.pages[held:])
+            key, miss, reserved_from = placed
+            if self.events is not None and reserved_from is not None:
+                self.events.release(key, req.pages[reserved_from:])
             self._pending_tokens[key] = max(0.0, self._pending_tokens.get(key, 0.0) - miss)
             self._pending_reqs[key] = max(0, self._pending_reqs.get(key, 0) - 1)
 
