@@ -259,6 +259,11 @@ class GatewaySpec:
             " memory each replica would enforce the full limits",
             ".limitsStore",
         ),
+        Rule(
+            "self.prefixIndex != 'events' || self.routingPolicy == 'kvfleet'",
+            "prefixIndex: events is read by the kvfleet routing policy only",
+            ".prefixIndex",
+        ),
     )
     enabled: bool = fld(True, "Deploy the routing gateway.")
     replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)

@@ -270,6 +270,17 @@ def test_publisher_discovery_and_config_rules() -> None:
                 "routing": {"prefixIndex": {"source": "events"}},
             }
         )
+    with pytest.raises(ConfigError, match="read by the kvfleet policy only"):
+        GatewayConfig.from_dict(
+            {
+                "backends": {"static": ["http://e:1"]},
+                "auth": {"insecureNoAuth": True},
+                "routing": {
+                    "policy": "round_robin",
+                    "prefixIndex": {"source": "events", "tokenizer": str(TOKENIZER)},
+                },
+            }
+        )
 
 
 def test_bisection_finds_every_replicas_prefix_length() -> None:

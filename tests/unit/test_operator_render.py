@@ -382,3 +382,8 @@ def test_prefix_index_events_reads_a_pvc_models_tokenizer_in_place() -> None:
     doc["spec"]["model"]["source"] = {"uri": "s3://bucket/mistral"}
     with pytest.raises(ConfigError, match="prefixIndex: events needs the model's tokenizer"):
         owner_of(doc)
+    # Only the kvfleet policy reads the events: another policy with them is refused.
+    doc["spec"]["model"]["source"] = {"pvc": {"claimName": "weights", "path": "mistral-7b"}}
+    doc["spec"]["gateway"]["routingPolicy"] = "round_robin"
+    with pytest.raises(ConfigError, match="read by the kvfleet routing policy only"):
+        owner_of(doc)

@@ -193,6 +193,13 @@ class PrefixIndexConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Routing:
+    RULES: ClassVar = (
+        Rule(
+            "self.prefixIndex.source != 'events' || self.policy == 'kvfleet'",
+            "prefixIndex.source: events is read by the kvfleet policy only",
+            ".prefixIndex",
+        ),
+    )
     policy: str = fld(DEFAULT_POLICY, "How a replica is picked.", enum=POLICY_NAMES)
     scrape_interval: Duration = fld(
         Duration(1), "How often each engine's /metrics is read for routing signals."
