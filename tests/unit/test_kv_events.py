@@ -360,3 +360,57 @@ def test_a_gateway_without_a_usable_tokenizer_refuses_to_start(tmp_path: Path) -
     )
     with pytest.raises(ConfigError, match=r"prefixIndex\.tokenizer: .* is not a tokenizer"):
         make_app(config)
+
+
+CHATML = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('unknown role ' + message['role']) }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim + '<|im_end|>' }}"
+    "{%- if not loop.last %}{{- '\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '\\n<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [None, CHATML], ids=["llama3", "chatml"])
+def test_gateway_tokenizes_as_transformers_does(template: str | None, tmp_path: Path) -> None:
+    """The reference SGLang itself uses: `AutoTokenizer.apply_chat_template` (tokenize=True,
+    add_generation_prompt=True) and `tokenizer(text)`, on the same files."""
+    import json as json_
+
+    pytest.importorskip("transformers", reason="transformers is a dev dependency (make setup)")
+    from transformers import AutoTokenizer
+
+    directory = TOKENIZER
+    if template is not None:
+        directory = tmp_path / "chatml"
+        directory.mkdir()
+        (directory / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+        config = json_.loads((TOKENIZER / "tokenizer_config.json").read_text())
+        (directory / "tokenizer_config.json").write_text(
+            json_.dumps({**config, "chat_template": template})
+        )
+    reference = AutoTokenizer.from_pretrained(str(directory))
+    ours = PromptTokenizer.load(str(directory))
+    for messages in (
+        [("user", "Where is my order?")],
+        [("system", "You are a helpful assistant for an online store."), ("user", " Hi!\n"),
+         ("assistant", "Hello. How can I help?"), ("user", "Where is my order?")],
+    ):  # fmt: skip
+        expected = reference.apply_chat_template(
+            [{"role": r, "content": c} for r, c in messages],
+            tokenize=True,
+            add_generation_prompt=True,
+        )
+        if not isinstance(expected, list):  # transformers 5 returns a BatchEncoding
+            expected = expected["input_ids"]
+        assert ours.chat_ids(messages) == expected
+    text = "the quick brown fox jumps over the lazy dog"
+    assert ours.text_ids(text) == reference(text)["input_ids"]
+    if template is not None:  # the template's own refusal: approximate routing, not an error
+        assert ours.chat_ids([("tool", "x")]) is None
