@@ -359,6 +359,9 @@ def test_prefix_index_events_wires_engines_gateway_and_network() -> None:
     (init,) = pod["initContainers"]
     assert init["args"][:2] == ["fetch-tokenizer", "meta-llama/Llama-3.1-8B-Instruct"]
     assert init["args"][init["args"].index("--dest") + 1] == parsed.routing.prefix_index.tokenizer
+    # The engines' Hub token, for a gated model's tokenizer too.
+    (token,) = [e for e in engine["env"] if e["name"] == "HF_TOKEN"]
+    assert init["env"] == [token]
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts[parsed.routing.prefix_index.tokenizer]["readOnly"] is True
 

@@ -128,13 +128,16 @@ def _ports(spec: InferenceServiceSpec) -> list[Json]:
     return ports
 
 
+def hf_token_env(spec: InferenceServiceSpec) -> list[Json]:
+    """HF_TOKEN from `model.hfTokenSecret`, for whatever downloads from the Hub."""
+    ref = spec.model.hf_token_secret
+    if ref is None:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def _env(spec: InferenceServiceSpec) -> list[Json]:
-    env: list[Json] = [{"name": "HF_HOME", "value": CACHE_MOUNT}]
-    if spec.model.hf_token_secret:
-        ref = spec.model.hf_token_secret
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
+    env: list[Json] = [{"name": "HF_HOME", "value": CACHE_MOUNT}, *hf_token_env(spec)]
     for var in spec.engine.env:
         item: Json = {"name": var.name}
         if var.value_from is not None:

@@ -25,7 +25,12 @@ from kvfleet_operator.render.common import (
     merge_resources,
     service,
 )
-from kvfleet_operator.render.engine import MODEL_MOUNT, model_path, uses_kv_events
+from kvfleet_operator.render.engine import (
+    MODEL_MOUNT,
+    hf_token_env,
+    model_path,
+    uses_kv_events,
+)
 from kvfleet_operator.spec import KVFLEET_IMAGE, InferenceServiceSpec
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
@@ -209,12 +214,6 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
     args = ["fetch-tokenizer", src.hugging_face, "--dest", TOKENIZER_DIR]
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
-    env: list[Json] = []
-    if spec.model.hf_token_secret:
-        ref = spec.model.hf_token_secret
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
     return [
         {
             "name": "tokenizer",
@@ -222,7 +221,7 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
             "imagePullPolicy": "IfNotPresent",
             "command": ["kvfleet"],
             "args": args,
-            "env": env,
+            "env": hf_token_env(spec),
             "resources": {
                 "requests": {"cpu": "100m", "memory": "128Mi"},
                 "limits": {"memory": "512Mi"},
