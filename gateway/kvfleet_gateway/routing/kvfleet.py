@@ -115,9 +115,9 @@ class KvfleetPolicy:
 
     def _score(
         self, req: RouteRequest, candidates: Sequence[Candidate]
-    ) -> tuple[list[float], list[int], list[int]]:
-        """Scores, uncached-token counts and pages the event index says each holds, one per
-        candidate (the hot path: keep it lean)."""
+    ) -> tuple[list[float], list[int], list[int | None]]:
+        """Scores, uncached-token counts and the pages the event index says each holds (None:
+        its stream is not live), one per candidate (the hot path: keep it lean)."""
         t = self.tuning
         inv_rate = 1.0 / self.prefill_rate
         miss_factor = 1.0 + t.miss_weight
@@ -131,7 +131,6 @@ class KvfleetPolicy:
             if self.events is not None and req.pages
             else [None] * len(keys)
         )
-        held = [e or 0 for e in exact]
         if None in exact:  # some replica's stream is down: its hits are approximated
             approx = self.index.match(req.blocks, keys)
             hits = [
@@ -139,7 +138,7 @@ class KvfleetPolicy:
                 for a, e in zip(approx, exact, strict=True)
             ]
         else:
-            hits = [e * req.page_tokens for e in held]
+            hits = [e * req.page_tokens for e in exact if e is not None]
         running_of = [
             max(c.inflight_requests, c.engine.running_reqs if c.engine else 0) for c in candidates
         ]
@@ -170,10 +169,10 @@ class KvfleetPolicy:
                 score += penalty  # would not fit in free KV: it would wait or retract
             scores.append(score)
             misses.append(miss)
-        return scores, misses, held
+        return scores, misses, exact
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> str:
-        scores, misses, held = self._score(req, candidates)
+        scores, misses, exact = self._score(req, candidates)
         best = 0
         for i in range(1, len(candidates)):  # lowest score; ties: fewer in flight, then key
             a, b = candidates[i], candidates[best]
@@ -188,18 +187,17 @@ class KvfleetPolicy:
         )
         running = max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
         self._probes[id(req)] = (miss, idle, running)
-        live = self.events is not None and bool(req.pages) and self.events.is_live(c.key)
-        self._placed[id(req)] = (c.key, miss, held[best] if live else None)
+        held = exact[best]  # None: routed on the approximate index
+        self._placed[id(req)] = (c.key, miss, held)
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
         self._pending_reqs[c.key] = self._pending_reqs.get(c.key, 0) + 1
         self._avg_miss += 0.05 * (miss - self._avg_miss)
         self._avg_kv += 0.05 * (req.prompt_tokens + req.max_tokens / 2 - self._avg_kv)
-        if live:
-            assert self.events is not None
+        if held is not None and self.events is not None:
             # Only the pages it does not hold yet: those are what its prefill will add. (The
             # approximate index is not fed for a replica whose events are live: should its
             # stream drop, it falls back to what it last learned, an underestimate.)
-            self.events.reserve(c.key, req.pages[held[best] :])
+            self.events.reserve(c.key, req.pages[held:])
         else:
             self.index.insert(c.key, req.blocks)
         return c.key
