@@ -96,6 +96,7 @@ class StreamState:
 
     def connected(self) -> int | None:
         self.index.set_down(self.key)  # whatever it held may be gone (a restart looks so)
+        self._count_live()
         self.partial = False
         if self.replay:
             self.next_seq, self.replaying = 0, True
@@ -106,6 +107,7 @@ class StreamState:
 
     def disconnected(self) -> None:
         self.index.set_down(self.key)
+        self._count_live()
         self.next_seq, self.replaying = None, False
 
     def message(self, seq: int, payload: bytes) -> int | None:
@@ -147,7 +149,11 @@ class StreamState:
 
     def _live(self, outcome: str) -> None:
         self.index.set_live(self.key, self.block_size)
+        self._count_live()
         self.metrics.kv_event_resyncs.labels(self.key, outcome).inc()
+
+    def _count_live(self) -> None:
+        self.metrics.kv_event_streams.set(len(self.index.live_keys()))
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self.next_seq = seq + 1
@@ -228,7 +234,6 @@ async def follow(
                 frames = await sub.recv_multipart()
                 if len(frames) == 3:
                     await ask(state.message(decode_seq(frames[1]), frames[2]))
-            metrics.kv_event_streams.set(len(index.live_keys()))
     finally:
         index.set_down(url)
         metrics.kv_event_streams.set(len(index.live_keys()))
@@ -269,6 +274,8 @@ class KvEventStreams:
                     await task
                 del self._tasks[url]
                 self.index.set_down(url)
+        for url in self._retry_at.keys() - wanted:
+            del self._retry_at[url]  # gone: asked again, and logged again, if it returns
         for url in wanted - self._tasks.keys():
             if self._retry_at.get(url, 0.0) > loop.time():
                 continue
