@@ -221,25 +221,11 @@ async def _engine_pages(
     size = gw.events.block_size() if gw.events is not None else None
     if gw.prompts is None or ep is None or size is None:
         return (), 0, None
-    prompts = gw.prompts
-    ids: list[int] | None
-    if ep.ids is not None:
-        ids = list(ep.ids)
-    elif ep.text is not None:
-        text = ep.text
-        ids = (
-            await asyncio.to_thread(prompts.text_ids, text)
-            if len(text) > LONG_PROMPT_CHARS
-            else prompts.text_ids(text)
-        )
-    else:
-        messages = ep.messages
-        long = sum(len(c) for _, c in messages) > LONG_PROMPT_CHARS
-        ids = (
-            await asyncio.to_thread(prompts.chat_ids, messages)
-            if long
-            else prompts.chat_ids(messages)
-        )
+    ids = (
+        await asyncio.to_thread(gw.prompts.ids_of, ep)
+        if ep.chars > LONG_PROMPT_CHARS
+        else gw.prompts.ids_of(ep)
+    )
     if ids is None:
         return (), 0, None
     try:

@@ -77,6 +77,15 @@ class EnginePrompt:
     text: str | None = None
     ids: tuple[int, ...] | None = None
 
+    @property
+    def chars(self) -> int:
+        """Characters to tokenize (0 for token ids)."""
+        if self.ids is not None:
+            return 0
+        if self.text is not None:
+            return len(self.text)
+        return sum(len(content) for _, content in self.messages)
+
 
 @dataclass(frozen=True)
 class ClientRequest:

@@ -24,6 +24,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from kvfleet_gateway.inbound import EnginePrompt
+
 log = logging.getLogger("kvfleet.gateway.prompts")
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -96,3 +98,11 @@ class PromptTokenizer:
 
     def text_ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    def ids_of(self, prompt: EnginePrompt) -> list[int] | None:
+        """The token ids the engine will see for `prompt` (None: cannot be reproduced)."""
+        if prompt.ids is not None:
+            return list(prompt.ids)
+        if prompt.text is not None:
+            return self.text_ids(prompt.text)
+        return self.chat_ids(prompt.messages)
