@@ -4,7 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PACKAGES := operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
-.PHONY: setup test lint unit integration demo bench crds docs clean
+.PHONY: help setup test lint unit integration demo bench crds docs clean
+.DEFAULT_GOAL := help
+
+help:  ## this list of targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):[^#]*## /\1\t/' \
+		| awk -F'\t' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,10 +30,10 @@ lint: setup  ## ruff, mypy --strict, import-linter
 test: lint  ## the whole suite (what .ci/run calls)
 	$(BIN)/pytest -q -rs -p no:cacheprovider
 
-unit: setup
+unit: setup  ## the unit tests only
 	$(BIN)/pytest -q tests/unit
 
-integration: setup
+integration: setup  ## the integration tests only
 	$(BIN)/pytest -q tests/integration
 
 demo: setup  ## the whole stack on one machine, no GPU, no cluster
@@ -48,5 +53,5 @@ crds: setup  ## regenerate crds/ from the spec model
 docs: setup  ## regenerate the CRD and gateway-config references in docs/ from their models
 	$(BIN)/kvfleet docs --out docs
 
-clean:
+clean:  ## remove .venv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

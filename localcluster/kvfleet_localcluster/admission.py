@@ -20,7 +20,7 @@ from typing import Any
 from kvfleet_localcluster import access
 from kvfleet_localcluster.auth import RBAC_GROUP, Attributes, User, authorize, escalations
 from kvfleet_localcluster.store import ApiError, Kind, Store
-from kvfleet_localcluster.validation import apply_defaults, validate
+from kvfleet_localcluster.validation import apply_defaults, causes, validate
 
 
 @dataclass
@@ -73,6 +73,7 @@ class Admission:
                 422,
                 "Invalid",
                 f'{kind.kind}.{kind.group} "{name}" is invalid: ' + ", ".join(errors),
+                {"name": name, "group": kind.group, "kind": kind.kind, "causes": causes(errors)},
             )
 
     def ensure_default_service_account(self, namespace: str) -> None:

@@ -273,14 +273,20 @@ class ClusterAPI(kmock.KubernetesEmulator):
 
     def load_crds(self, directory: Path) -> int:
         """Apply every CRD found in a directory of YAML files (the repository's `crds/`)."""
+        docs = [
+            doc
+            for path in sorted(directory.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text())
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"
+        ]
+        return self.apply_crds(docs)
+
+    def apply_crds(self, docs: list[dict[str, Any]]) -> int:
+        """Create these CRDs at start (before any client connects)."""
         kind = self.kind(CRD_GROUP, "v1", CRD_PLURAL)
-        count = 0
-        for path in sorted(directory.glob("*.yaml")):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
-                    self.store.create(kind, None, doc)
-                    count += 1
-        return count
+        for doc in docs:
+            self.store.create(kind, None, doc)
+        return len(docs)
 
     # ---- HTTP -----------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:

@@ -28,6 +28,11 @@ def cluster() -> None:
     help="Where to write the kubeconfig.",
 )
 @click.option("--no-processes", is_flag=True, help="Pods become Ready after a delay; nothing runs.")
+@click.option(
+    "--no-monitoring-crds",
+    is_flag=True,
+    help="A cluster without the Prometheus Operator: no PodMonitor / PrometheusRule CRDs.",
+)
 @click.option("--port", type=int, default=None, help="API server port (default: a free one).")
 @click.option(
     "--namespace",
@@ -72,6 +77,7 @@ def cluster() -> None:
 def up(
     kubeconfig: Path,
     no_processes: bool,
+    no_monitoring_crds: bool,
     port: int | None,
     namespace: str,
     crds_dir: Path | None,
@@ -89,6 +95,7 @@ def up(
         port=port,
         namespace=namespace,
         crds_dir=crds_dir,
+        monitoring_crds=not no_monitoring_crds,
         kubelet=KubeletConfig(
             run_processes=not no_processes,
             time_scale=time_scale,

@@ -126,6 +126,12 @@ class KubeletConfig:
     """What runs a `redis` image container (its entry point is redis-server): this
     machine's redis-server; None (not installed): such pods run no process."""
 
+    def __post_init__(self) -> None:
+        # Pods run in their own working directories and Prometheus resolves file_sd paths
+        # against its config file's folder: a relative path must never leave this process.
+        if self.state_dir is not None:
+            object.__setattr__(self, "state_dir", self.state_dir.resolve())
+
 
 def node_dir(config: KubeletConfig) -> Path:
     """This node's state: pods' directories, persistent volumes, the Service table."""

@@ -29,6 +29,7 @@ from kvfleet_localcluster.apiserver import ClusterAPI
 from kvfleet_localcluster.auth import AUTHENTICATED, MASTERS, User
 from kvfleet_localcluster.controllers import Cluster
 from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig
+from kvfleet_localcluster.podmonitors import monitoring_crds
 
 ADMIN = User("kvfleet-admin", (MASTERS, AUTHENTICATED))
 
@@ -44,12 +45,22 @@ class LocalClusterConfig:
     """The kubeconfig context's namespace."""
     crds_dir: Path | None = None
     """CRDs (YAML) to apply at start, e.g. the repository's `crds/`."""
+    monitoring_crds: bool = True
+    """Serve the Prometheus Operator's PodMonitor and PrometheusRule CRDs from the start, as a
+    cluster with the Prometheus Operator does (`kubectl apply -k manifests/monitoring/` then
+    applies); False: a cluster without it (the operator then renders no PodMonitor)."""
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     resync_s: float = 1.0
     """Controllers' periodic resync (they also react to every change at once)."""
     controllers: bool = True
     """False: the API server alone (no Deployment controller, no kubelet), for tests of the
     API server's own semantics."""
+
+    def __post_init__(self) -> None:
+        # Pods and kubectl read the kubeconfig from other working directories.
+        object.__setattr__(self, "kubeconfig", self.kubeconfig.resolve())
+        if self.crds_dir is not None:
+            object.__setattr__(self, "crds_dir", self.crds_dir.resolve())
 
 
 def kubeconfig_document(url: str, namespace: str, ca_pem: bytes, token: str) -> dict[str, object]:
@@ -130,6 +141,8 @@ class LocalCluster:
         self.api.load_resources()
         if cfg.crds_dir is not None:
             self.api.load_crds(cfg.crds_dir)
+        if cfg.monitoring_crds:
+            self.api.apply_crds(monitoring_crds())
         for ns in sorted({"default", cfg.namespace}):
             self.api.admission.ensure_default_service_account(ns)
         cfg.kubeconfig.parent.mkdir(parents=True, exist_ok=True)

@@ -26,13 +26,27 @@ POD_LABEL_META = "__meta_kubernetes_pod_label_"
 
 
 def podmonitor_crd() -> Json:
+    return _monitoring_crd("PodMonitor", "podmonitors", "podmonitor")
+
+
+def monitoring_crds() -> list[Json]:
+    """The Prometheus Operator's CRDs that kvfleet's manifests use (PodMonitor, PrometheusRule),
+    as a cluster running the Prometheus Operator serves them. The local cluster plays the
+    operator's PodMonitor part (below); PrometheusRules are stored, not evaluated."""
+    return [
+        podmonitor_crd(),
+        _monitoring_crd("PrometheusRule", "prometheusrules", "prometheusrule"),
+    ]
+
+
+def _monitoring_crd(kind: str, plural: str, singular: str) -> Json:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
         "spec": {
             "group": "monitoring.coreos.com",
-            "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+            "names": {"kind": kind, "plural": plural, "singular": singular},
             "scope": "Namespaced",
             "versions": [
                 {

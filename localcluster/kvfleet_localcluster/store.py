@@ -43,12 +43,16 @@ PatchType = Literal["merge", "json", "strategic", "apply"]
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.details = details
+        """A real Status's `details` (name, group, kind, causes): kubectl prints the causes."""
 
     def status(self) -> dict[str, Any]:
-        return {
+        status: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -57,6 +61,9 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if self.details is not None:
+            status["details"] = self.details
+        return status
 
 
 class Gone(ApiError):

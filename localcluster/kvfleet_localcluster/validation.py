@@ -117,3 +117,26 @@ def validate(schema: Json, value: Any, path: str, unknown: list[str] | None = No
                     f'{where}: Invalid value: "{kind}": {rule.get("message") or rule["rule"]}'
                 )
     return out
+
+
+_CAUSE_REASONS = {
+    "Invalid value": "FieldValueInvalid",
+    "Unsupported value": "FieldValueNotSupported",
+    "Required value": "FieldValueRequired",
+    "Too long": "FieldValueTooLong",
+    "Too many": "FieldValueTooMany",
+}
+
+
+def causes(errors: list[str]) -> list[dict[str, str]]:
+    """The `details.causes` of a 422 Status, as a real API server lists them (kubectl edit
+    and apply print each cause's field and message): one per error of `validate`."""
+    out = []
+    for error in errors:
+        field, _, message = error.partition(": ")
+        kind = message.split(":", 1)[0]
+        out.append(
+            {"reason": _CAUSE_REASONS.get(kind, "FieldValueInvalid"), "message": message,
+             "field": field}
+        )  # fmt: skip
+    return out

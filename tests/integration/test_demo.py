@@ -2,8 +2,16 @@
 stack without Kubernetes, and the fleet simulator."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import aiohttp
+import pytest
 
 from kvfleet_bench.demo.fleet import run_demo
 from kvfleet_bench.demo.stack import run_stack_demo
@@ -24,17 +32,40 @@ def test_simulated_fleet_demo_reports_a_summary() -> None:
 
 
 def test_the_autoscaler_demo_shows_what_it_promises(tmp_path: Path) -> None:
-    """`make demo`, shortened: the local cluster, the real operator, Prometheus (when
-    installed) and Redis (when installed); every check the demo exits on holds, and the
-    report is written."""
-    from kvfleet_bench.demo.autoscaler import quick_config, run_autoscaler_demo
-
-    doc = run_autoscaler_demo(quick_config(tmp_path / "out"))
-    failed = {k: c["evidence"] for k, c in doc["checks"].items() if not c["ok"]}
-    assert doc["passed"], failed
-    assert (tmp_path / "out" / "timeline.png").stat().st_size > 10_000
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    """`make demo` as a user types it, shortened (`--quick`): the `kvfleet` command in a
+    fresh directory with the default, relative `--out` — the local cluster, the real operator,
+    Prometheus (when installed) and Redis (when installed). It exits 0 only when every check
+    holds; the report lands where the user is. (An absolute `--out` hid that Prometheus
+    resolved the relative file_sd path against its config's folder and scraped nothing.)"""
+    kvfleet = Path(sys.executable).parent / "kvfleet"
+    done = subprocess.run(
+        [str(kvfleet), "demo", "--quick"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=240, env={**os.environ, "TERM": "dumb"},
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # Not on a terminal: plain progress lines and each decision, not a table cut at 80 columns.
+    assert "┌" not in done.stdout and "t=" in done.stdout and "ScaledUp" in done.stdout
+    out = tmp_path / "kvfleet-demo"
+    assert (out / "timeline.png").stat().st_size > 10_000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"], summary["checks"]
     assert summary["tenants"]["trial"]["refused"]["insufficient_quota"] > 0
     assert summary["tenants"]["support-chat"]["failed"] == {}
     if shutil.which("prometheus"):
         assert summary["metrics_source"].startswith("Prometheus")
+
+
+async def test_a_demo_whose_prometheus_scrapes_nothing_says_so_at_once(
+    prometheus: Callable[[list[str]], str],
+) -> None:
+    """Prometheus up but with no live target (what a wrong file_sd path gives): the demo
+    stops within seconds, naming the count, instead of two minutes of an autoscaler holding."""
+    from kvfleet_bench.demo.autoscaler import SignalsUnavailable, require_scraped_targets
+    from kvfleet_sim.procs import free_port
+
+    url = prometheus([f"127.0.0.1:{free_port()}"])  # nothing listens there
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(SignalsUnavailable, match=r"has [01] active targets .*\(0 up\)"):
+            await require_scraped_targets(session, url, engines=2, within_s=3.0)
+    assert time.monotonic() - started < 6.0

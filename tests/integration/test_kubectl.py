@@ -3,6 +3,7 @@ validation on, get (selectors, -o yaml, server-side tables with the CRD's printe
 describe, explain, scale, label, delete — for built-in kinds and for InferenceServices."""
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -41,7 +42,9 @@ async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
         yield cluster.kubeconfig
 
 
-async def run_kubectl(kubeconfig: Path, *args: str, stdin: str | None) -> tuple[int, str, str]:
+async def run_kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     # Its own discovery cache: ~/.kube/cache outlives a run and is keyed by host:port only.
     cache = kubeconfig.parent / "kube-cache"
     proc = await asyncio.create_subprocess_exec(
@@ -49,6 +52,7 @@ async def run_kubectl(kubeconfig: Path, *args: str, stdin: str | None) -> tuple[
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
     out, err = await proc.communicate(stdin.encode() if stdin else None)
     return int(proc.returncode or 0), out.decode(), err.decode()
@@ -141,5 +145,22 @@ async def test_kubectl_inference_services(kubeconfig: Path) -> None:
     invalid = ISVC.replace("replicas: 1", "replicas: 1\n  autoscaling: {maxReplicas: 4}")
     error = await kubectl_error(kubeconfig, "apply", "-f", "-", stdin=invalid)
     assert "is invalid" in error and "replicas and autoscaling are mutually exclusive" in error
+    await _an_invalid_edit_says_why(kubeconfig)
     assert "deleted" in await kubectl(kubeconfig, "delete", "kis", "llama")
     assert (await kubectl(kubeconfig, "get", "kis", "-o", "name")).strip() == ""
+
+
+async def _an_invalid_edit_says_why(kubeconfig: Path) -> None:
+    """`kubectl edit` reopens the file with the 422's `details.causes` (field and message)
+    as comments, as against a real API server; without them the user saw only
+    `... "llama" is invalid`. The scripted editor records each file it is shown."""
+    editor, shown = kubeconfig.parent / "editor.sh", kubeconfig.parent / "shown.yaml"
+    editor.write_text(
+        f'#!/bin/sh\ncat "$1" >> {shown}\nsed -i "s/^  replicas: .*/  replicas: -3/" "$1"\n'
+    )
+    editor.chmod(0o755)
+    code, out, err = await run_kubectl(
+        kubeconfig, "edit", "kis", "llama", stdin=None, env={"KUBE_EDITOR": str(editor)}
+    )
+    assert code != 0 and "is invalid" in err, out + err
+    assert "# * spec.replicas: Invalid value: -3: should be >= 0" in shown.read_text()

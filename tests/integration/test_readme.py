@@ -18,19 +18,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from kvfleet_localcluster.podmonitors import podmonitor_crd
 from tests.conftest import dev_binary, kubectl_binary, require_binary
 from tests.support.objects import ROOT
 
 README = ROOT / "README.md"
 RUN_ELSEWHERE = {
-    "make demo": "tests/integration/test_demo.py runs its shortened version",
+    "make demo": ".ci/run runs it as typed, after make test, in CI's clean clone "
+    "(tests/integration/test_demo.py types `kvfleet demo --quick` in a fresh directory)",
     "make test": "CI (.ci/run) runs it",
+    ". .venv/bin/activate": "these tests run with the venv's bin/ first on PATH, as it puts it",
     "kvfleet gateway --config gateway.yaml": "every gateway pod runs it with the rendered config",
 }
 """Commands the README test does not run itself, and where they run."""
+CHANGED = {
+    "/tmp/kvfleet.kubeconfig": "the test's own directory (tests run in parallel with a user's)",
+}
+"""What this test changes in a command before it runs it; nothing else is changed, and
+nothing is installed that the README does not install."""
 SERVERS = {
     "kvfleet sim serve": "curl -sf http://127.0.0.1:30000/health",
     "kvfleet gateway --backend": "curl -sf http://127.0.0.1:8080/healthz",
@@ -41,7 +45,6 @@ FOR_A_WHILE = {
     "kvfleet operator": "",
 }
 """Commands that run until stopped: run for a few seconds; their output must contain this."""
-MONITORING_CRDS = ("prometheusrules", "PrometheusRule", "prometheusrule")
 
 
 def readme_blocks() -> list[tuple[str, list[str]]]:
@@ -142,6 +145,13 @@ def test_every_readme_command_is_run_here_or_names_its_test() -> None:
                         "The autoscaler", "The local cluster")
         for cmd in block(heading)
     } | {cmd for cmd in _helm_block()}  # fmt: skip
+    print(
+        "README commands run elsewhere:",
+        *(f"  {c}: {w}" for c, w in RUN_ELSEWHERE.items()),
+        "changed before they run:",
+        *(f"  {c}: {w}" for c, w in CHANGED.items()),
+        sep="\n",
+    )
     for heading, commands in readme_blocks():
         for cmd in commands:
             assert cmd in ran or cmd in RUN_ELSEWHERE, f"{heading}: {cmd!r} is run by no test"
@@ -163,12 +173,10 @@ def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
     local = block("The local cluster")
     up, export, rest = local[0], local[1], local[2:]
     kubeconfig = str(tmp_path / "kvfleet.kubeconfig")
-    up, export = (c.replace("/tmp/kvfleet.kubeconfig", kubeconfig) for c in (up, export))
-    crds = tmp_path / "monitoring-crds.yaml"
-    crds.write_text(yaml.safe_dump_all([podmonitor_crd(), _crd(*MONITORING_CRDS)]))
-    setup = [f"kubectl apply -f {crds}"]  # a cluster with the Prometheus Operator
+    (written,) = CHANGED
+    up, export = (c.replace(written, kubeconfig) for c in (up, export))
     commands = [
-        up, export, *setup,
+        up, export,
         *block("Installing on a cluster"), *block("The admin CLI"), *block("The autoscaler"),
         *rest,
     ]  # fmt: skip
@@ -188,10 +196,3 @@ def test_the_helm_install_on_a_fresh_local_cluster(tmp_path: Path) -> None:
     ]
     out = run_commands(commands, tmp_path)
     assert "STATUS: deployed" in out and "successfully rolled out" in out
-
-
-def _crd(plural: str, kind: str, singular: str) -> dict[str, object]:
-    doc = podmonitor_crd()
-    doc["metadata"] = {"name": f"{plural}.monitoring.coreos.com"}
-    doc["spec"]["names"] = {"kind": kind, "plural": plural, "singular": singular}
-    return doc

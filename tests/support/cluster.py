@@ -33,10 +33,12 @@ def cluster_config(
 ) -> LocalClusterConfig:
     """The local cluster of a test: `crds/` applied, namespace `ai` in its kubeconfig, pods
     Ready after 50 ms without processes (override with `run_processes=True`); `controllers`
-    False: the API server alone; `crds` False: no CRD installed."""
+    False: the API server alone; `crds` False: no CRD installed. No Prometheus Operator
+    (its CRDs): a test that wants PodMonitors installs them as a user would."""
     return LocalClusterConfig(
         kubeconfig=tmp / "kubeconfig",
         crds_dir=ROOT / "crds" if crds else None,
+        monitoring_crds=False,
         namespace="ai",
         resync_s=0.2,
         controllers=controllers,

@@ -34,12 +34,22 @@ import openai
 import yaml
 from rich.live import Live
 
-from kvfleet_bench.demo.cluster_view import NAME, NS, View, phase, refresh, render
+from kvfleet_bench.demo.cluster_view import (
+    NAME,
+    NS,
+    LiveTables,
+    PlainLines,
+    Progress,
+    View,
+    on_a_terminal,
+    phase,
+    refresh,
+)
 from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
 from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
-from kvfleet_localcluster.podmonitors import podmonitor_crd, write_targets
+from kvfleet_localcluster.podmonitors import write_targets
 from kvfleet_operator.crd import crd
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
@@ -65,6 +75,11 @@ class DemoConfig:
     scale_down_s: float = 15.0
     """The autoscaler's scale-down stabilization window."""
     seed: int = 7
+
+    def __post_init__(self) -> None:
+        # Everything under `out` is handed to other processes (Prometheus' file_sd, pods'
+        # volumes, kubectl's kubeconfig), each with its own idea of a relative path's base.
+        object.__setattr__(self, "out", self.out.resolve())
 
 
 def quick_config(out: Path) -> DemoConfig:
@@ -186,7 +201,7 @@ def _start_prometheus(stack: ExitStack, work: Path, sd_file: Path) -> str | None
 
 
 async def _scenario(
-    cluster: LocalCluster, config: DemoConfig, prometheus: str | None, live: Live
+    cluster: LocalCluster, config: DemoConfig, prometheus: str | None, live: Progress
 ) -> tuple[Run, dict[str, TenantStats], str]:
     rng = random.Random(config.seed)
     keys = {t.name: "kvf-" + secrets.token_urlsafe(16) for t in tenants(config)}
@@ -217,8 +232,10 @@ async def _scenario(
             # The operator, the kubelet and (cold) engine start-up at work.
             while not (view.gateway_url() and view.count("active") and view.count("warm")):
                 await refresh(view, api, scraper, url, run_, 0.0)
-                live.update(render(view, stats, run_, 0.0, config.duration_s, src))
+                live.show(view, stats, run_, 0.0, src)
                 await asyncio.sleep(0.5)
+            if prometheus:
+                await require_scraped_targets(scraper, prometheus, view.count("active"))
             gateway = view.gateway_url()
             clients = {
                 name: openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0)
@@ -236,6 +253,36 @@ async def _scenario(
     return run_, stats, src
 
 
+class SignalsUnavailable(RuntimeError):
+    """The autoscaler could not see its signals: the demo would only show it holding."""
+
+
+async def require_scraped_targets(
+    scraper: aiohttp.ClientSession, prometheus: str, engines: int, within_s: float = 20.0
+) -> None:
+    """Fail at once, plainly, when Prometheus scrapes none of the ready engines — instead of
+    two minutes of traffic with the autoscaler holding on "no fresh metrics"."""
+    deadline = time.monotonic() + within_s
+    up: list[str] = []
+    active: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        try:
+            async with scraper.get(f"{prometheus}/api/v1/targets?state=active") as r:
+                active = (await r.json())["data"]["activeTargets"]
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError):
+            active = []
+        up = [t["scrapeUrl"] for t in active if t.get("health") == "up"]
+        if len(up) >= engines:
+            return
+        await asyncio.sleep(0.5)
+    raise SignalsUnavailable(
+        f"Prometheus ({prometheus}) has {len(active)} active targets for the PodMonitors "
+        f"({len(up)} up) {within_s:.0f} s after {engines} engine pod(s) became Ready: the "
+        "autoscaler would see no fresh metrics. See prometheus.log and targets.json in the "
+        "demo's cluster/ folder."
+    )
+
+
 async def _traffic(
     config: DemoConfig,
     view: View,
@@ -246,7 +293,7 @@ async def _traffic(
     stats: dict[str, TenantStats],
     clients: dict[str, openai.AsyncOpenAI],
     rng: random.Random,
-    live: Live,
+    live: Progress,
     src: str,
 ) -> None:
     from kvfleet_bench.demo.traffic import Conversations, drive, one_request
@@ -309,7 +356,7 @@ async def _traffic(
                 sum(sum(s.refused.values()) for s in stats.values()),
             )
         )
-        live.update(render(view, stats, run_, t, config.duration_s, src))
+        live.show(view, stats, run_, t, src)
         if t > config.duration_s and desired is not None and desired <= run_.min_replicas:
             break
         await asyncio.sleep(1.0)
@@ -357,8 +404,6 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
         store = cluster.api.store
         prometheus = None
         if shutil.which("prometheus"):
-            async with cluster.session() as api:
-                await _create(api, cluster.url, podmonitor_crd())
             write_targets(store, sd_file)
             prometheus = _start_prometheus(stack, work, sd_file)
 
@@ -369,8 +414,13 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
 
             syncer = asyncio.create_task(sync_targets())
             astack.callback(syncer.cancel)
-        with Live(refresh_per_second=4) as live:
-            run_, stats, src = await _scenario(cluster, config, prometheus, live)
+        if on_a_terminal():
+            with Live(refresh_per_second=4) as live:
+                tables = LiveTables(live, config.duration_s)
+                run_, stats, src = await _scenario(cluster, config, prometheus, tables)
+        else:
+            lines = PlainLines(config.duration_s)
+            run_, stats, src = await _scenario(cluster, config, prometheus, lines)
     doc = summary(run_, stats, src)
     doc["report"] = [str(p) for p in write_report(config.out, doc, run_)]
     return doc

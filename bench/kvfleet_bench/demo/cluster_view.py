@@ -4,12 +4,15 @@ engines' own /metrics) read once a second, and the tables drawn from it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from rich.console import Group
+from rich.live import Live
 from rich.table import Table
 
 from kvfleet_bench.demo.timeline import Decision, Run, TenantStats
@@ -174,3 +177,60 @@ def render(
     for d in run_.decisions[-6:]:
         decisions.add_row(f"{d.t:5.1f}", d.what[:120])
     return Group(head, reps, traffic, decisions)
+
+
+class Progress(Protocol):
+    """Where the demo shows its state each refresh: a live table on a terminal, plain lines
+    elsewhere (a CI log, a pipe), where a table cut at 80 columns helps no one."""
+
+    def show(
+        self, view: View, stats: dict[str, TenantStats], run_: Run, t: float, src: str
+    ) -> None: ...
+
+
+@dataclass
+class LiveTables:
+    live: Live
+    duration: float
+
+    def show(
+        self, view: View, stats: dict[str, TenantStats], run_: Run, t: float, src: str
+    ) -> None:
+        self.live.update(render(view, stats, run_, t, self.duration, src))
+
+
+@dataclass
+class PlainLines:
+    duration: float
+    every_s: float = 5.0
+    """A status line this often; each scaling decision as it happens."""
+    echo: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    _decisions: int = 0
+    _last: float | None = None
+
+    def show(
+        self, view: View, stats: dict[str, TenantStats], run_: Run, t: float, src: str
+    ) -> None:
+        if self._last is None:
+            self.echo(f"signals from {src}")
+        for d in run_.decisions[self._decisions :]:
+            self.echo(f"t={d.t:6.1f}s  {d.what}")
+        self._decisions = len(run_.decisions)
+        if self._last is not None and t - self._last < self.every_s:
+            return
+        self._last = t
+        auto = (view.isvc.get("status") or {}).get("autoscaling") or {}
+        ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), 10.0)]
+        p50 = f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-"
+        refused = sum(sum(s.refused.values()) for s in stats.values())
+        self.echo(
+            f"t={t:6.1f}s  {PHASES[phase(t, self.duration)] if t > 0 else 'starting':8} "
+            f"active {view.count('active')} warm {view.count('warm')} "
+            f"(desired {auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')})  "
+            f"queue {sum(m.get('queue', 0.0) for m in view.engine_metrics.values()):g}  "
+            f"TTFT p50 {p50}  served {sum(s.ok for s in stats.values())}  429 {refused}"
+        )
+
+
+def on_a_terminal() -> bool:
+    return sys.stdout.isatty()

@@ -123,7 +123,7 @@ def run_demo(
 )
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=click.Path(path_type=Path, file_okay=False, resolve_path=True),
     default=Path("kvfleet-demo"),
     show_default=True,
     help="Where the summary, the timeline PNG and the cluster's kubeconfig go.",
@@ -188,7 +188,12 @@ def demo(
         f"kubectl --kubeconfig {out / 'kubeconfig'} get pods -n ai (while it runs)",
         err=True,
     )
-    doc = run_autoscaler_demo(config)
+    from kvfleet_bench.demo.autoscaler import SignalsUnavailable
+
+    try:
+        doc = run_autoscaler_demo(config)
+    except SignalsUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo("")
     for name, t in doc["tenants"].items():
         refused = ", ".join(f"{k} {v}" for k, v in t["refused"].items()) or "none"
