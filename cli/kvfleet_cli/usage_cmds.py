@@ -31,6 +31,9 @@ class TenantUsage:
     """prompt / completion / cached → tokens."""
     cost: float = 0.0
     budget_left: float | None = None
+    """The budget less what was spent (as of the gateways' last admission or settlement)."""
+    budget_reserved: float | None = None
+    """Reserved by requests in flight: each holds its upper bound until it settles."""
 
     @property
     def total_requests(self) -> float:
@@ -60,6 +63,11 @@ def aggregate(samples: Iterable[Sample], tenant: str | None = None) -> dict[str,
         elif name == "kvfleet_gateway_budget_remaining_tokens":
             # Every gateway reports the shared budget: the smallest is the freshest.
             u.budget_left = value if u.budget_left is None else min(u.budget_left, value)
+        elif name == "kvfleet_gateway_budget_reserved_tokens":
+            # Each gateway reports the shared total it last saw; settled gateways see less.
+            u.budget_reserved = (
+                value if u.budget_reserved is None else min(u.budget_reserved, value)
+            )
     return out
 
 
@@ -74,10 +82,11 @@ def usage_table(usage: dict[str, TenantUsage]) -> str:
             f"{u.tokens.get('prompt', 0):,.0f}", f"{u.tokens.get('completion', 0):,.0f}",
             f"{u.tokens.get('cached', 0):,.0f}",
             "-" if u.budget_left is None else f"{u.budget_left:,.0f}",
+            "-" if u.budget_reserved is None else f"{u.budget_reserved:,.0f}",
             f"{u.cost:.4f}", per_1k,
         ])  # fmt: skip
     headers = ["TENANT", "REQUESTS", "OK", "429", "PROMPT", "COMPLETION", "CACHED",
-               "BUDGET-LEFT", "COST", "COST/1K"]  # fmt: skip
+               "BUDGET-LEFT", "RESERVED", "COST", "COST/1K"]  # fmt: skip
     return table(headers, rows)
 
 
@@ -135,6 +144,9 @@ def _from_prometheus(url: str, namespace: str, name: str, since: str) -> tuple[l
         "kvfleet_gateway_cost_total": increase("kvfleet_gateway_cost_total", "tenant"),
         "kvfleet_gateway_budget_remaining_tokens": (
             f"min by (tenant) (kvfleet_gateway_budget_remaining_tokens{{{where}}})"
+        ),
+        "kvfleet_gateway_budget_reserved_tokens": (
+            f"min by (tenant) (kvfleet_gateway_budget_reserved_tokens{{{where}}})"
         ),
     }
     samples: list[Sample] = []

@@ -282,8 +282,8 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     )
     decision = await gw.store.admit(ticket)
     headers = ratelimit_headers(decision.quota)
-    if decision.quota.budget_remaining is not None:
-        gw.metrics.budget_remaining.labels(tenant.name).set(decision.quota.budget_remaining)
+    if decision.quota.budget is not None:
+        gw.metrics.set_budget(tenant.name, decision.quota.budget)
     if not decision.admitted:
         gw.metrics.rejections.labels(tenant.name, decision.reason or "unknown").inc()
         err = rejection(decision)

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvfleet_gateway.config import Limits
+from kvfleet_gateway.config import Limits, TokenBudget
 
 WINDOW_S = 60
 SETTLED_MEMORY_S = 3600
@@ -42,6 +42,50 @@ class Ticket:
 
 
 @dataclass(frozen=True)
+class BudgetState:
+    """A tenant's token budget in the current period, as the store holds it."""
+
+    limit: int
+    spent: int
+    """Settled: what finished requests were billed."""
+    reserved: int
+    """Held by requests in flight: each reserves its upper bound (prompt + max_tokens) until
+    it settles to what it used."""
+
+    @property
+    def left(self) -> int:
+        """The budget less what was spent (what is left once every request in flight ends
+        having used nothing)."""
+        return max(0, self.limit - self.spent)
+
+    @property
+    def available(self) -> int:
+        """What a new request may reserve now."""
+        return max(0, self.limit - self.spent - self.reserved)
+
+    @property
+    def in_use(self) -> int:
+        return self.spent + self.reserved
+
+
+def budget_refusal(need: int, state: BudgetState) -> str:
+    """The 429 message of a request the budget cannot take: its bound against what remains."""
+    return (
+        f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens); "
+        f"{state.available:,} of {state.limit:,} remain this period ({state.spent:,} spent, "
+        f"{state.reserved:,} reserved by requests in flight)"
+    )
+
+
+def budget_too_small(need: int, limit: int) -> str:
+    """The 429 of a request whose bound exceeds the whole budget (waiting cannot help)."""
+    return (
+        f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens), "
+        f"more than the whole budget of {limit:,} per period: lower max_tokens"
+    )
+
+
+@dataclass(frozen=True)
 class Quota:
     """What the `x-ratelimit-*` headers report after a decision."""
 
@@ -51,7 +95,12 @@ class Quota:
     limit_tokens: int | None = None
     remaining_tokens: int | None = None
     reset_tokens_s: float = 0.0
-    budget_remaining: int | None = None
+    budget: BudgetState | None = None
+
+    @property
+    def budget_remaining(self) -> int | None:
+        """What `x-kvfleet-budget-remaining-tokens` says: what a new request may reserve."""
+        return None if self.budget is None else self.budget.available
 
 
 @dataclass(frozen=True)
@@ -65,6 +114,8 @@ class Lease:
     degraded: bool = False
     """Admitted by the local fallback while the shared store was down."""
     budget_period_s: float | None = None
+    budget_tokens: int | None = None
+    """The tenant's budget per period, to report its state after settling."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +140,9 @@ class LimitStore(Protocol):
 
     async def active_leases(self, tenant: str, now: float) -> int: ...
 
-    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None: ...
+    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
+        """The tenant's budget in the current period of `budget`."""
+        ...
 
 
 def reset_after(buckets: dict[int, int], now: float) -> float:
@@ -190,16 +243,12 @@ class MemoryStore:
             )
         if budget is not None and period is not None:
             if need > budget.tokens:
-                return reject(
-                    "budget",
-                    None,
-                    f"request needs {need} tokens, more than the whole budget of {budget.tokens}",
-                )
+                return reject("budget", None, budget_too_small(need, budget.tokens))
             if used + st.reserved + need > budget.tokens:
                 return reject(
                     "budget",
                     (period + 1) * budget.period - now,
-                    f"token budget of {budget.tokens} per period is used up",
+                    budget_refusal(need, BudgetState(budget.tokens, used, st.reserved)),
                 )
         st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, need)
         st.reserved += need
@@ -213,6 +262,7 @@ class MemoryStore:
             period,
             degraded,
             budget.period if budget else None,
+            budget.tokens if budget else None,
         )
         return Decision(True, self._quota(st, lim, now, used), lease=lease)
 
@@ -228,9 +278,9 @@ class MemoryStore:
             limit_tokens=lim.tokens_per_minute,
             remaining_tokens=left(lim.tokens_per_minute, sum(st.tokens.values())),
             reset_tokens_s=reset_after(st.tokens, now),
-            budget_remaining=None
+            budget=None
             if lim.token_budget is None
-            else left(lim.token_budget.tokens, budget_used + st.reserved),
+            else BudgetState(lim.token_budget.tokens, budget_used, st.reserved),
         )
 
     async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
@@ -262,9 +312,8 @@ class MemoryStore:
         st.prune(now)
         return len(st.leases)
 
-    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None:
-        if limits.token_budget is None:
-            return None
+    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
         st = self._state(tenant)
         st.prune(now)
-        return st.budget.get(math.floor(now / limits.token_budget.period), 0) + st.reserved
+        spent = st.budget.get(math.floor(now / budget.period), 0)
+        return BudgetState(budget.tokens, spent, st.reserved)

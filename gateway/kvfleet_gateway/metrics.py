@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvfleet_gateway.config import CostConfig
+from kvfleet_gateway.limiter import BudgetState
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
@@ -83,7 +84,15 @@ class GatewayMetrics:
         )
         self.budget_remaining = Gauge(
             f"{p}budget_remaining_tokens",
-            "Tokens left in the tenant's budget period.",
+            "Tokens left in the tenant's budget period: the budget less what was spent "
+            "(set at each admission and settlement).",
+            ("tenant",),
+            registry=r,
+        )
+        self.budget_reserved = Gauge(
+            f"{p}budget_reserved_tokens",
+            "Tokens of the tenant's budget reserved by requests in flight (each holds its "
+            "upper bound until it settles).",
             ("tenant",),
             registry=r,
         )
@@ -165,3 +174,7 @@ class GatewayMetrics:
         self.gpu_seconds.labels(tenant, model).observe(gs)
         self.cost.labels(tenant, model).inc(gs * cost.gpu_hourly_price / 3600)
         return gs
+
+    def set_budget(self, tenant: str, state: BudgetState) -> None:
+        self.budget_remaining.labels(tenant).set(state.left)
+        self.budget_reserved.labels(tenant).set(state.reserved)

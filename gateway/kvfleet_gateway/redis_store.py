@@ -43,16 +43,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvfleet_gateway.config import Limits
+from kvfleet_gateway.config import Limits, TokenBudget
 from kvfleet_gateway.limiter import (
     SETTLED_MEMORY_S,
     WINDOW_S,
+    BudgetState,
     Decision,
     Lease,
     MemoryStore,
     Quota,
     Reason,
     Ticket,
+    budget_refusal,
+    budget_too_small,
 )
 from kvfleet_gateway.tasks import every
 
@@ -320,7 +323,7 @@ class RedisStore:
             lim.tokens_per_minute,
             left(lim.tokens_per_minute, ntok),
             _num(rtok) or 0.0,
-            None if budget is None else max(0, budget.tokens - used - reserved),
+            None if budget is None else BudgetState(budget.tokens, int(used), int(reserved)),
         )
         if ok:
             lease = Lease(
@@ -330,6 +333,7 @@ class RedisStore:
                 int(sec),
                 None if period < 0 else int(period),
                 budget_period_s=budget.period if budget else None,
+                budget_tokens=budget.tokens if budget else None,
             )
             return Decision(True, quota, lease=lease)
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -337,7 +341,10 @@ class RedisStore:
             "concurrency": f"{lim.max_concurrent} concurrent requests already running",
             "requests": f"limit of {lim.requests_per_minute} requests per minute reached",
             "tokens": f"limit of {lim.tokens_per_minute} tokens per minute reached",
-            "budget": "token budget for this period is used up",
+            "budget": budget_refusal(
+                ticket.reserve_tokens,
+                BudgetState(budget.tokens if budget else 0, int(used), int(reserved)),
+            ),
             "store_reset": STORE_RESET_MESSAGE,
         }
         wait = _num(retry)
@@ -351,8 +358,8 @@ class RedisStore:
                 f"request needs {ticket.reserve_tokens} tokens, more than the "
                 f"limit of {lim.tokens_per_minute} per minute: lower max_tokens"
             )
-            messages["budget"] = (
-                f"request needs {ticket.reserve_tokens} tokens, more than the budget"
+            messages["budget"] = budget_too_small(
+                ticket.reserve_tokens, budget.tokens if budget else 0
             )
         return Decision(
             False,
@@ -422,14 +429,14 @@ class RedisStore:
         server_now = t[0] + t[1] / 1e6
         return int(await self.client.zcount(_keys(tenant)["leases"], f"({server_now}", "+inf"))
 
-    async def budget_used(self, tenant: str, limits: Limits, now: float) -> int | None:
-        if limits.token_budget is None:
-            return None
+    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
         k = _keys(tenant)
-        period = math.floor(now / limits.token_budget.period)
-        used = await self.client.hget(k["budget"], str(period))
-        reserved = await self.client.get(k["rtot"])
-        return int(used or 0) + int(reserved or 0)
+        period = math.floor(now / budget.period)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(k["budget"], str(period))
+            pipe.get(k["rtot"])
+            spent, reserved = await pipe.execute()
+        return BudgetState(budget.tokens, int(spent or 0), int(reserved or 0))
 
     async def _retry_pending(self) -> None:
         if self.pending:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvfleet_localcluster.events import EventRecorder
 from kvfleet_localcluster.kinds import (
     CONFIG_KINDS,
     DEPLOYMENT,
@@ -89,11 +90,13 @@ class Cluster:
     """StatefulSets (namespace, name) to reconcile."""
     _services: ServiceTable | None = None
     _services_changed: bool = True
+    _events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
         for kind in (POD, DEPLOYMENT, STATEFULSET, SERVICE):
             self.store.kinds.setdefault(kind.key, kind)
         self.store.listeners.append(self._on_event)
+        self._events = EventRecorder(self.store)
         if self.kubelet.run_processes:
             self._services = ServiceTable(service_table_file(self.kubelet))
 
@@ -216,6 +219,9 @@ class Cluster:
         with contextlib.suppress(ApiError):  # the pod is gone
             self.store.patch(POD, ns, name, "merge", {"status": status}, "status")
 
+    def _warn(self, pod_meta: dict[str, Any], reason: str, message: str) -> None:
+        self._events.warning(pod_meta, reason, message)
+
     def _read(self, ns: str, kind: str, name: str) -> dict[str, Any] | None:
         spec = CONFIG_KINDS[kind]
         try:
@@ -250,6 +256,7 @@ class Cluster:
                 self._read,
                 self.access,
                 pod["metadata"],
+                lambda reason, message, meta=pod["metadata"]: self._warn(meta, reason, message),
             )
             self._runners[key] = (runner, asyncio.create_task(runner.run()))
 

@@ -35,6 +35,7 @@ STATEFULSET = Kind(
     selector_path="spec.selector",
 )
 SERVICE = Kind("", "v1", "services", "Service", True, frozenset({"status"}))
+EVENT = Kind("", "v1", "events", "Event", True, frozenset())
 
 
 def template_hash(template: dict[str, Any]) -> str:

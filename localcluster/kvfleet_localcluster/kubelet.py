@@ -255,6 +255,9 @@ class PodRunner:
     """The API server, for the pod's service-account volume; None: pods get no credentials."""
     meta: Json = field(default_factory=dict)
     """The pod's metadata (name, namespace, uid, labels) for the downward API."""
+    record_event: Any = None
+    """Callable(reason, message) posting a Warning Event about this pod, as the kubelet's
+    event recorder does (repeats are counted on one Event); None: no Events."""
     restarts: int = 0
     ready: bool = False
     proc: asyncio.subprocess.Process | None = None
@@ -349,11 +352,22 @@ class PodRunner:
                 self.sandbox.check_references(container)
                 return
             except ConfigMissing as missing:
+                # As a real kubelet: a volume that cannot mount leaves the container in
+                # ContainerCreating with no message (the reason is only in the FailedMount
+                # Event); a missing env source is CreateContainerConfigError with its message.
+                mount = missing.reason == "ContainerCreating"
                 if reported != missing.message:
                     reported = missing.message
                     log.info("pod %s/%s: %s", self.ns, self.name, missing.message)
-                    waiting = {"waiting": {"reason": missing.reason, "message": missing.message}}
-                    self._write(container, waiting, False, False)
+                    state = {"reason": missing.reason}
+                    if not mount:
+                        state["message"] = missing.message
+                    self._write(container, {"waiting": state}, False, False)
+                if self.record_event is not None:
+                    reason = "FailedMount" if mount else "Failed"
+                    self.record_event(
+                        reason, missing.message if mount else f"Error: {missing.message}"
+                    )
             await asyncio.sleep(self._scaled(10.0))
 
     async def run(self) -> None:

@@ -195,7 +195,7 @@ class PodSandbox:
                 if self.secrets(self.ns, kind, src.get(name_key, "")) is None:
                     raise ConfigMissing(
                         "ContainerCreating",
-                        f'MountVolume.SetUp failed for volume "{vol.get("name")}": '
+                        f'MountVolume.SetUp failed for volume "{vol.get("name")}" : '
                         f'{kind.lower()} "{src.get(name_key)}" not found',
                     )
         for src in container.get("envFrom") or []:

@@ -67,6 +67,7 @@ def resource_by_plural(plural: str) -> Resource:
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
+EVENT = RESOURCES[("v1", "Event")]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 PRUNABLE = [
     RESOURCES[k]
@@ -168,11 +169,23 @@ class Kube:
                 return None
             raise
 
-    def list(self, res: Resource, namespace: str | None, selector: str | None = None) -> list[Json]:
-        if cache := self._cached(res):
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None,
+        selector: str | None = None,
+        fields: str | None = None,
+    ) -> list[Json]:
+        """`selector` is a label selector; `fields` a field selector (always asked of the API
+        server: the cache keeps labels, not field indexes)."""
+        if fields is None and (cache := self._cached(res)):
             return cache.list(res.plural, namespace, selector)
-        query = {"labelSelector": selector} if selector else None
-        items: list[Json] = self.request("GET", res.path(namespace), query=query).get("items") or []
+        query = {"labelSelector": selector} if selector else {}
+        if fields:
+            query["fieldSelector"] = fields
+        items: list[Json] = (
+            self.request("GET", res.path(namespace), query=query or None).get("items") or []
+        )
         return items
 
     def create(self, obj: Json) -> Json:

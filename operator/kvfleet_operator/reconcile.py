@@ -16,9 +16,16 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_gateway.schema import ConfigError, Json
 from kvfleet_operator.diff import repair_patch, warm_assignment
-from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, PRUNABLE, Kube, resource_of
+from kvfleet_operator.kube import DEPLOYMENT, EVENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
-from kvfleet_operator.render.common import ENGINE, ISVC_LABEL, ROLE_LABEL, Owner, selector_string
+from kvfleet_operator.render.common import (
+    ENGINE,
+    GATEWAY,
+    ISVC_LABEL,
+    ROLE_LABEL,
+    Owner,
+    selector_string,
+)
 from kvfleet_operator.scaling.autoscaler import Scaled, report
 from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
 
@@ -203,6 +210,29 @@ def _assign_roles(
         pods[:] = kube.list(POD, owner.namespace, owner.selector_string(ENGINE))
 
 
+def held_by_references(kube: Kube, namespace: str, pods: list[Json]) -> tuple[str, ...]:
+    """Why pods wait before their container starts, naming the missing object: a missing env
+    source is in the container's waiting message; a volume that cannot mount only in the
+    kubelet's FailedMount Event (read only for such pods, so a steady state reads nothing)."""
+    out = []
+    for pod in pods:
+        if pod_ready(pod):
+            continue
+        name = pod["metadata"]["name"]
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerConfigError" and waiting.get("message"):
+                out.append(f"pod {name}: {waiting['message']}")
+            elif waiting.get("reason") == "ContainerCreating":
+                fields = f"involvedObject.kind=Pod,involvedObject.name={name},reason=FailedMount"
+                events = kube.list(EVENT, namespace, fields=fields)
+                if events:
+                    latest = max(events, key=lambda e: e.get("lastTimestamp") or "")
+                    out.append(f"pod {name}: {latest.get('message', '')}")
+            break  # one container per pod here
+    return tuple(out)
+
+
 def _write_status(
     kube: Kube,
     body: Json,
@@ -221,7 +251,9 @@ def _write_status(
         owner, replicas, pods, applied = world
         engine = applied.get(("Deployment", owner.engine_name))
         gateway = applied.get(("Deployment", owner.gateway_name))
-        observed = Observed(engine, pods, gateway)
+        gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
+        held = held_by_references(kube, ns, [*pods, *gateway_pods])
+        observed = Observed(engine, pods, gateway, held)
         scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
         status = compute_status(
             body,

@@ -85,6 +85,9 @@ class Observed:
     engine: Json | None
     pods: list[Json]
     gateway: Json | None
+    held: tuple[str, ...] = ()
+    """Pods (engine or gateway) held before their container starts by an object that does
+    not exist, in the kubelet's words: `pod x: ... secret "keys" not found`."""
 
 
 def pod_ready(pod: Json) -> bool:
@@ -183,6 +186,11 @@ def compute_status(
             )
         elif serving:
             ready_c = condition(previous, "Ready", True, "Serving", want, generation)
+        elif observed.held:
+            ready_c = condition(
+                previous, "Ready", False, "ReferenceNotFound", "; ".join(observed.held[:3]),
+                generation,
+            )  # fmt: skip
         elif not gw_ready:
             store = ((body.get("spec") or {}).get("gateway") or {}).get("limitsStore")
             why = (  # not the URL itself: it may carry a password

@@ -324,6 +324,8 @@ async def test_missing_secret_configmap_key_and_pvc_hold_the_container(
     assert await until(
         lambda: _eq(status_of("p"), "CreateContainerConfigError"), 10, "config error"
     )
+    described = await k(cluster, "describe", "pod", "p")
+    assert "Warning  Failed" in described and 'Error: secret "hf" not found' in described
     await k(cluster, "apply", "-f", "-", stdin=secret("hf", other="x"))
     message = (await get(cluster, "pod", "p"))["status"]["containerStatuses"][0]["state"]
     assert await until(
@@ -341,6 +343,36 @@ async def test_missing_secret_configmap_key_and_pvc_hold_the_container(
     await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(spec))
     assert await until(lambda: _eq(status_of("q"), "ContainerCreating"), 10, "ContainerCreating")
     assert (await get(cluster, "pod", "q"))["status"]["phase"] == "Pending"
+    # As a real kubelet: the reason is in a FailedMount Event (not the container's state),
+    # which `kubectl describe` shows; repeats are counted on one Event.
+    volumes = [{"name": "keys", "secret": {"secretName": "api-keys"}}]
+    mounts = {"volumeMounts": [{"name": "keys", "mountPath": "/keys"}]}
+    spec = pod("r", [*SIM, "--port", "30002"], volumes=volumes, container=mounts)
+    await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(spec))
+    assert await until(lambda: _eq(status_of("r"), "ContainerCreating"), 10, "ContainerCreating")
+    failed_mount = 'MountVolume.SetUp failed for volume "keys" : secret "api-keys" not found'
+
+    async def shown() -> bool:
+        return failed_mount in await describe(cluster, "r")
+
+    assert await until(shown, 10, "a FailedMount Event")
+    assert "Warning  FailedMount" in await describe(cluster, "r")
+    assert (
+        "message"
+        not in (await get(cluster, "pod", "r"))["status"]["containerStatuses"][0]["state"][
+            "waiting"
+        ]
+    )
+
+    async def counted() -> bool:
+        events = yaml.safe_load(await k(cluster, "get", "events", "-o", "json"))["items"]
+        return any(e["reason"] == "FailedMount" and e["count"] >= 2 for e in events)
+
+    assert await until(counted, 10, "a repeat counted on the same Event")
+
+
+async def describe(cluster: LocalCluster, pod_name: str) -> str:
+    return await k(cluster, "describe", "pod", pod_name)
 
 
 def secret(name: str, **data: str) -> str:

@@ -23,7 +23,7 @@ from kvfleet_gateway.config import (
 )
 from kvfleet_gateway.keys import hash_key
 from kvfleet_sim.faults import FaultPlan
-from tests.support.gateway import gateway_config, metrics_url
+from tests.support.gateway import budget_in_use, gateway_config, metrics_url
 
 KEY_A, KEY_B = "kvf-test-key-a", "kvf-test-key-b"
 
@@ -178,7 +178,7 @@ async def test_budget_reserves_then_refunds_to_real_usage(
     used = body["usage"]["total_tokens"]
     assert int(headers["x-kvfleet-budget-remaining-tokens"]) < 2_000 - 1_024  # while reserved
     store = gateway_server.state(gw).store
-    assert await store.budget_used("team-a", cfg.limits.defaults, time.time()) == used
+    assert await budget_in_use(store, "team-a", cfg.limits.defaults, time.time()) == used
     # A request that fits the budget but not what is left: insufficient_quota until the reset.
     over = 2_000 - used - 16 + 1  # 16 = the gateway's estimate for this prompt
     status, headers, body = await call(gw, "/v1/chat/completions", {**CHAT, "max_tokens": over})
@@ -225,7 +225,7 @@ async def test_bad_input_is_refused_and_nothing_is_charged(
     assert fragment in err["error"]["message"]
     assert set(err["error"]) == {"message", "type", "param", "code"}
     store = gateway_server.state(gw).store
-    assert await store.budget_used("team-a", cfg.limits.defaults, time.time()) == 0
+    assert await budget_in_use(store, "team-a", cfg.limits.defaults, time.time()) == 0
     assert (await call(gw, "/v1/chat/completions", CHAT))[0] == 200  # still serving
 
 
@@ -296,7 +296,7 @@ async def test_engine_dying_mid_stream_ends_with_error_event_and_settles(
     now = time.time()
     await asyncio.sleep(0.1)
     assert await store.active_leases("team-a", now) == 0
-    assert 0 < await store.budget_used("team-a", cfg.limits.defaults, now) < 1050
+    assert 0 < await budget_in_use(store, "team-a", cfg.limits.defaults, now) < 1050
 
 
 async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path: Path) -> None:

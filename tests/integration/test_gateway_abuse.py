@@ -18,7 +18,7 @@ from aiohttp import web
 from kvfleet_gateway.config import Duration, Limits, Requests, Timeouts, TokenBudget
 from kvfleet_gateway.keys import hash_key
 from tests.support.fake_engine import MODEL, chunk, fake_engine, sse, usage
-from tests.support.gateway import gateway_config, metrics_url
+from tests.support.gateway import budget_in_use, gateway_config, metrics_url
 
 CANARY = "kvf-CANARY-7f3a9c"
 """A key whose every appearance outside the request that carried it is a leak."""
@@ -57,7 +57,7 @@ async def post(
 async def billed(gateway_server: Any, gw: str) -> int:
     state = gateway_server.state(gw)
     limits = state.config.limits_for("t", state.keys.ring.tenant("t").limits)
-    used = await state.store.budget_used("t", limits, time.time())
+    used = await budget_in_use(state.store, "t", limits, time.time())
     active = await state.store.active_leases("t", time.time())
     assert active == 0, "a lease leaked"
     return int(used)
@@ -150,7 +150,7 @@ async def test_a_stream_cut_after_its_first_chunk_is_billed_the_engines_prompt(
         await asyncio.sleep(0.1)
         state = gateway_server.state(gw)
         if not state.metrics.inflight.labels("t", MODEL)._value.get():
-            used = int(await state.store.budget_used("t", cfg.limits.defaults, time.time()))
+            used = int(await budget_in_use(state.store, "t", cfg.limits.defaults, time.time()))
             break
     async with aiohttp.ClientSession() as s, s.get(f"{engine}/metrics") as r:
         text = await r.text()

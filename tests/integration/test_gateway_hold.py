@@ -27,7 +27,7 @@ from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
-from tests.support.gateway import gateway_config, metrics_url
+from tests.support.gateway import budget_in_use, gateway_config, metrics_url
 from tests.support.objects import ENGINE_SELECTOR, engine_pod
 from tests.support.waiting import until
 
@@ -114,7 +114,7 @@ async def test_deadline_gives_503_no_capacity_and_bills_nothing(
             assert headers["Retry-After"] == "1"
             state = gateway_server.state(gw_url)
             limits = state.config.limits_for("t")
-            assert await state.store.budget_used("t", limits, time.time()) == 0
+            assert await budget_in_use(state.store, "t", limits, time.time()) == 0
             # A full hold queue refuses at once.
             status, _, body = await asyncio.wait_for(post(gw2), 2)
             assert status == 503 and "already wait" in body["error"]["message"]

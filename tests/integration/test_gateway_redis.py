@@ -13,7 +13,7 @@ import aiohttp
 from kvfleet_gateway import inbound
 from kvfleet_gateway.config import Duration, GatewayConfig, Limits
 from kvfleet_gateway.keys import hash_key
-from tests.support.gateway import gateway_config
+from tests.support.gateway import gateway_config, metrics_url
 
 from ..conftest import RedisProcess
 
@@ -93,6 +93,39 @@ async def test_three_gateways_never_overspend_a_shared_budget(
     assert int(r.hget("kvf:{budgeted}:budget", str(int(time.time() // 86400)))) == billed
     assert int(r.get("kvf:{budgeted}:rtot") or 0) == 0
     assert r.zcard("kvf:{budgeted}:leases") == 0
+
+
+async def test_the_budget_gauges_and_refusals_say_what_the_store_holds(
+    sim_server: Any, gateway_server: Any, redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    """What `kvfleet usage` reads (the gateway's gauges) is Redis's state after settling, not
+    the state at the last admission (which counted that request's reservation: it showed 50
+    left where Redis held 154); a refusal names the request's bound and what remains."""
+    budget = 400
+    engines = [await sim_server(time_scale=0.02, simulate_eos=False)]
+    config = gw_config(engines, keys(tmp_path, budget), redis_proc.url)
+    gw = await gateway_server(config)
+    async with aiohttp.ClientSession() as s:
+        status, body = await chat(s, gw, KEY_BUDGET, max_tokens=40)
+        assert status == 200
+        spent = body["usage"]["total_tokens"]
+        status, refused = await chat(s, gw, KEY_BUDGET, max_tokens=250)  # fits 400, not 347
+        async with s.get(metrics_url(config)) as r:
+            metrics = await r.text()
+    r = redis_proc.client()
+    held = int(r.hget("kvf:{budgeted}:budget", str(int(time.time() // 86400))))
+    assert held == spent
+    assert f'kvfleet_gateway_budget_remaining_tokens{{tenant="budgeted"}} {budget - spent}.0' in (
+        metrics
+    ), metrics
+    assert 'kvfleet_gateway_budget_reserved_tokens{tenant="budgeted"} 0.0' in metrics
+    need = inbound.parse("chat", chat_body(250, False), Limits(), None).reserve_tokens
+    assert status == 429
+    assert refused["error"]["message"] == (
+        f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens); "
+        f"{budget - spent:,} of {budget:,} remain this period ({spent:,} spent, 0 reserved by "
+        "requests in flight)"
+    )
 
 
 async def test_a_budget_is_usable_to_its_last_requests(

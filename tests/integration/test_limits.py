@@ -11,6 +11,7 @@ import pytest
 from kvfleet_gateway.config import Duration, Limits, TokenBudget
 from kvfleet_gateway.limiter import LimitStore, MemoryStore, Ticket
 from kvfleet_gateway.redis_store import RedisStore
+from tests.support.gateway import budget_in_use
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -65,7 +66,7 @@ async def test_budget_reserves_then_settles_to_real_usage(store: Any) -> None:
     assert not refused.admitted and refused.reason == "budget"
     assert refused.retry_after_s is not None and 0 < refused.retry_after_s <= 86400
     assert await store.settle(a.lease, 150, time.time())  # used far less than reserved
-    assert await store.budget_used("t", lim, time.time()) == 150
+    assert await budget_in_use(store, "t", lim, time.time()) == 150
     assert (await store.admit(ticket(lim, need=600))).admitted
     too_big = await store.admit(ticket(lim, need=5000))
     assert not too_big.admitted and too_big.retry_after_s is None
@@ -76,7 +77,7 @@ async def test_settlement_happens_once(store: Any) -> None:
     d = await store.admit(ticket(lim, need=100))
     assert await store.settle(d.lease, 80, time.time())
     assert not await store.settle(d.lease, 80, time.time())
-    assert await store.budget_used("t", lim, time.time()) == 80
+    assert await budget_in_use(store, "t", lim, time.time()) == 80
 
 
 async def test_requests_per_minute_and_quota_headers(store: Any) -> None:

@@ -271,3 +271,33 @@ async def test_restart_writes_nothing_and_warm_pool(
         "/api/v1/namespaces/ai/pods" in w[1] and w[0] == "POST" for w in writes
     ), writes
     assert op2.kube.writes == 0
+
+
+async def test_a_pod_held_by_a_missing_secret_names_it_in_the_condition(
+    local_cluster: Env, operator_factory: OperatorFactory
+) -> None:
+    """The gateway's key Secret does not exist: its pod stays ContainerCreating and the
+    kubelet says why only in a FailedMount Event. Ready=False names the Secret (it said a
+    generic GatewayUnavailable); once the Secret exists the service serves."""
+    k = local_cluster.kube
+    await operator_factory()
+    await asyncio.to_thread(
+        k.create, isvc("llama", replicas=1, gateway={"apiKeysSecret": "team-keys"})
+    )
+
+    def held() -> dict[str, Any] | None:
+        ready = condition(k.get(ISVC, NS, "llama"), "Ready")
+        return ready if ready.get("reason") == "ReferenceNotFound" else None
+
+    ready = await until(held, what="Ready=False, ReferenceNotFound")
+    assert ready["status"] == "False"
+    assert 'secret "team-keys" not found' in ready["message"], ready
+    assert ready["message"].startswith("pod llama-gateway-"), ready
+    keys = "tenants: [{name: a, keys: ['sha256:" + "0" * 64 + "']}]\n"
+    secret = {"metadata": {"name": "team-keys", "namespace": NS}, "stringData": {"keys.yaml": keys}}
+    secret_doc = {"apiVersion": "v1", "kind": "Secret", **secret}
+    await asyncio.to_thread(k.request, "POST", f"/api/v1/namespaces/{NS}/secrets", secret_doc)
+    await until(
+        lambda: condition(k.get(ISVC, NS, "llama"), "Ready").get("status") == "True",
+        what="Ready=True once the Secret exists",
+    )

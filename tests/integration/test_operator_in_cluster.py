@@ -246,6 +246,27 @@ def granted(rbac: Path) -> set[tuple[str, str, str]]:
     }
 
 
+async def a_missing_secret_is_named(k: Any) -> None:
+    """A service whose key Secret does not exist: its Ready condition names the Secret (read
+    from the kubelet's FailedMount Event, under the operator's role); then it is deleted."""
+    doc = yaml.safe_load((ROOT / "examples" / "mistral-7b-manual.yaml").read_text())
+    doc["metadata"]["name"] = "nokeys"
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["gateway"]["apiKeysSecret"] = "nokeys-keys"
+    await k("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    out = await k(
+        "wait", "--for=jsonpath={.status.conditions[?(@.type=='Ready')].reason}=ReferenceNotFound",
+        "kis/nokeys", "-n", "ai", "--timeout=60s",
+    )  # fmt: skip
+    assert "condition met" in out
+    message = await k(
+        "get", "kis", "nokeys", "-n", "ai",
+        "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].message}",
+    )  # fmt: skip
+    assert 'secret "nokeys-keys" not found' in message, message
+    await k("delete", "kis", "nokeys", "-n", "ai", "--wait=false")
+
+
 async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     cluster: LocalCluster,
 ) -> None:
@@ -298,6 +319,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     live["metadata"]["generation"] += 1  # an edit the operator has not seen yet
     assert health(live)[0] == "Progressing"
     await key_management(cluster, f"http://{gateway['status']['podIP']}:8080")
+    await a_missing_secret_is_named(k)
 
     # The autoscaled service: a model-cache claim and a warm spare labelled by the operator.
     async def warm_spare() -> bool:

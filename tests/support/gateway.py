@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 from kvfleet_gateway.config import (
     DEFAULT_POLICY,
@@ -65,3 +67,11 @@ def gateway_config(
 def metrics_url(config: GatewayConfig) -> str:
     """Where a gateway started from `config` serves /metrics (its own port, not the API's)."""
     return f"http://{config.listen.host}:{config.listen.metrics_port}/metrics"
+
+
+async def budget_in_use(store: Any, tenant: str, limits: Any, now: float | None = None) -> int:
+    """Spent + reserved in the tenant's current budget period, as the store holds it."""
+    state = await store.budget_state(
+        tenant, limits.token_budget, time.time() if now is None else now
+    )
+    return int(state.in_use)

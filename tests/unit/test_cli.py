@@ -89,6 +89,8 @@ def test_usage_aggregates_gateways_per_tenant() -> None:
         ("kvfleet_gateway_cost_total", {"tenant": "a", "model": "m"}, 0.02),
         ("kvfleet_gateway_budget_remaining_tokens", {"tenant": "a"}, 900.0),
         ("kvfleet_gateway_budget_remaining_tokens", {"tenant": "a"}, 800.0),
+        ("kvfleet_gateway_budget_reserved_tokens", {"tenant": "a"}, 96.0),
+        ("kvfleet_gateway_budget_reserved_tokens", {"tenant": "a"}, 0.0),
         ("kvfleet_gateway_requests_total", {"tenant": "b", "status": "200"}, 1.0),
         ("process_cpu_seconds_total", {}, 5.0),
     ]
@@ -98,5 +100,7 @@ def test_usage_aggregates_gateways_per_tenant() -> None:
     assert set(aggregate(samples, tenant="b")) == {"b"}
     lines = usage_table(usage).splitlines()
     assert lines[0].split() == ["TENANT", "REQUESTS", "OK", "429", "PROMPT", "COMPLETION",
-                                "CACHED", "BUDGET-LEFT", "COST", "COST/1K"]  # fmt: skip
-    assert lines[1].split() == ["a", "6", "5", "1", "100", "400", "0", "800", "0.0200", "0.0400"]
+                                "CACHED", "BUDGET-LEFT", "RESERVED", "COST",
+                                "COST/1K"]  # fmt: skip
+    assert lines[1].split() == ["a", "6", "5", "1", "100", "400", "0", "800", "0", "0.0200",
+                                "0.0400"]  # fmt: skip
