@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 import yaml
 
+from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import Json, describe, isvc_table, prefixed
 from kvfleet_operator.kube import ISVC, POD, RESOURCES, Resource
 from kvfleet_operator.render.common import COMPONENT_LABEL, ISVC_LABEL
@@ -125,7 +126,7 @@ def _emit(obj: Json | list[Json], output: str) -> None:
 
 
 @click.command("get")
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=isvc_names)
 @cluster_options
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
 @click.option("-o", "--output", type=click.Choice(["table", "wide", "yaml", "json"]),
@@ -159,7 +160,7 @@ def get(
 
 
 @click.command("describe")
-@click.argument("name")
+@click.argument("name", shell_complete=isvc_names)
 @cluster_options
 def describe_cmd(
     name: str, kubeconfig: str | None, context: str | None, namespace: str | None
@@ -183,7 +184,7 @@ def describe_cmd(
 
 
 @click.command("logs")
-@click.argument("name")
+@click.argument("name", shell_complete=isvc_names)
 @cluster_options
 @click.option("--component", type=click.Choice(["engine", "gateway", "all"]), default="all",
               show_default=True, help="Whose pods.")  # fmt: skip

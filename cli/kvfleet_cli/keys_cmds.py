@@ -10,6 +10,10 @@ the file when its content changes.
 
 Which Secret: `--secret NAME`, or `--service NAME` for the one an InferenceService's gateway
 uses (`spec.gateway.apiKeysSecret`).
+
+A Secret another tool keeps (`kubectl apply`'s last-applied-configuration, a server-side
+apply by another manager such as Argo CD or Flux, a Helm release) is not changed unless
+`--force` says so: re-applying its source would silently erase the keys written here.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from kvfleet_gateway.keys import KeyRing, hash_key, new_key
 from kvfleet_gateway.schema import ConfigError
 
 KEYS_KEY = "keys.yaml"
+KEYS_MANAGER = "kvfleet-keys"
+"""The field manager of these commands' writes."""
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+HELM_RELEASE = "meta.helm.sh/release-name"
 Json = dict[str, Any]
 Change = Callable[[list[Json]], str]
 """Edits the tenants list in place; returns what to tell the user."""
@@ -58,7 +66,24 @@ def _tenants(secret: Json, where: str) -> list[Json]:
     return tenants
 
 
-def _update(cluster: Cluster, name: str, change: Change, create: bool = False) -> str:
+def kept_elsewhere(secret: Json) -> str | None:
+    """Which other tool keeps this Secret's content, if one does (its re-apply would erase
+    what these commands write)."""
+    meta = secret.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if LAST_APPLIED in annotations:
+        return "kubectl apply (its last-applied-configuration annotation)"
+    if HELM_RELEASE in annotations:
+        return f"the Helm release {annotations[HELM_RELEASE]!r}"
+    for entry in meta.get("managedFields") or []:
+        if entry.get("operation") == "Apply" and entry.get("manager") != KEYS_MANAGER:
+            return f"a server-side apply by {entry.get('manager')!r}"
+    return None
+
+
+def _update(
+    cluster: Cluster, name: str, change: Change, create: bool = False, force: bool = False
+) -> str:
     """Read, change, check, write with the read resourceVersion; retry on a conflict."""
     from kubernetes.client.exceptions import ApiException
 
@@ -71,6 +96,13 @@ def _update(cluster: Cluster, name: str, change: Change, create: bool = False) -
             if exc.status != 404 or not create:
                 raise click.ClickException(f"{where}: {exc.reason} ({exc.status})") from None
             secret = None
+        owner = None if secret is None or force else kept_elsewhere(secret)
+        if owner is not None:
+            raise click.ClickException(
+                f"{where} is kept by {owner}: re-applying its source would erase the keys "
+                "written here. Change the keys in that source (`kvfleet keys new` prints an "
+                "entry), or pass --force to write here anyway."
+            )
         tenants = _tenants(secret or {}, where)
         told = change(tenants)
         document = yaml.safe_dump({"tenants": tenants}, sort_keys=False)
@@ -85,11 +117,13 @@ def _update(cluster: Cluster, name: str, change: Change, create: bool = False) -
                         "metadata": {"name": name, "namespace": cluster.namespace},
                         "data": {KEYS_KEY: encoded}}  # fmt: skip
                 cluster.kube.request(
-                    "POST", f"/api/v1/namespaces/{cluster.namespace}/secrets", body
-                )
+                    "POST", f"/api/v1/namespaces/{cluster.namespace}/secrets", body,
+                    query={"fieldManager": KEYS_MANAGER},
+                )  # fmt: skip
             else:
                 secret.setdefault("data", {})[KEYS_KEY] = encoded
-                cluster.kube.request("PUT", path, secret)  # carries the resourceVersion read
+                # (carries the resourceVersion read: a concurrent change is a 409)
+                cluster.kube.request("PUT", path, secret, query={"fieldManager": KEYS_MANAGER})
         except ApiException as exc:
             if exc.status == 409:
                 continue  # changed under us: read it again
@@ -120,10 +154,47 @@ def secret_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return cluster_options(f)
 
 
+def write_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--force",
+        is_flag=True,
+        help="Write even to a Secret that kubectl apply, a GitOps tool or Helm keeps.",
+    )(f)
+    return secret_options(f)
+
+
+def _amount(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+LIMIT_WORDS: dict[str, str] = {
+    "requestsPerMinute": "{} requests/min",
+    "tokensPerMinute": "{} tokens/min",
+    "maxConcurrent": "{} concurrent",
+    "maxTokens": "max_tokens <= {}",
+}
+
+
+def limits_text(limits: Json) -> str:
+    """A tenant's limits in words: `1,000,000 tokens / 1d budget, 60 requests/min`."""
+    parts = []
+    for key, value in limits.items():
+        if key == "tokenBudget" and isinstance(value, dict):
+            period = value.get("period", "30d")
+            parts.append(f"{_amount(value.get('tokens'))} tokens / {period} budget")
+        elif key in LIMIT_WORDS:
+            parts.append(LIMIT_WORDS[key].format(_amount(value)))
+        else:
+            parts.append(f"{key}: {value}")
+    return ", ".join(parts) or "<defaults>"
+
+
 @keys.command("create")
 @click.option("--tenant", required=True)
-@secret_options
-def keys_create(tenant: str, secret: str | None, service: str | None, **login: Any) -> None:
+@write_options
+def keys_create(
+    tenant: str, secret: str | None, service: str | None, force: bool, **login: Any
+) -> None:
     """Make a key for TENANT (added to the tenant, created if new); print it once."""
     cluster, name = _target(secret, service, login)
     raw = new_key()
@@ -132,7 +203,7 @@ def keys_create(tenant: str, secret: str | None, service: str | None, **login: A
         _tenant(tenants, tenant, create=True).setdefault("keys", []).append(hash_key(raw))
         return f"key {fingerprint(hash_key(raw))} added to {tenant} in secret {name}"
 
-    told = _update(cluster, name, add, create=True)
+    told = _update(cluster, name, add, create=True, force=force)
     click.echo(f"{told}; it is shown once, store it now:", err=True)
     click.echo(raw)
 
@@ -146,7 +217,7 @@ def keys_list(secret: str | None, service: str | None, **login: Any) -> None:
     rows = [
         [str(t.get("name")), str(len(t.get("keys") or [])),
          " ".join(fingerprint(k) for k in t.get("keys") or []) or "<none>",
-         ", ".join(f"{k}={v}" for k, v in (t.get("limits") or {}).items()) or "<defaults>"]
+         limits_text(t.get("limits") or {})]
         for t in _tenants(obj, f"secret {name}")
     ]  # fmt: skip
     if not rows:
@@ -159,13 +230,14 @@ def keys_list(secret: str | None, service: str | None, **login: Any) -> None:
 @click.option("--tenant", required=True)
 @click.option("--key", "prefix", default=None, help="A fingerprint (or its prefix) to revoke.")
 @click.option("--all", "revoke_all", is_flag=True, help="Every key of the tenant.")
-@secret_options
+@write_options
 def keys_revoke(
     tenant: str,
     prefix: str | None,
     revoke_all: bool,
     secret: str | None,
     service: str | None,
+    force: bool,
     **login: Any,
 ) -> None:
     """Remove one key (by fingerprint) or all of a tenant's keys."""
@@ -184,13 +256,15 @@ def keys_revoke(
         entry["keys"] = [k for k in held if k not in gone]
         return f"revoked {len(gone)} key(s) of {tenant} in secret {name}"
 
-    click.echo(_update(cluster, name, revoke), err=True)
+    click.echo(_update(cluster, name, revoke, force=force), err=True)
 
 
 @keys.command("rotate")
 @click.option("--tenant", required=True)
-@secret_options
-def keys_rotate(tenant: str, secret: str | None, service: str | None, **login: Any) -> None:
+@write_options
+def keys_rotate(
+    tenant: str, secret: str | None, service: str | None, force: bool, **login: Any
+) -> None:
     """A new key for TENANT replaces all its old ones, in one write; print it once."""
     cluster, name = _target(secret, service, login)
     raw = new_key()
@@ -201,6 +275,6 @@ def keys_rotate(tenant: str, secret: str | None, service: str | None, **login: A
         entry["keys"] = [hash_key(raw)]
         return f"{tenant}: {old} old key(s) replaced by {fingerprint(hash_key(raw))} in {name}"
 
-    told = _update(cluster, name, rotate)
+    told = _update(cluster, name, rotate, force=force)
     click.echo(f"{told}; the new key is shown once, store it now:", err=True)
     click.echo(raw)

@@ -12,6 +12,7 @@ import importlib
 from dataclasses import dataclass
 
 import click
+from click.shell_completion import CompletionItem
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ COMMANDS: dict[str, Entry] = {
         "kvfleet_cli.keys_cmds", "keys", "API keys: create, list, revoke, rotate; new, hash."
     ),
     "budgets": Entry("kvfleet_cli.gateway_cmds", "budgets", "Accept a lost budget store (Redis)."),
+    "completion": Entry(
+        "kvfleet_cli.completion",
+        "completion",
+        "Print the shell completion script (bash, zsh, fish).",
+    ),
     "fetch-tokenizer": Entry(
         "kvfleet_cli.gateway_cmds",
         "fetch_tokenizer",
@@ -90,22 +96,60 @@ def load(name: str) -> click.Command:
     return command
 
 
+PLUGIN_COMMANDS = ("get", "describe", "logs", "top", "usage", "keys")
+"""What `kubectl kvfleet` offers: the admin commands (the rest is `kvfleet ...`)."""
+
+
 class LazyGroup(click.Group):
+    only: tuple[str, ...] | None = None
+    """The subcommands this group offers (None: all of COMMANDS)."""
+
+    def _names(self) -> list[str]:
+        return [n for n in COMMANDS if self.only is None or n in self.only]
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return self._names()
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        if cmd_name not in self._names():
             return None
         return load(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, entry.summary) for name, entry in COMMANDS.items()]
+        rows = [(name, COMMANDS[name].summary) for name in self._names()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """Subcommand names from the table, without importing any command."""
+        if incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        return [
+            CompletionItem(n, help=COMMANDS[n].summary)
+            for n in self._names()
+            if n.startswith(incomplete)
+        ]
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+class PluginGroup(LazyGroup):
+    only = PLUGIN_COMMANDS
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(package_name="kvfleet")
 def cli() -> None:
     """kvfleet: LLM inference on Kubernetes — operator, gateway and a GPU-free SGLang simulator."""
+
+
+@click.group(cls=PluginGroup, context_settings=CONTEXT)
+@click.version_option(package_name="kvfleet")
+def plugin() -> None:
+    """kubectl kvfleet: kvfleet's InferenceServices — their numbers, pods, logs, usage and keys."""
+
+
+def kubectl_plugin() -> None:
+    """Entry point of `kubectl-kvfleet`: kubectl runs it as `kubectl kvfleet ...`."""
+    plugin(prog_name="kubectl kvfleet")

@@ -4,11 +4,13 @@ requests, KV-cache usage, prefix-cache hit rate, generation tokens/s.
 From the engine pods' own /metrics (SGLang's gauges: `sglang:num_queue_reqs`,
 `num_running_reqs`, `token_usage`, `cache_hit_rate`, `gen_throughput`), or from Prometheus
 (`--prometheus-url`, series labelled by the PodMonitor with namespace and pod). `--once`
-prints one table (scripts, tests); otherwise the view refreshes until Ctrl-C.
+prints one table (scripts, tests); otherwise the view refreshes until Ctrl-C — in place on a
+terminal, and as one plain frame per interval when stdout is a pipe or a file.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 import click
 
 from kvfleet_cli.admin import Cluster, cluster_options
+from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.usage_cmds import Sample, parse_exposition
 from kvfleet_cli.views import table
 from kvfleet_operator.kube import POD
@@ -117,7 +120,7 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
 
 
 @click.command("top")
-@click.argument("name")
+@click.argument("name", shell_complete=isvc_names)
 @cluster_options
 @click.option("--prometheus-url", default=None, help="Read Prometheus instead of the pods.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh (s).")
@@ -141,16 +144,25 @@ def top(
             raise click.ClickException(f"{cluster.namespace}/{name} has no engine pods yet")
         click.echo(top_table(replicas), nl=False)
         return
-    from rich.live import Live
-    from rich.text import Text
+
+    def frame() -> str:
+        replicas = read_replicas(cluster, name, prometheus_url)
+        stamp = time.strftime("%H:%M:%S")
+        header = f"{cluster.namespace}/{name} — {source} — {stamp} (Ctrl-C quits)\n"
+        return header + (top_table(replicas) if replicas else "no pods\n")
 
     try:
+        if not sys.stdout.isatty():  # a pipe or a file: whole frames, each as it is read
+            while True:
+                click.echo(frame())
+                sys.stdout.flush()
+                time.sleep(interval)
+        from rich.live import Live
+        from rich.text import Text
+
         with Live(refresh_per_second=4, screen=False) as live:
             while True:
-                replicas = read_replicas(cluster, name, prometheus_url)
-                stamp = time.strftime("%H:%M:%S")
-                header = f"{cluster.namespace}/{name} — {source} — {stamp} (Ctrl-C quits)\n"
-                live.update(Text(header + (top_table(replicas) if replicas else "no pods\n")))
+                live.update(Text(frame()))
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass

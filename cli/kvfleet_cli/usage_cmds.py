@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from kvfleet_cli.admin import Cluster, cluster_options
+from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import table
 from kvfleet_operator.kube import POD
 from kvfleet_operator.render.common import COMPONENT_LABEL, GATEWAY_METRICS_PORT, ISVC_LABEL
@@ -163,7 +164,7 @@ def _from_prometheus(url: str, namespace: str, name: str, since: str) -> tuple[l
 
 
 @click.command("usage")
-@click.argument("name")
+@click.argument("name", shell_complete=isvc_names)
 @cluster_options
 @click.option("--tenant", default=None, help="Only this tenant.")
 @click.option("--since", default="1h", show_default=True, help="With --prometheus-url: window.")

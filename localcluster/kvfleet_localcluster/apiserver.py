@@ -27,7 +27,7 @@ import aiohttp.web
 import kmock
 import yaml
 
-from kvfleet_localcluster import access, protobuf
+from kvfleet_localcluster import access, portforward, protobuf
 from kvfleet_localcluster.admission import USER, WRITE, Admission, WriteContext
 from kvfleet_localcluster.auth import (
     PUBLIC_PATHS,
@@ -371,6 +371,25 @@ class ClusterAPI(kmock.KubernetesEmulator):
         except ApiError as err:
             return _status(err)
 
+    async def _port_forward(
+        self, raw: aiohttp.web.BaseRequest, pod: dict[str, Any]
+    ) -> aiohttp.web.StreamResponse:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or not status.get("podIP"):
+            raise ApiError(
+                400, "BadRequest", f"pod {pod['metadata']['name']} is not running: "
+                f"{status.get('phase', 'Pending')}",
+            )  # fmt: skip
+        offered = raw.headers.get("Sec-WebSocket-Protocol", "")
+        if raw.headers.get("Upgrade", "").lower() != "websocket" or (
+            portforward.TUNNEL_PROTOCOL not in offered
+        ):
+            raise ApiError(
+                400, "BadRequest", "Upgrade request required: this API server forwards ports "
+                f"over a WebSocket with subprotocol {portforward.TUNNEL_PROTOCOL} (kubectl 1.31+)",
+            )  # fmt: skip
+        return await portforward.serve(raw, str(status["podIP"]))
+
     async def _special(
         self, user: User, attrs: Attributes, raw: aiohttp.web.BaseRequest
     ) -> aiohttp.web.StreamResponse | None:
@@ -394,6 +413,9 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 if self.logs is None:
                     raise ApiError(400, "BadRequest", "no kubelet runs in this cluster")
                 return await serve_logs(raw, pod, self.logs, lambda: self._closed)
+            if (attrs.resource, attrs.subresource) == ("pods", "portforward"):
+                pod = self.store.get(self.kind("", "v1", "pods"), attrs.namespace, attrs.name)
+                return await self._port_forward(raw, pod)
         except ApiError as err:
             return _status(err)
         return None

@@ -69,6 +69,9 @@ class Attributes:
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "HEAD": "get"}
 
 
+STREAMING_SUBRESOURCES = frozenset({"portforward", "exec", "attach"})
+
+
 def request_attributes(method: str, path: str, query: Mapping[str, str]) -> Attributes:
     """Parse an API path as the API server does: `/api/v1/namespaces/NS/pods/NAME/log` →
     get pods/log NAME in NS; anything that is not an object path is a non-resource URL."""
@@ -96,6 +99,9 @@ def request_attributes(method: str, path: str, query: Mapping[str, str]) -> Attr
         verb = "delete" if name else "deletecollection"
     else:
         verb = _METHOD_VERBS.get(method, method.lower())
+    if resource == "pods" and sub in STREAMING_SUBRESOURCES:
+        # A SPDY POST or a WebSocket GET: the API server authorizes both as `create`.
+        verb = "create"
     return Attributes(verb, path, True, group, version, resource, sub, namespace, name)
 
 

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import yaml
 
 from kvfleet_localcluster.local import LocalCluster
-from tests.conftest import require_binary
+from tests.conftest import kubectl_binary, require_binary
 from tests.integration.test_kubectl import kubectl, kubectl_error, run_kubectl
 from tests.support.cluster import cluster_config
 from tests.support.objects import ROOT, isvc
@@ -387,6 +387,52 @@ async def _eq(value: Any, wanted: str) -> bool:
 
 async def _contains(value: Any, wanted: str) -> bool:
     return wanted in json.dumps(await value)
+
+
+# ---- port-forward ------------------------------------------------------------------------------
+async def test_kubectl_port_forward_to_a_service_serves_the_openai_sdk(
+    cluster: LocalCluster,
+) -> None:
+    """`kubectl port-forward svc/...` as examples/openai_client.py tells users: kubectl 1.37
+    tunnels SPDY through a WebSocket to pods/portforward (it failed: "POST is not allowed
+    here"); kubectl picks the Service's pod and maps the port; the OpenAI SDK streams through
+    it, and a second connection reuses the session."""
+    import openai
+
+    container = {"readinessProbe": READY_ON_30000}
+    spec = pod("engine", [*SIM, "--host", "0.0.0.0", "--port", "30000"], container=container)
+    spec["metadata"]["labels"] = {"app": "engine"}
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine"},
+        "spec": {"selector": {"app": "engine"},
+                 "ports": [{"name": "http", "port": 8000, "targetPort": 30000}]},
+    }  # fmt: skip
+    await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all([spec, service]))
+    await k(cluster, "wait", "--for=condition=Ready", "pod/engine", "--timeout=60s")
+    proc = await asyncio.create_subprocess_exec(
+        kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "port-forward", "svc/engine",
+        ":8000", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        assert line.startswith("Forwarding from 127.0.0.1:") and line.endswith("-> 30000\n"), line
+        local = int(line.split("127.0.0.1:")[1].split()[0])
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{local}/v1", api_key="-")
+        try:
+            for _ in range(2):
+                stream = await client.chat.completions.create(
+                    model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=8, stream=True, stream_options={"include_usage": True},
+                )  # fmt: skip
+                chunks = [c async for c in stream]
+                assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+        finally:
+            await client.close()
+    finally:
+        proc.terminate()
+        _, err = await proc.communicate()
+    assert b"error" not in err.lower(), err
 
 
 # ---- pod network -------------------------------------------------------------------------------

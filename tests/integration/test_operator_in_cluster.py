@@ -80,6 +80,9 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 0, err
     assert out.split()[0] == "NAMESPACE" and "GATEWAY" in out.splitlines()[0]
     assert any(line.split()[:2] == ["ai", "llama-8b"] for line in out.splitlines())
+    # kubectl's plugin completion runs kubectl_complete-kvfleet: names from the cluster.
+    code, out, err = await run(cluster, kubectl_binary(), "__complete", "kvfleet", "describe", "")
+    assert code == 0 and {"mistral", "llama-8b"} <= set(out.split()), (out, err)
     code, out, err = await run(cluster, kvfleet, "get", "mistral", "-o", "json")
     assert code == 0 and json.loads(out)["metadata"]["name"] == "mistral", err
     code, out, err = await run(cluster, kvfleet, "describe", "mistral", "-n", "ai")
@@ -104,6 +107,7 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert len(engines) == 2 and all(e[1:3] == ["active", "True"] for e in engines), out
     assert all(e[3] != "-" and e[5].endswith("%") for e in engines), out  # scraped
     assert rows[-1].split()[:4] == ["TOTAL", "2", "pods", "2"]
+    await top_on_a_pipe(cluster, kvfleet)
     code, out, err = await run(cluster, kvfleet, "usage", "mistral")  # the gateway pods' /metrics
     assert code == 0, err
     header, *rows = out.splitlines()
@@ -113,6 +117,26 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert search[1:3] == ["2", "2"] and search[5] == "8"
     code, out, err = await run(cluster, kvfleet, "get", "nope")
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
+
+
+async def top_on_a_pipe(cluster: LocalCluster, kvfleet: str) -> None:
+    """`kvfleet top` with stdout a pipe prints a whole frame each interval, as it reads it
+    (it printed nothing until it was stopped)."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    proc = await asyncio.create_subprocess_exec(
+        kvfleet, "top", "mistral", "--interval", "0.5", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    frames = 0
+    try:
+        async with asyncio.timeout(20):
+            while frames < 2:
+                line = (await proc.stdout.readline()).decode()
+                frames += line.startswith("ai/mistral — ")
+    finally:
+        proc.terminate()
+        await proc.wait()
+    assert frames == 2
 
 
 async def operator_metrics(cluster: LocalCluster) -> None:
@@ -146,6 +170,7 @@ async def key_management(cluster: LocalCluster, gateway: str) -> None:
         ["search-team", "1"],
         ["chat-app", "1"],
     ]
+    assert "60 requests/min, 1,000,000 tokens / 1d budget" in out, out  # not a Python dict
 
     async def status_with(key: str) -> int:
         body = {"model": "mistral-7b", "messages": [{"role": "user", "content": "hi"}],
@@ -157,25 +182,28 @@ async def key_management(cluster: LocalCluster, gateway: str) -> None:
         ):  # fmt: skip
             return r.status
 
-    code, new_key, err = await run(
-        cluster, kvfleet, "keys", "create", "--tenant", "new-team", "--service", "mistral"
-    )
+    # The Secret came from `kubectl apply -f examples/`: a re-apply would erase a key written
+    # into it, so the CLI refuses (and writes nothing) unless told --force.
+    create = ("keys", "create", "--tenant", "new-team", "--service", "mistral")
+    code, out, err = await run(cluster, kvfleet, *create)
+    assert code == 1 and not out and "kept by kubectl apply" in err and "--force" in err, err
+    code, new_key, err = await run(cluster, kvfleet, *create, "--force")
     assert code == 0 and new_key.startswith("kvf-") and "shown once" in err, err
     new_key = new_key.strip()
     await until(lambda: _is(status_with(new_key), 200), 20, "the gateway to accept the new key")
     code, out, err = await run(cluster, kvfleet, "keys", "rotate", "--tenant", "search-team",
-                               "--secret", "ai-api-keys")  # fmt: skip
+                               "--secret", "ai-api-keys", "--force")  # fmt: skip
     assert code == 0, err
     rotated = out.strip()
     await until(lambda: _is(status_with("foo"), 401), 20, "the rotated-out key refused")
     assert await status_with(rotated) == 200
     code, _, err = await run(cluster, kvfleet, "keys", "revoke", "--tenant", "new-team", "--all",
-                             "--service", "mistral")  # fmt: skip
+                             "--service", "mistral", "--force")  # fmt: skip
     assert code == 0, err
     await until(lambda: _is(status_with(new_key), 401), 20, "the revoked key refused")
     # Bad input changes nothing and says what to do.
     code, _, err = await run(cluster, kvfleet, "keys", "revoke", "--tenant", "nobody", "--all",
-                             "--service", "mistral")  # fmt: skip
+                             "--service", "mistral", "--force")  # fmt: skip
     assert code == 1 and "no tenant 'nobody'" in err
     assert await status_with(rotated) == 200
 

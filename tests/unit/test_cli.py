@@ -104,3 +104,83 @@ def test_usage_aggregates_gateways_per_tenant() -> None:
                                 "COST/1K"]  # fmt: skip
     assert lines[1].split() == ["a", "6", "5", "1", "100", "400", "0", "800", "0", "0.0200",
                                 "0.0400"]  # fmt: skip
+
+
+def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> None:
+    from kvfleet_cli.keys_cmds import kept_elsewhere, limits_text
+
+    applied = {
+        "metadata": {"annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}}
+    }
+    assert kept_elsewhere(applied) == "kubectl apply (its last-applied-configuration annotation)"
+    argo = {"metadata": {"managedFields": [{"manager": "argocd-controller", "operation": "Apply"}]}}
+    assert kept_elsewhere(argo) == "a server-side apply by 'argocd-controller'"
+    helm = {"metadata": {"annotations": {"meta.helm.sh/release-name": "keys"}}}
+    assert kept_elsewhere(helm) == "the Helm release 'keys'"
+    writers = [{"manager": m, "operation": "Update"} for m in ("kvfleet-keys", "kubectl-create")]
+    ours = {"metadata": {"managedFields": writers}}
+    assert kept_elsewhere(ours) is None  # made by `kvfleet keys create` or `kubectl create`
+    limits = {"tokenBudget": {"tokens": 1000000, "period": "1d"}, "requestsPerMinute": 60,
+              "maxConcurrent": 4, "maxTokens": 2048}  # fmt: skip
+    assert limits_text(limits) == (
+        "1,000,000 tokens / 1d budget, 60 requests/min, 4 concurrent, max_tokens <= 2,048"
+    )
+    assert limits_text({}) == "<defaults>"
+
+
+def test_the_kubectl_plugin_says_kubectl_kvfleet_and_shells_complete() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    help_text = subprocess.run(
+        [bin_dir / "kubectl-kvfleet", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert help_text.startswith("Usage: kubectl kvfleet [OPTIONS] COMMAND")
+    commands = [line.split()[0] for line in help_text.split("Commands:")[1].strip().splitlines()]
+    assert commands == ["get", "describe", "logs", "top", "usage", "keys"], help_text
+    words = subprocess.run(
+        [bin_dir / "kubectl_complete-kvfleet", "to"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert words == ["top", ":4"]  # kubectl's plugin-completion protocol
+    for shell, marker in (("bash", "complete -o nosort"), ("zsh", "#compdef kvfleet"),
+                          ("fish", "complete --no-files --command kvfleet")):  # fmt: skip
+        script = subprocess.run(
+            [bin_dir / "kvfleet", "completion", shell], capture_output=True, text=True, check=True
+        ).stdout
+        assert marker in script and "_KVFLEET_COMPLETE" in script, script
+    env = {"_KVFLEET_COMPLETE": "bash_complete", "COMP_WORDS": "kvfleet des", "COMP_CWORD": "1"}
+    offered = subprocess.run(
+        [bin_dir / "kvfleet"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert offered.split() == ["plain,describe"]
+
+
+def test_the_demo_timeline_legends_name_every_line() -> None:
+    """Each panel's legend names every series drawn on it, the twin axis's too, the burst
+    band and both kinds of decision line (the queue and the 429 bars were missing)."""
+    import matplotlib.pyplot as plt
+
+    from kvfleet_bench.demo.timeline import Decision, Run, Sample, figure
+
+    run = Run(burst=(2.0, 5.0))
+    run.samples = [Sample(float(i), 1 + (i > 3), 1, 1 + (i > 3), i % 3, 0.1, 0.4, 50.0, i, i // 2)
+                   for i in range(8)]  # fmt: skip
+    run.decisions = [Decision(3.0, "ScaledUp: queue 4"), Decision(6.0, "ScaledDown: idle")]
+    fig = figure(run)
+    try:
+        legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes[:3]]
+        renderer = fig.canvas.get_renderer()
+        inside = fig.bbox
+        for ax in fig.axes:  # every axis label is drawn inside the figure (not clipped)
+            for label in (ax.yaxis.label, ax.xaxis.label):
+                if label.get_text():
+                    box = label.get_window_extent(renderer)
+                    assert inside.x0 <= box.x0 and box.x1 <= inside.x1, label.get_text()
+    finally:
+        plt.close(fig)
+    common = ["burst phase", "scale up / warm promoted", "scale down"]
+    assert legends[0] == ["active (serving)", "warm (loaded spare)", "desired active", *common]
+    assert legends[1] == ["TTFT p50 (10 s)", "TTFT p99 (10 s)", "queued (right)", *common]
+    assert legends[2] == ["output tokens/s", "429/s (right)", *common]

@@ -139,9 +139,42 @@ def write_report(out: Path, doc: dict[str, Any], run: Run) -> list[Path]:
     return paths
 
 
+UP, DOWN = "#2f855a", "#9b2c2c"
+"""Decision lines: scale-up or promotion, and scale-down."""
+
+
+def _legend(ax: Any, twin: Any, run: Run) -> None:
+    """One legend per panel with every series of both its axes, the burst and the decisions
+    (a line on the twin axis or an unlabelled span is otherwise missing from it)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    if twin is not None:
+        more, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more, labels + more_labels
+    if run.burst is not None:
+        handles.append(Patch(color="#edf2f7"))
+        labels.append("burst phase")
+    if run.decisions:
+        handles += [Line2D([], [], color=UP, alpha=0.6), Line2D([], [], color=DOWN, alpha=0.6)]
+        labels += ["scale up / warm promoted", "scale down"]
+    ax.legend(handles, labels, loc="upper left", fontsize=7, ncols=2, framealpha=0.9)
+
+
 def plot(run: Run, path: Path) -> Path | None:
     if not run.samples:
         return None
+    import matplotlib.pyplot as plt
+
+    fig = figure(run)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure(run: Run) -> Any:
+    """The timeline's three panels (replicas; TTFT and queue; tokens/s and refusals)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,32 +199,30 @@ def plot(run: Run, path: Path) -> Path | None:
         label="desired active",
     )
     ax1.set_ylabel("engine replicas")
-    ax1.legend(loc="upper left", fontsize=8)
     ax2.plot(t, [(s.ttft_p50 or 0) * 1000 for s in run.samples], label="TTFT p50 (10 s)")
     ax2.plot(t, [(s.ttft_p99 or 0) * 1000 for s in run.samples], label="TTFT p99 (10 s)")
     ax2.set_ylabel("ms")
     ax2b = ax2.twinx()
-    ax2b.plot(t, [s.queue for s in run.samples], color="grey", alpha=0.6, label="queue")
+    ax2b.plot(t, [s.queue for s in run.samples], color="grey", alpha=0.6, label="queued (right)")
     ax2b.set_ylabel("queued requests")
-    ax2.legend(loc="upper left", fontsize=8)
     ax3.plot(t, [s.tokens_per_s for s in run.samples], label="output tokens/s")
     ax3.set_ylabel("tokens/s")
     ax3b = ax3.twinx()
     refused = [b.refused - a.refused for a, b in zip(run.samples, run.samples[1:], strict=False)]
-    ax3b.bar(t[1:], refused, width=0.8, color="#c53030", alpha=0.5, label="429/s")
-    ax3b.set_ylabel("refused per s")
-    ax3.legend(loc="upper left", fontsize=8)
+    ax3b.bar(t[1:], refused, width=0.8, color="#c53030", alpha=0.5, label="429/s (right)")
+    ax3b.set_ylabel("refused (429) per s")
+    ax3b.set_ylim(bottom=0)
     ax3.set_xlabel("seconds since traffic began")
     for ax in (ax1, ax2, ax3):
         if run.burst is not None:
             ax.axvspan(*run.burst, color="#edf2f7", zorder=0)
-    ax1.text(run.burst[0] if run.burst else 0, ax1.get_ylim()[1] * 0.95, " burst", va="top")
     for d in run.decisions:
         for ax in (ax1, ax2, ax3):
-            ax.axvline(d.t, color="#2f855a" if "Up" in d.what or "promoted" in d.what
-                       else "#9b2c2c", alpha=0.35, linewidth=1)  # fmt: skip
+            ax.axvline(d.t, color=UP if "Up" in d.what or "promoted" in d.what else DOWN,
+                       alpha=0.35, linewidth=1)  # fmt: skip
+    _legend(ax1, None, run)
+    _legend(ax2, ax2b, run)
+    _legend(ax3, ax3b, run)
     fig.suptitle("kvfleet demo: the autoscaler under three tenants' bursty traffic")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
