@@ -1,7 +1,12 @@
 """Talk to an InferenceService's gateway with the OpenAI SDK.
 
-kubectl -n ai port-forward svc/llama-8b 8080:8080 &
-KVFLEET_API_KEY=... python examples/openai_client.py
+The gateway's Service is named after the InferenceService and listens on 8080:
+
+    kubectl -n ai port-forward svc/llama-8b 8080:8080 &
+    KVFLEET_API_KEY=... python examples/openai_client.py
+
+KVFLEET_URL (default http://127.0.0.1:8080/v1) and KVFLEET_MODEL (default llama-3.1-8b)
+point it elsewhere.
 """
 
 import os

@@ -49,6 +49,8 @@ from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
 log = logging.getLogger("kvfleet.gateway")
 
 ANONYMOUS = Tenant("anonymous", None)
+UPSTREAM_KEEPALIVE_S = 4.0
+"""How long an idle connection to an engine is kept for reuse."""
 
 
 @dataclass
@@ -407,7 +409,12 @@ def make_app(config: GatewayConfig) -> web.Application:
 
     async def http_client(app: web.Application) -> AsyncIterator[None]:
         t = config.timeouts
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        # Idle engine connections are dropped before the engine's own keep-alive ends
+        # (uvicorn, SGLang's server: 5 s), so a request never goes out on a connection the
+        # engine is closing — once sent, a request is not retried elsewhere.
+        connector = aiohttp.TCPConnector(
+            limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S
+        )
         timeout = aiohttp.ClientTimeout(total=None, connect=t.connect)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold)

@@ -40,6 +40,11 @@ class Breaker:
     def success(self) -> None:
         self.state, self.failures, self.probing = "closed", 0, False
 
+    def inconclusive(self) -> None:
+        """An accepted request that was slow: latency of accepted work says nothing about the
+        replica's health (no failure), but a half-open probe slot is freed for another."""
+        self.probing = False
+
     def failure(self) -> None:
         self.failures += 1
         if self.state == "half_open" or self.failures >= self.failure_threshold:

@@ -3,13 +3,12 @@ billing (`billed_usage`), timing (the routing policy's calibration) and the acce
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_gateway.backends import Backend
-from kvfleet_gateway.inbound import CHARS_PER_TOKEN_ESTIMATE, ClientRequest
+from kvfleet_gateway.inbound import ClientRequest
 from kvfleet_gateway.metrics import Usage
 from kvfleet_gateway.routing import RouteRequest
 
@@ -36,6 +35,9 @@ class Exchange:
     last_event: bytes = b""
     on_first_token: Callable[[], None] | None = None
     engine_accepted: bool = False
+    """The request reached an engine (it may have done the work): billed even with no counts."""
+    deadline: float = 0.0
+    """Monotonic time by which the response must begin (a non-streaming one: be whole)."""
     """An engine answered 200 and started on the request (its prefill is under way)."""
 
     def billed_usage(self) -> Usage:
@@ -50,13 +52,10 @@ class Exchange:
             return Usage(prompt, completion, cached)
         if not self.engine_accepted:
             return Usage(0, 0)  # no engine took it: nothing to charge
-        # Accepted but no counts (cut before the first chunk, or an engine that reports
-        # none): the prompt was handed to the engine for prefill; estimate what was served.
-        completion = max(
-            self.content_chunks, math.ceil(self.content_chars / CHARS_PER_TOKEN_ESTIMATE)
-        )
-        prompt = min(req.estimated_prompt_tokens, req.prompt_bound)
-        return Usage(prompt, min(completion, req.max_tokens))
+        # Accepted but no counts (a non-streaming reply that timed out, a cut before the first
+        # chunk, an engine that reports none): what the engine did is unknown, so the safe
+        # side, the bound the tenant reserved. (Streams carry counts in every chunk.)
+        return Usage(req.prompt_bound, req.max_tokens)
 
     def token_arrived(self) -> None:
         now = time.monotonic()

@@ -11,10 +11,17 @@ negative, never beyond the bound), an SSE event or a response body larger than a
 with a 502 or an error event, a body that is not JSON is a 502, and a stream that ends without
 `data: [DONE]` ends with an error event, so a client can tell a cut answer from a whole one.
 
-Three timeouts, each counted against the party that caused it: `first_byte` until the
+Timeouts, each counted against the party that caused it: a stream has `first_byte` until the
 engine's first chunk, then `idle` between chunks (an engine that stops talking — SIGSTOP, a
-hung GPU — is an upstream timeout); `client_write` for a client that stops reading (counted as
-the client's, status 499, not as an engine failure).
+hung GPU — is an upstream timeout); a non-streaming request, which an engine answers only
+once its whole reply is generated, has one deadline for the whole response (`firstByte +
+max_tokens / minDecodeRate`, capped by `wholeResponse`); `client_write` for a client that stops
+reading (counted as the client's, status 499, not as an engine failure).
+
+A request is retried on another replica only when it never reached an engine (the connection
+could not be made): once sent, the engine may be doing the work, and a retry would do it twice.
+An accepted request that times out is a 504 billed at its reservation's bound (the engine gave
+no counts) and is not a breaker failure: slowness of accepted work is not a broken replica.
 """
 
 from __future__ import annotations
@@ -26,16 +33,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from kvfleet_gateway import engine_replies as replies
 from kvfleet_gateway.backends import Backend, BackendPool
 from kvfleet_gateway.config import Hold, Timeouts
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
-from kvfleet_gateway.metrics import GatewayMetrics, Usage
+from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.routing import Policy
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 
@@ -132,27 +139,29 @@ class Proxy:
             backend.inflight_requests += 1
             backend.inflight_tokens += req.reserve_tokens
             ex.dispatched_at = time.monotonic()
+            ex.deadline = ex.dispatched_at + self._response_wait(ex)
             try:
-                async with asyncio.timeout(self.timeouts.first_byte):
+                async with asyncio.timeout_at(self._loop_deadline(ex)):
                     resp = await self.session.post(
                         f"{backend.url}{PATHS[req.kind]}", data=req.wire, headers=JSON_HEADERS
                     )
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                kind = "timeout" if isinstance(exc, TimeoutError) else "connect"
-                self.metrics.upstream_errors.labels(backend.url, kind).inc()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                # Never reached the engine: safe to try another replica.
+                self.metrics.upstream_errors.labels(backend.url, "connect").inc()
                 backend.breaker.failure()
                 self._not_in_flight(backend, ex)
-                last_error = f"engine {kind} error"
+                last_error = "engine connect error"
                 continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self._not_in_flight(backend, ex)
+                self.policy.on_finished(ex.route, backend.url)
+                raise self._sent_and_lost(ex, backend, exc) from None
+            ex.engine_accepted = resp.status < 400
             if resp.status >= 500:
                 self.metrics.upstream_errors.labels(backend.url, f"http_{resp.status}").inc()
                 backend.breaker.failure()
-                self._not_in_flight(backend, ex)
-                resp.release()
-                last_error = f"engine answered {resp.status}"
-                continue
-            backend.breaker.success()
-            ex.engine_accepted = resp.status < 400
+            else:
+                backend.breaker.success()
             return backend, resp
         self.policy.on_finished(ex.route, "")
         raise GatewayError(
@@ -160,6 +169,43 @@ class Proxy:
             f"no engine could take the request ({last_error})",
             "server_error",
             "upstream_unavailable",
+        )
+
+    def _response_wait(self, ex: Exchange) -> float:
+        """How long a request may wait for its response to begin: a stream, its first byte;
+        a non-streaming request, its whole reply."""
+        t = self.timeouts
+        if ex.req.stream:
+            return float(t.first_byte)
+        return min(float(t.whole_response), t.first_byte + ex.req.max_tokens / t.min_decode_rate)
+
+    @staticmethod
+    def _loop_deadline(ex: Exchange) -> float:
+        """`ex.deadline` (monotonic) on the event loop's clock."""
+        loop = asyncio.get_running_loop()
+        return loop.time() + (ex.deadline - time.monotonic())
+
+    def _sent_and_lost(self, ex: Exchange, backend: Backend, exc: Exception) -> GatewayError:
+        """The request reached the engine, then its answer did not come: not retried (the
+        engine may be doing the work), billed as accepted; a timeout is not a breaker failure."""
+        ex.backend = backend
+        ex.engine_accepted = True
+        if isinstance(exc, TimeoutError):
+            self.metrics.upstream_errors.labels(backend.url, "timeout").inc()
+            backend.breaker.inconclusive()
+            ex.status = 504
+            return GatewayError(
+                504,
+                "the engine did not answer in time"
+                + ("" if ex.req.stream else " (a non-streaming reply: try stream=true)"),
+                "server_error",
+                "upstream_timeout",
+            )
+        self.metrics.upstream_errors.labels(backend.url, "lost").inc()
+        backend.breaker.failure()
+        ex.status = 502
+        return GatewayError(
+            502, "the engine dropped the connection", "server_error", "upstream_error"
         )
 
     def _report_timing(self, ex: Exchange, key: str) -> None:
@@ -218,7 +264,9 @@ class Proxy:
         """The whole upstream body, capped and timed; a failure is the engine's (502)."""
         kind, why = "response", "body larger than the gateway's cap"
         try:
-            async with asyncio.timeout(self.timeouts.first_byte + self.timeouts.idle):
+            # Within the request's deadline, and at least `idle` to read what has begun.
+            wait = max(ex.deadline - time.monotonic(), float(self.timeouts.idle))
+            async with asyncio.timeout(wait):
                 chunks, size = [], 0
                 async for chunk in upstream.content.iter_chunked(1 << 16):
                     size += len(chunk)
@@ -249,7 +297,7 @@ class Proxy:
             )
         ex.status = upstream.status
         ex.token_arrived()
-        ex.usage = _usage(ex.req.kind, payload)
+        ex.usage = replies.usage(ex.req.kind, payload)
         return web.Response(
             body=raw, status=upstream.status, headers=headers, content_type="application/json"
         )
@@ -287,7 +335,7 @@ class Proxy:
                 if not data:
                     break
                 heard = True
-                events, buffer = _split_events(buffer + data)
+                events, buffer = replies.split_events(buffer + data)
                 ready: list[bytes] = []
                 for event in events:
                     if event.startswith(DONE):
@@ -317,7 +365,7 @@ class Proxy:
                 )
             if failure is not None:
                 async with asyncio.timeout(t.client_write):
-                    await resp.write(_error_event(failure))
+                    await resp.write(replies.error_event(failure))
         except (ConnectionResetError, TimeoutError):
             ex.client_gone = True  # client hung up: stop writing, the engine aborts
             ex.status = 499
@@ -328,7 +376,7 @@ class Proxy:
             ex.status = 500
             with contextlib.suppress(ConnectionResetError, TimeoutError):
                 async with asyncio.timeout(t.client_write):
-                    await resp.write(_error_event("internal error in the gateway"))
+                    await resp.write(replies.error_event("internal error in the gateway"))
         if ex.client_gone and not ended:
             await self._drain_usage(ex, upstream, buffer)
         if ex.usage is None and ex.last_event:
@@ -348,7 +396,7 @@ class Proxy:
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with asyncio.timeout_at(deadline):
                 while len(buffer) <= MAX_SSE_EVENT_BYTES:
-                    events, buffer = _split_events(buffer)
+                    events, buffer = replies.split_events(buffer)
                     for event in events:
                         if event.startswith(DONE):
                             return
@@ -386,10 +434,10 @@ class Proxy:
             return event
         if not isinstance(payload, dict):
             return event
-        usage = _usage(kind, payload)
+        usage = replies.usage(kind, payload)
         if usage is not None:
             ex.usage = usage
-        content = _content(kind, payload)
+        content = replies.content(kind, payload)
         if content is not None and not final:
             ex.token_arrived()
             ex.content_chars += len(content)
@@ -404,62 +452,3 @@ class Proxy:
         # not: some clients add up every usage they see.
         del payload["usage"]
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """Whole SSE events (each ends with a blank line) and the incomplete rest."""
-    events: list[bytes] = []
-    while (end := buffer.find(b"\n\n")) >= 0:
-        events.append(buffer[: end + 2])
-        buffer = buffer[end + 2 :]
-    return events, buffer
-
-
-def _count(value: Any) -> int:
-    """A token count from an engine: an integer, else 0 (engines are not trusted)."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return int(value)
-    return 0
-
-
-def _usage(kind: str, payload: Any) -> Usage | None:
-    if not isinstance(payload, dict):
-        return None
-    if kind == "generate":
-        meta = payload.get("meta_info")
-        if isinstance(meta, dict) and "completion_tokens" in meta:
-            return Usage(
-                _count(meta.get("prompt_tokens")),
-                _count(meta["completion_tokens"]),
-                _count(meta.get("cached_tokens")),
-            )
-        return None
-    u = payload.get("usage")
-    if not isinstance(u, dict):
-        return None
-    details = u.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    return Usage(_count(u.get("prompt_tokens")), _count(u.get("completion_tokens")), cached)
-
-
-def _content(kind: str, payload: dict[str, Any]) -> str | None:
-    """The new text in a chunk (None for chunks that carry no generated text)."""
-    choices = payload.get("choices")
-    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-        return None
-    c = choices[0]
-    if kind == "chat":
-        delta = c.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
-    else:
-        text = c.get("text")
-    return text if isinstance(text, str) and text else None
-
-
-def _error_event(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "server_error", "code": "upstream_error"}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"

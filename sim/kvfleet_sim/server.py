@@ -29,7 +29,7 @@ from kvfleet_sim.engine import Engine, RealClock
 from kvfleet_sim.faults import FaultPlan, FaultState
 from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
 from kvfleet_sim.metrics import EngineMetrics
-from kvfleet_sim.realtime import RealtimeRunner
+from kvfleet_sim.realtime import Channel, RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
 from kvfleet_sim.scheduler import QueueFullError
@@ -383,11 +383,32 @@ async def _generate(request: web.Request, kind: api.Kind) -> web.StreamResponse:
         if gen.stream:
             drop = plan.drop_after_chunks if plan.drop_nth == nth else None
             return await stream_response(request, st, gen, req, channel, drop_after=drop)
-        await wait_finished(req, channel)
+        if not await _finished_unless_gone(request, req, channel):
+            return web.Response(status=499)  # nobody reads it: the request was aborted
         return web.json_response(final_body(st, gen, req))
     finally:
         if not req.finished:
             st.runner.abort(req)
+
+
+DISCONNECT_CHECK_S = 1.0
+"""How often a non-streaming request checks that its client is still there (SGLang's
+tokenizer manager checks while it waits, and aborts the request of a client that left)."""
+
+
+async def _finished_unless_gone(request: web.Request, req: Request, channel: Channel) -> bool:
+    """Wait for `req` to finish; False as soon as its client has disconnected."""
+    waiter = asyncio.ensure_future(wait_finished(req, channel))
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=DISCONNECT_CHECK_S)
+            if done:
+                return True
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return False
+    finally:
+        waiter.cancel()
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

@@ -481,3 +481,42 @@ async def test_a_bug_while_relaying_ends_the_stream_instead_of_hanging_it(
     state = gateway_server.state(gw)
     assert state.metrics.requests.labels("t", MODEL, "500")._value.get() == 1
     await billed(gateway_server, gw)  # the slot and the reservation are released
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def test_a_slow_non_streaming_request_is_billed_and_sent_to_one_replica_only(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Round two, finding 2: a non-streaming request outlasting `firstByte` was billed 0,
+    retried on every replica, and its timeouts opened the breakers for everyone. Now its
+    deadline is the whole response's; once sent it is never retried; it is billed its bound
+    (at least what the engine did) and the breakers stay closed."""
+    engines = [await sim_server(time_scale=0.04, simulate_eos=False) for _ in range(2)]
+    timeouts = Timeouts(first_byte=Duration(1), min_decode_rate=10_000)  # 30,000 tokens: 4 s
+    kf = keys(tmp_path, tokenBudget={"tokens": 1_000_000, "period": "1d"})
+    gw = await gateway_server(gateway_config(engines, kf, timeouts=timeouts))
+    body = chat(max_tokens=30_000, ignore_eos=True)
+    started = time.monotonic()
+    slow = await asyncio.gather(*(post(gw, body) for _ in range(3)))
+    waited = time.monotonic() - started
+    assert [status for status, _ in slow] == [504, 504, 504], slow
+    assert slow[0][1]["error"]["code"] == "upstream_timeout"
+    assert 3.5 < waited < 8.0, waited  # the whole-response deadline, not firstByte, not a retry
+    status, _ = await post(gw, chat())  # the breakers did not open on slow accepted work
+    assert status == 200
+    await asyncio.sleep(0.5)  # the engines see the cuts and abort
+    done = 0.0
+    received = []
+    async with aiohttp.ClientSession() as s:
+        for engine in engines:
+            async with s.get(f"{engine}/metrics") as r:
+                text = await r.text()
+            received.append(_counter(text, "sglang:num_requests_total"))
+            done += _counter(text, "sglang:generation_tokens_total")
+            done += _counter(text, "sglang:prompt_tokens_total")
+    assert sum(received) <= 4, received  # 3 slow + 1 quick: nothing ran twice
+    spent = await billed(gateway_server, gw)
+    assert spent >= done > 3 * 1_000, (spent, done)  # billed at least the engines' work

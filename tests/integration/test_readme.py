@@ -101,6 +101,16 @@ def _script(commands: list[str], work: Path) -> str:
                 f"grep -q {shlex.quote(running)} {work}/run-{n}.log || "
                 f"{{ cat {work}/run-{n}.log; echo '::: FAILED'; exit 1; }}",
             ]
+        elif cmd.endswith("&") and " port-forward " in cmd:  # wait for its local port
+            local = re.search(r" (\d+):\d+ ", cmd + " ")
+            assert local, cmd
+            port = local.group(1)
+            out += [
+                f"{cmd[:-1]} > {work}/forward-{n}.log 2>&1 &",
+                'PIDS="$PIDS $!"',
+                f"for i in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && "
+                "break; sleep 0.1; done",
+            ]
         elif cmd.endswith("&"):  # `kvfleet cluster up ... &`: wait for its kubeconfig
             kubeconfig = re.search(r"--kubeconfig (\S+)", cmd)
             assert kubeconfig, cmd
@@ -182,6 +192,8 @@ def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
     ]  # fmt: skip
     out = run_commands(commands, tmp_path)
     assert '"completion_tokens"' in out, out[-3000:]  # the curl through mistral's gateway pod
+    # examples/openai_client.py through `kubectl port-forward svc/mistral`, streamed.
+    assert re.search(r"\[\d+ prompt, \d+ completion\]", out), out[-3000:]
     assert "desiredActive" in out  # the autoscaler's decision, read with jsonpath
 
 

@@ -274,6 +274,17 @@ class Timeouts:
         Duration(120), "Upstream time to the first byte (includes queueing and prefill)."
     )
     idle: Duration = fld(Duration(60), "Longest silence between two chunks of an upstream stream.")
+    whole_response: Duration = fld(
+        Duration(1800),
+        "Cap on a non-streaming request's deadline. An engine answers a non-streaming request "
+        "only when it has generated the whole reply, so its deadline is firstByte + "
+        "max_tokens / minDecodeRate, at most this.",
+    )
+    min_decode_rate: float = fld(
+        5.0,
+        "Tokens per second a non-streaming reply is given at the least (see wholeResponse).",
+        minimum=0.1,
+    )
     client_body: Duration = fld(Duration(30), "Time a client has to send its request body.")
     client_write: Duration = fld(
         Duration(30), "Time a slow client may take to accept one chunk before it is cut off."
