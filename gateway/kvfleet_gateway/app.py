@@ -32,7 +32,7 @@ from kvfleet_gateway.accounting import Admitted
 from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
-from kvfleet_gateway.errors import GatewayError
+from kvfleet_gateway.errors import ClientGone, GatewayError
 from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.hashing import page_hashes
@@ -133,10 +133,12 @@ def _models(gw: Gateway) -> dict[str, int | None]:
     return {m.name: m.context_length or served.get(m.name) for m in gw.config.models}
 
 
-async def _read_json(gw: Gateway, request: web.Request) -> dict[str, Any]:
+async def _read_json(gw: Gateway, request: web.Request, tenant: str) -> dict[str, Any]:
     try:
         async with asyncio.timeout(gw.config.timeouts.client_body):
             raw = await request.read()
+    except (ConnectionResetError, aiohttp.ClientPayloadError):
+        raise ClientGone(tenant, "while sending its request body") from None
     except web.HTTPRequestEntityTooLarge:
         raise GatewayError(
             413,
@@ -166,22 +168,33 @@ def _every_tenant_budgeted(gw: Gateway) -> bool:
     return all(gw.config.limits_for(n, lim).token_budget is not None for n, lim in tenants.items())
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
     """Ready when a replica can take requests — or when none exists at all (scaled to zero)
     and requests are held for the autoscaler: the gateway must stay reachable to wake it.
     Replicas that exist but all fail are an outage: not ready. So is a budget store that
     does not answer when every tenant is budgeted: each request would get 503 (a tenant
     without a budget keeps the gateway ready, serving it on local rate limits)."""
-    gw = request.app[GATEWAY]
     routable = gw.pool.routable()
     holding = not gw.pool.backends and gw.config.hold.max_requests > 0
-    body: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
+    detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
     ok = bool(routable) or holding
     if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
         store_ok = await gw.store.reachable()
-        body["limitsStore"] = "ok" if store_ok else "unreachable"
+        detail["limitsStore"] = "ok" if store_ok else "unreachable"
         ok = ok and store_ok
-    return web.json_response(body, status=200 if ok else 503)
+    return ok, detail
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """The probe on the clients' port says ready or not, and nothing an unauthenticated
+    caller could count (replicas, the budget store): those are on the metrics port."""
+    ok, _ = await readiness(request.app[GATEWAY])
+    return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+
+async def readyz_detail(request: web.Request) -> web.Response:
+    ok, detail = await readiness(request.app[GATEWAY])
+    return web.json_response(detail, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -241,7 +254,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     assert gw.proxy is not None
     tenant = authenticate(gw, request)
     limits: Limits = gw.config.limits_for(tenant.name, tenant.limits)
-    body = await _read_json(gw, request)
+    body = await _read_json(gw, request, tenant.name)
     models = _models(gw)
     default_model = next(iter(models)) if len(models) == 1 else None
     req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
@@ -303,6 +316,20 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             return err.response(headers)
 
 
+async def expect_after_auth(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue`: the client holds its body until told to send it, and it is
+    told only once its key is good (aiohttp's default tells anyone)."""
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        return GatewayError(417, "only 'Expect: 100-continue' is understood").response()
+    try:
+        authenticate(request.app[GATEWAY], request)
+    except GatewayError as err:
+        return err.response()
+    if request.version >= aiohttp.HttpVersion11 and request.transport is not None:
+        request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return None
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     return await _generation(request, "chat")
 
@@ -321,6 +348,10 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return await handler(request)  # type: ignore[no-any-return]
     except GatewayError as err:
         return err.response()
+    except ClientGone as gone:
+        log.info("%s: status 499", gone)
+        request.app[GATEWAY].metrics.requests.labels(gone.tenant, "", "499").inc()
+        return web.Response(status=499)
     except web.HTTPNotFound:
         return GatewayError(404, f"no route {request.path}", code="not_found").response()
     except web.HTTPMethodNotAllowed:
@@ -364,6 +395,7 @@ def make_metrics_app(gw: Gateway) -> web.Application:
     app[GATEWAY] = gw
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz_detail)
     return app
 
 
@@ -475,7 +507,10 @@ def make_app(config: GatewayConfig) -> web.Application:
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/v1/models", list_models)
-    r.add_post("/v1/chat/completions", chat)
-    r.add_post("/v1/completions", completions)
-    r.add_post("/generate", generate)
+    for path, handler in (
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completions),
+        ("/generate", generate),
+    ):
+        r.add_post(path, handler, expect_handler=expect_after_auth)
     return app

@@ -48,3 +48,12 @@ class GatewayError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, message, "invalid_request_error", None, param)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was done (status 499, nginx's
+    "client closed request"): its doing, logged as one INFO line, never a traceback."""
+
+    def __init__(self, tenant: str, when: str) -> None:
+        super().__init__(f"client of {tenant} left {when}")
+        self.tenant, self.when = tenant, when

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvfleet_gateway import engine_work
 from kvfleet_gateway.allowlist import (
     ALLOWED,
     MESSAGE_FIELDS,
@@ -122,7 +123,7 @@ def _estimate(chars: int) -> int:
 def decode(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 that says what is wrong with it."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_a_number)
     except RecursionError:
         raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError:  # includes UnicodeDecodeError
@@ -132,6 +133,11 @@ def decode(raw: bytes) -> dict[str, Any]:
     if not _depth_within(body, MAX_JSON_DEPTH):
         raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     return body
+
+
+def _not_a_number(name: str) -> Any:
+    # Python reads NaN and Infinity (and would forward them as such); JSON has neither.
+    raise bad_request(f"the request body has {name}, which is not a JSON number")
 
 
 def _depth_within(value: Any, limit: int) -> bool:
@@ -289,6 +295,7 @@ def parse(
         asked = _int(body, "max_tokens", 1)
     max_tokens = _cap(asked, limits, "max_tokens")
     body["max_tokens"] = max_tokens
+    engine_work.check(kind, body, max_tokens, req.bounds)
     if stream:
         # Usage in every chunk: a stream cut short is still billed from the engine's counts.
         body["stream_options"] = {
@@ -355,6 +362,7 @@ def _parse_generate(
         "sampling_params.max_new_tokens",
     )
     body["sampling_params"] = {**sp, "max_new_tokens": max_tokens}
+    engine_work.check("generate", body, max_tokens, req.bounds)
     body.pop("model", None)  # not an SGLang field
     if model is None:
         raise GatewayError(

@@ -310,7 +310,12 @@ class Proxy:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={**headers, **SSE_HEADERS})
-        await resp.prepare(request)  # rate-limit headers reach the client before any token
+        try:
+            await resp.prepare(request)  # rate-limit headers reach the client before any token
+        except ConnectionResetError:  # it left before its first byte: the engine aborts
+            log.info("client of %s left before its first byte: status 499", ex.tenant)
+            ex.client_gone, ex.status = True, 499
+            return resp
         ex.status = 200
         t = self.timeouts
         itl = self.metrics.itl.labels(ex.tenant, ex.req.model)

@@ -3,6 +3,7 @@ review (issue 13) as a test, over real HTTP, against the simulator or an engine 
 misbehaves on purpose."""
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,11 +42,16 @@ def auth(key: str = CANARY) -> dict[str, str]:
 
 
 async def post(
-    url: str, body: Any, path: str = "/v1/chat/completions", key: str = CANARY
+    url: str,
+    body: Any,
+    path: str = "/v1/chat/completions",
+    key: str = CANARY,
+    raw_body: str | None = None,
 ) -> tuple[int, Any]:
+    data = json.dumps(body) if raw_body is None else raw_body
     async with (
         aiohttp.ClientSession() as s,
-        s.post(url + path, data=json.dumps(body), headers=auth(key)) as r,
+        s.post(url + path, data=data, headers=auth(key)) as r,
     ):
         raw = await r.read()
         try:
@@ -520,3 +526,145 @@ async def test_a_slow_non_streaming_request_is_billed_and_sent_to_one_replica_on
     assert sum(received) <= 4, received  # 3 slow + 1 quick: nothing ran twice
     spent = await billed(gateway_server, gw)
     assert spent >= done > 3 * 1_000, (spent, done)  # billed at least the engines' work
+
+
+BOUNDED = [
+    ("/v1/chat/completions", chat(logprobs=True, top_logprobs=100_000), "top_logprobs",
+     "topLogprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 50}, "logprobs",
+     "topLogprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 1, "echo": True}, "echo",
+     "promptLogprobs"),
+    ("/generate", {"text": "hi", "return_logprob": True, "token_ids_logprob": list(range(50_000))},
+     "token_ids_logprob", "tokenIdsLogprob"),
+    ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": 0,
+                   "top_logprobs_num": 5}, "logprob_start_len", "promptLogprobs"),
+    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 1000},
+     "top_logprobs_num", "topLogprobs"),
+    ("/v1/chat/completions", chat(stop=[f"s{i}" for i in range(1000)]), "stop", "stop"),
+    ("/v1/chat/completions", chat(stop="x" * 1000), "stop", "stopBytes"),
+    ("/v1/chat/completions", chat(logit_bias={str(i): 1 for i in range(20_000)}), "logit_bias",
+     "logitBias"),
+    ("/v1/chat/completions", chat(ebnf='root ::= "a"' + " | \"a\"" * 6_000), "ebnf",
+     "grammarBytes"),
+    ("/v1/chat/completions",
+     chat(response_format={"type": "json_schema", "json_schema": {
+         "name": "x", "schema": {"type": "string", "pattern": "(a+)+$" + "|a" * 20_000}}}),
+     "response_format.json_schema", "grammarBytes"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 9}},
+     "sampling_params.min_new_tokens", None),
+    ("/v1/chat/completions", chat(min_tokens=100), "min_tokens", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "param", "setting"), BOUNDED)
+async def test_fields_that_cost_engine_work_are_bounded(
+    path: str,
+    body: dict[str, Any],
+    param: str,
+    setting: str | None,
+    gateway_server: Any,
+    tmp_path: Path,
+) -> None:
+    """Round two, finding 6: each refused with a 400 naming the field and its setting; the
+    engine never sees it and nothing is billed."""
+    async with fake_engine(lambda request, body: web.json_response({})) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, err = await post(gw, body, path)
+        assert status == 400, err
+        assert err["error"]["param"] == param, err
+        if setting is not None:
+            assert f"requests.bounds.{setting}" in err["error"]["message"], err
+        assert engine.bodies == []
+        assert await billed(gateway_server, gw) == 0
+
+
+async def test_non_finite_numbers_are_refused_not_forwarded_as_nan(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    async with fake_engine(lambda request, body: web.json_response({})) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        raw = json.dumps(chat())[:-1] + ", "  # the body, open for one more field
+        for value in ("NaN", "Infinity", "-Infinity"):
+            status, err = await post(gw, None, raw_body=raw + f'"temperature": {value}}}')
+            assert status == 400 and value in err["error"]["message"], err
+        assert engine.bodies == []
+
+
+async def _raw(gw: str, data: bytes, read_for_s: float = 2.0) -> bytes:
+    """Send raw bytes to the gateway; what it answers within `read_for_s`."""
+    host, port = gw.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    await writer.drain()
+    out = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(read_for_s):
+            while chunk := await reader.read(65536):
+                out += chunk
+    writer.close()
+    return out
+
+
+def _head(body_len: int, key: str = CANARY, extra: str = "") -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {body_len}\r\n{extra}\r\n"
+    ).encode()
+
+
+async def test_expect_continue_is_answered_after_auth_and_readyz_says_only_ready(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Round two, finding 7: a bad key got `100 Continue` (its body then read); /readyz told
+    anyone how many replicas were ready."""
+    engine = await sim_server(time_scale=0.02)
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path)))
+    body = json.dumps(chat()).encode()
+    refused = await _raw(gw, _head(len(body), key="kvf-wrong", extra="Expect: 100-continue\r\n"))
+    assert refused.startswith(b"HTTP/1.1 401") and b"100 Continue" not in refused, refused
+    host, port = gw.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(_head(len(body), extra="Expect: 100-continue\r\n"))
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body)
+    final = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+    writer.close()
+    assert final.startswith(b"HTTP/1.1 200"), final
+    async with aiohttp.ClientSession() as s, s.get(f"{gw}/readyz") as r:
+        assert r.status == 200 and await r.json() == {"ready": True}
+
+
+async def test_a_client_that_leaves_is_a_499_without_a_traceback(
+    gateway_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Round two, finding 5: leaving before the first byte was logged as a 500 with an
+    "internal error" traceback, and leaving mid-body as an ERROR traceback each time (any
+    key could flood the logs). Now each is one INFO line with status 499, and the request
+    the engine accepted is billed by the same rule as any other."""
+
+    async def slow_first_token(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        await asyncio.sleep(1.0)
+        resp = await sse(request, chunk("hi", usage(3, 1)), b"data: [DONE]\n\n")
+        return resp
+
+    caplog.set_level(logging.INFO)
+    async with fake_engine(slow_first_token) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        body = json.dumps(chat(stream=True)).encode()
+        await _raw(gw, _head(len(body)) + body, read_for_s=0.2)  # gone before the first byte
+        await _raw(gw, _head(len(body)) + body[:20], read_for_s=0.2)  # gone mid-body
+        await asyncio.sleep(1.5)
+        assert len(engine.bodies) == 1  # the mid-body one never reached an engine
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]
+    assert not any(r.exc_info for r in caplog.records)
+    access = [json.loads(r.getMessage()) for r in caplog.records
+              if r.name == "kvfleet.gateway.access"]  # fmt: skip
+    assert [a["status"] for a in access] == [499], access
+    left = [r.getMessage() for r in caplog.records if "left" in r.getMessage()]
+    assert len(left) == 2, [r.getMessage() for r in caplog.records]
+    counted = gateway_server.state(gw).metrics.requests
+    # (a body that never arrived names no model)
+    assert [counted.labels("t", m, "499")._value.get() for m in (MODEL, "")] == [1, 1]

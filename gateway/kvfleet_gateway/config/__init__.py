@@ -58,6 +58,7 @@ __all__ = [
     "TenantLimits",
     "Timeouts",
     "TokenBudget",
+    "WorkBounds",
     "load_config",
 ]
 
@@ -309,6 +310,34 @@ class Hold:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WorkBounds:
+    """Request fields that cost engine work beyond the tokens billed, bounded (each over its
+    bound is a 400 naming the field and this setting)."""
+
+    top_logprobs: int = fld(
+        20,
+        "Most alternatives per token a client may ask for (chat top_logprobs, completions "
+        "logprobs, /generate top_logprobs_num), as OpenAI allows.",
+        minimum=0,
+    )
+    token_ids_logprob: int = fld(20, "Most ids in /generate's token_ids_logprob.", minimum=0)
+    prompt_logprobs: bool = fld(
+        False,
+        "Whether a client may ask for logprobs over its whole prompt (/generate "
+        "logprob_start_len >= 0, completions echo with logprobs): work per prompt token.",
+    )
+    logit_bias: int = fld(300, "Most logit_bias entries, as OpenAI allows.", minimum=0)
+    stop: int = fld(16, "Most entries of stop, stop_regex and stop_token_ids, each.", minimum=0)
+    stop_bytes: int = fld(256, "Longest stop string or stop regex, in bytes.", minimum=1)
+    grammar_bytes: int = fld(
+        16384,
+        "Largest regex, ebnf or json_schema (response_format's included) a client may send, "
+        "in bytes: the engine compiles it before the first token.",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Requests:
     """What clients may send (kvfleet_gateway.allowlist has the lists)."""
 
@@ -321,6 +350,7 @@ class Requests:
         " lora_path, custom_logit_processor, custom_params, priority, return_hidden_states,"
         " return_routed_experts.",
     )
+    bounds: WorkBounds = fld(WorkBounds, "Bounds on fields that cost engine work.")
 
 
 @dataclass(frozen=True, kw_only=True)

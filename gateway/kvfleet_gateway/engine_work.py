@@ -1,0 +1,116 @@
+"""Bounds on request fields that cost engine work beyond the tokens a tenant is billed.
+
+A request's tokens are reserved and billed; some fields make each of those tokens (or the
+request's set-up) far more expensive, and one tenant could make a replica slow for everyone:
+100,000 alternatives per token, logprobs over a whole prompt, 20,000 logit biases, a thousand
+stop strings, a 30 KB grammar to compile, `min_tokens` beyond `max_tokens`. Each is refused
+with a 400 naming the field and the bound, and each bound is a setting
+(`requests.bounds`). Non-finite numbers (`NaN`, which Python's JSON reads and writes but JSON
+does not allow) are refused at decode (`inbound.decode`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvfleet_gateway.config import WorkBounds
+from kvfleet_gateway.errors import bad_request
+
+GRAMMARS = ("regex", "ebnf", "json_schema")
+STOPS = ("stop", "stop_regex", "stop_token_ids")
+
+
+def _over(field: str, what: str, n: int, bound: int, setting: str) -> Exception:
+    return bad_request(
+        f"'{field}' {what} {n:,}; this gateway allows at most {bound:,} "
+        f"(requests.bounds.{setting})",
+        field,
+    )
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return 0
+
+
+def check(kind: str, body: dict[str, Any], max_tokens: int, bounds: WorkBounds) -> None:
+    """Refuse what `bounds` does not allow in a request body (for /generate, its top level
+    and its `sampling_params`)."""
+    sampling = body.get("sampling_params") if kind == "generate" else body
+    where = "sampling_params." if kind == "generate" else ""
+    if isinstance(sampling, dict):
+        _sampling(sampling, where, max_tokens, bounds)
+    if kind == "chat" and body.get("top_logprobs") is not None:
+        _at_most("top_logprobs", _count(body["top_logprobs"]), bounds.top_logprobs, "topLogprobs")
+    if kind == "completion":
+        _at_most("logprobs", _count(body.get("logprobs")), bounds.top_logprobs, "topLogprobs")
+        if body.get("echo") and body.get("logprobs") and not bounds.prompt_logprobs:
+            raise bad_request(
+                "'echo' with 'logprobs' asks for logprobs over the whole prompt, which this "
+                "gateway does not allow (requests.bounds.promptLogprobs)",
+                "echo",
+            )
+    if kind == "generate":
+        _generate_logprobs(body, bounds)
+    if isinstance(body.get("response_format"), dict):
+        fmt = body["response_format"]
+        schema = fmt.get("json_schema", fmt.get("schema"))
+        if schema is not None:
+            _grammar("response_format.json_schema", schema, bounds)
+
+
+def _at_most(field: str, n: int, bound: int, setting: str) -> None:
+    if n > bound:
+        raise _over(field, "asks for", n, bound, setting)
+
+
+def _sampling(body: dict[str, Any], where: str, max_tokens: int, bounds: WorkBounds) -> None:
+    for name in STOPS:
+        value = body.get(name)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if len(values) > bounds.stop:
+            raise _over(where + name, "has", len(values), bounds.stop, "stop")
+        for v in values:
+            if isinstance(v, str) and len(v.encode()) > bounds.stop_bytes:
+                raise _over(where + name, "has a string of bytes", len(v.encode()),
+                            bounds.stop_bytes, "stopBytes")  # fmt: skip
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict) and len(bias) > bounds.logit_bias:
+        raise _over(where + "logit_bias", "has entries", len(bias), bounds.logit_bias, "logitBias")
+    for name in GRAMMARS:
+        if body.get(name) is not None:
+            _grammar(where + name, body[name], bounds)
+    minimum = body.get("min_new_tokens" if where else "min_tokens")
+    if _count(minimum) > max_tokens:
+        raise bad_request(
+            f"'{where}{'min_new_tokens' if where else 'min_tokens'}' ({_count(minimum):,}) is "
+            f"more than max_tokens ({max_tokens:,})",
+            where + ("min_new_tokens" if where else "min_tokens"),
+        )
+
+
+def _grammar(field: str, value: Any, bounds: WorkBounds) -> None:
+    size = len(value.encode()) if isinstance(value, str) else len(json.dumps(value).encode())
+    if size > bounds.grammar_bytes:
+        raise _over(field, "is bytes long:", size, bounds.grammar_bytes, "grammarBytes")
+
+
+def _generate_logprobs(body: dict[str, Any], bounds: WorkBounds) -> None:
+    _at_most("top_logprobs_num", _count(body.get("top_logprobs_num")), bounds.top_logprobs,
+             "topLogprobs")  # fmt: skip
+    ids = body.get("token_ids_logprob")
+    if isinstance(ids, list) and len(ids) > bounds.token_ids_logprob:
+        raise _over("token_ids_logprob", "has ids", len(ids), bounds.token_ids_logprob,
+                    "tokenIdsLogprob")  # fmt: skip
+    start = body.get("logprob_start_len")
+    prompt_logprobs = body.get("return_logprob") and start is not None and _count(start) >= 0
+    if prompt_logprobs and not bounds.prompt_logprobs:
+        raise bad_request(
+            "'logprob_start_len' >= 0 asks for logprobs over the prompt, which this "
+            "gateway does not allow (requests.bounds.promptLogprobs); leave it out",
+            "logprob_start_len",
+        )
