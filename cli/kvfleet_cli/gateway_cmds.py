@@ -110,7 +110,8 @@ def gateway(
             )
         else:
             raise click.UsageError("give --config FILE or at least one --backend URL")
-        listen = Listen(
+        listen = dataclasses.replace(  # the flags override; the rest of `listen` stays
+            config.listen,
             host=host or config.listen.host,
             port=port or config.listen.port,
             metrics_port=metrics_port or config.listen.metrics_port,
@@ -129,7 +130,10 @@ def gateway(
     # SIGTERM: stop accepting, let requests in flight finish for timeouts.drain, then cut.
     # A client that sent half a body gets its 408, then aiohttp keeps draining the rest for
     # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
-    serving.run(app, listen.host, listen.port, config.timeouts.drain, lingering_time=1.0)
+    serving.run(
+        app, listen.host, listen.port, config.timeouts.drain, listen.connections,
+        lingering_time=1.0,
+    )  # fmt: skip
 
 
 @click.group("keys")

@@ -668,3 +668,68 @@ async def test_a_client_that_leaves_is_a_499_without_a_traceback(
     counted = gateway_server.state(gw).metrics.requests
     # (a body that never arrived names no model)
     assert [counted.labels("t", m, "499")._value.get() for m in (MODEL, "")] == [1, 1]
+
+
+async def test_idle_and_slowloris_connections_cannot_exhaust_the_gateway(
+    sim_processes: Any, tmp_path: Path
+) -> None:
+    """Round two, finding 4: no header-read timeout and an hour of idle keep-alive; at
+    `ulimit -n 1024`, 1,100 idle connections made every honest request fail. Now, with the
+    gateway as a process at that limit: 2,000 idle and 200 trickling connections from one
+    address are capped (the rest closed at once), then closed by the idle and header
+    timeouts, while every honest request from another address succeeds."""
+    import sys
+
+    from kvfleet_sim.procs import free_port, running_process
+
+    engine = sim_processes("--time-scale", "0.02")
+    connections = {"keepaliveTimeout": "2s", "headerTimeout": "1s", "maxPerAddress": 300,
+                   "maxTotal": 700}  # fmt: skip
+    config = gateway_config([engine], keys(tmp_path))
+    port = free_port()
+    doc = config.to_dict()
+    doc["listen"].update(port=port, connections=connections)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(json.dumps(doc))
+    gw = f"http://127.0.0.1:{port}"
+    argv = ["bash", "-c", f'ulimit -n 1024 && exec "{sys.executable}" -m kvfleet_cli gateway '
+            f"--config {path}"]  # fmt: skip
+    with running_process(argv, ready_url=f"{gw}/readyz", log_path=tmp_path / "gateway.log"):
+        attacker: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for i in range(2_000):
+            attacker.append(await asyncio.open_connection("127.0.0.1", port,
+                                                          local_addr=("127.0.0.2", 0)))  # fmt: skip
+            if i % 100 == 99:  # (past its listen backlog a burst never reaches the gateway)
+                await asyncio.sleep(0.05)
+        trickle = []
+        for _ in range(200):
+            r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
+            trickle.append((r, w))
+        statuses = []
+        for _ in range(20):
+            statuses.append((await post(gw, chat()))[0])
+            for _, w in trickle:  # one byte of a header each, never finishing it
+                with contextlib.suppress(ConnectionError):
+                    w.write(b"a")
+        assert statuses == [200] * 20, statuses
+
+        async def closed(reader: asyncio.StreamReader) -> bool:
+            """The gateway closed it (EOF or a reset) within 6 s, whatever it wrote first."""
+            try:
+                async with asyncio.timeout(6):
+                    while await reader.read(65536):
+                        pass
+                return True
+            except ConnectionError:
+                return True
+            except TimeoutError:
+                return False
+
+        ended = await asyncio.gather(*(closed(r) for r, _ in attacker + trickle))
+        for _, w in attacker + trickle:
+            w.close()
+        still = [i for i, e in enumerate(ended) if not e]
+        assert all(ended), f"{len(still)} attacker connections still open: {still[:5]}..{still[-5:]}"
+    log = (tmp_path / "gateway.log").read_text()
+    assert "no complete request headers within 1s" in log and "Traceback" not in log

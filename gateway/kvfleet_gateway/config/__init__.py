@@ -43,6 +43,7 @@ __all__ = [
     "Auth",
     "Backends",
     "ConfigError",
+    "Connections",
     "CostConfig",
     "Duration",
     "GatewayConfig",
@@ -123,6 +124,31 @@ class TenantLimits:
 
 # ---- the gateway document -------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
+class Connections:
+    """What a client connection may hold of the gateway before it has sent a request: an
+    idle or trickling connection costs a file descriptor and memory, and a key is not needed
+    to open one."""
+
+    keepalive_timeout: Duration = fld(
+        Duration(75), "An idle keep-alive connection is closed after this (as Envoy, nginx)."
+    )
+    header_timeout: Duration = fld(
+        Duration(10),
+        "Time a client has to send a request's headers, from its first byte (or from the "
+        "connection's opening): a slowloris client is cut off after it.",
+    )
+    max_per_address: int = fld(
+        256, "Open connections from one client address; more are closed at once.", minimum=1
+    )
+    max_total: int = fld(
+        4096,
+        "Open client connections in all; more are closed at once (keep it below the "
+        "process's file-descriptor limit, with room for engine connections).",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Listen:
     host: str = fld("0.0.0.0", "Address to listen on.")
     port: int = fld(8080, "Port of the API (clients).", minimum=1, maximum=65535)
@@ -133,6 +159,7 @@ class Listen:
         minimum=1,
         maximum=65535,
     )
+    connections: Connections = fld(Connections, "Limits on client connections.")
 
 
 @dataclass(frozen=True, kw_only=True)
