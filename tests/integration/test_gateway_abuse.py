@@ -730,6 +730,8 @@ async def test_idle_and_slowloris_connections_cannot_exhaust_the_gateway(
         for _, w in attacker + trickle:
             w.close()
         still = [i for i, e in enumerate(ended) if not e]
-        assert all(ended), f"{len(still)} attacker connections still open: {still[:5]}..{still[-5:]}"
+        assert all(ended), (
+            f"{len(still)} attacker connections still open: {still[:5]}..{still[-5:]}"
+        )
     log = (tmp_path / "gateway.log").read_text()
     assert "no complete request headers within 1s" in log and "Traceback" not in log
