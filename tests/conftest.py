@@ -99,7 +99,11 @@ class GatewayServers:
         port = free_port()
         # lingering_time: see aiohttp#1800 (a half-sent body is drained after the response)
         runner = GatewayRunner(
-            make_gateway(config), config.listen.connections, access_log=None, lingering_time=0.2
+            make_gateway(config),
+            config.listen.connections,
+            config.requests.compressed_bodies,
+            access_log=None,
+            lingering_time=0.2,
         )
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -108,7 +112,7 @@ class GatewayServers:
         return url
 
     def state(self, url: str) -> Any:
-        from kvfleet_gateway.app import GATEWAY
+        from kvfleet_gateway.state import GATEWAY
 
         return self.runners[url].app[GATEWAY]
 

@@ -28,11 +28,12 @@ import aiohttp
 from aiohttp import web
 
 from kvfleet_bench.redis_server import RedisServer
-from kvfleet_gateway.app import GATEWAY, make_app
+from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.serving import GatewayRunner
+from kvfleet_gateway.state import GATEWAY
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.procs import free_port
@@ -177,7 +178,11 @@ async def run_once(
                 }
             )
             runner = GatewayRunner(
-                make_app(config), config.listen.connections, access_log=None, lingering_time=0.2
+                make_app(config),
+                config.listen.connections,
+                config.requests.compressed_bodies,
+                access_log=None,
+                lingering_time=0.2,
             )
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -132,7 +132,7 @@ def gateway(
     # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
     serving.run(
         app, listen.host, listen.port, config.timeouts.drain, listen.connections,
-        lingering_time=1.0,
+        config.requests.compressed_bodies, lingering_time=1.0,
     )  # fmt: skip
 
 

@@ -88,6 +88,7 @@ ALLOWED: dict[Endpoint, frozenset[str]] = {
             "top_logprobs_num",
             "token_ids_logprob",
             "return_text_in_logprobs",
+            "cache_salt",
         }
     ),
 }

@@ -18,16 +18,14 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvfleet_gateway import inbound
+from kvfleet_gateway import inbound, isolation
 from kvfleet_gateway.accounting import Admitted
 from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
@@ -40,33 +38,19 @@ from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.kv_events.streams import KvEventStreams
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
 from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.pre_admission import PreAdmission
+from kvfleet_gateway.probes import healthz, make_metrics_app, readyz
 from kvfleet_gateway.proxy import Proxy
 from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.routing import EventIndex, make_policy
 from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
+from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
 
 log = logging.getLogger("kvfleet.gateway")
 
-ANONYMOUS = Tenant("anonymous", None)
 UPSTREAM_KEEPALIVE_S = 4.0
 """How long an idle connection to an engine is kept for reuse."""
-
-
-@dataclass
-class Gateway:
-    config: GatewayConfig
-    keys: KeyWatcher | None
-    store: LimitStore
-    pool: BackendPool
-    metrics: GatewayMetrics
-    proxy: Proxy | None = None
-    events: EventIndex | None = None
-    """Exact prefix state from the engines' KV events (prefixIndex.source: events)."""
-    prompts: PromptTokenizer | None = None
-
-
-GATEWAY = web.AppKey("kvfleet_gateway", Gateway)
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -133,6 +117,36 @@ def _models(gw: Gateway) -> dict[str, int | None]:
     return {m.name: m.context_length or served.get(m.name) for m in gw.config.models}
 
 
+def _before_the_body(
+    gw: Gateway, request: web.Request, tenant: str, limits: Limits
+) -> web.Response | None:
+    """What can be refused from the headers alone (`pre_admission`), before a byte of the
+    body is read: a refusal that stands, concurrency, the tenant's share of parsing, and
+    compressed bodies where they are not accepted."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity") and not gw.config.requests.compressed_bodies:
+        raise GatewayError(
+            415,
+            f"request bodies with Content-Encoding {encoding!r} are not accepted here "
+            "(requests.compressedBodies)",
+            code="unsupported_media_type",
+        )
+    now = time.time()
+    standing = gw.pre.refusal(tenant, limits, now)
+    if standing is not None:
+        decision = standing.decision
+        headers = ratelimit_headers(decision.quota)
+        headers["Retry-After"] = str(max(1, math.ceil(standing.until - now)))
+        gw.metrics.rejections.labels(tenant, decision.reason or "unknown").inc()
+        return rejection(decision).response(headers)
+    err = gw.pre.over_concurrency(tenant, limits)
+    err = err or gw.pre.take_body(tenant, request.content_length or 0, now)
+    if err is not None:
+        gw.metrics.rejections.labels(tenant, "requests").inc()
+        raise err
+    return None
+
+
 async def _read_json(gw: Gateway, request: web.Request, tenant: str) -> dict[str, Any]:
     try:
         async with asyncio.timeout(gw.config.timeouts.client_body):
@@ -149,62 +163,14 @@ async def _read_json(gw: Gateway, request: web.Request, tenant: str) -> dict[str
         raise GatewayError(
             408, "the request body took too long to arrive", code="request_timeout"
         ) from None
-    return inbound.decode(raw)
+    if request.content_length is None:  # chunked: charged as read
+        err = gw.pre.take_body(tenant, len(raw), time.time())
+        if err is not None:
+            raise err
+    return inbound.decode(raw, gw.config.requests.max_json_containers)
 
 
 # ---- handlers ----------------------------------------------------------------------------
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-def _every_tenant_budgeted(gw: Gateway) -> bool:
-    """Every tenant that can authenticate has a token budget: without the budget store this
-    gateway can serve nobody (budgets fail closed)."""
-    tenants = {t.name: t.limits for _, t in gw.keys.ring.entries} if gw.keys else {}
-    if not tenants:
-        tenants = {ANONYMOUS.name: ANONYMOUS.limits}
-    return all(gw.config.limits_for(n, lim).token_budget is not None for n, lim in tenants.items())
-
-
-async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
-    """Ready when a replica can take requests — or when none exists at all (scaled to zero)
-    and requests are held for the autoscaler: the gateway must stay reachable to wake it.
-    Replicas that exist but all fail are an outage: not ready. So is a budget store that
-    does not answer when every tenant is budgeted: each request would get 503 (a tenant
-    without a budget keeps the gateway ready, serving it on local rate limits)."""
-    routable = gw.pool.routable()
-    holding = not gw.pool.backends and gw.config.hold.max_requests > 0
-    detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
-    ok = bool(routable) or holding
-    if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
-        store_ok = await gw.store.reachable()
-        detail["limitsStore"] = "ok" if store_ok else "unreachable"
-        ok = ok and store_ok
-    return ok, detail
-
-
-async def readyz(request: web.Request) -> web.Response:
-    """The probe on the clients' port says ready or not, and nothing an unauthenticated
-    caller could count (replicas, the budget store): those are on the metrics port."""
-    ok, _ = await readiness(request.app[GATEWAY])
-    return web.json_response({"ready": ok}, status=200 if ok else 503)
-
-
-async def readyz_detail(request: web.Request) -> web.Response:
-    ok, detail = await readiness(request.app[GATEWAY])
-    return web.json_response(detail, status=200 if ok else 503)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    if isinstance(gw.store, RedisStore):
-        gw.metrics.settlements_pending.set(len(gw.store.pending))
-    return web.Response(
-        body=generate_latest(gw.metrics.registry),
-        headers={"Content-Type": CONTENT_TYPE_LATEST},
-    )
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -228,7 +194,7 @@ LONG_PROMPT_CHARS = 16_384
 
 
 async def _engine_pages(
-    gw: Gateway, req: inbound.ClientRequest
+    gw: Gateway, req: inbound.ClientRequest, salt: str | None
 ) -> tuple[tuple[int, ...], int, int | None]:
     """The prompt's page hashes as the engines publish them, their page size, and the exact
     prompt length; nothing when no engine stream is live or the prompt cannot be reproduced."""
@@ -244,7 +210,7 @@ async def _engine_pages(
     if ids is None:
         return (), 0, None
     try:
-        return page_hashes(ids, size), size, len(ids)
+        return page_hashes(ids, size, salt), size, len(ids)
     except OverflowError:  # an id beyond uint32: not a real tokenizer's
         return (), 0, None
 
@@ -254,7 +220,15 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     assert gw.proxy is not None
     tenant = authenticate(gw, request)
     limits: Limits = gw.config.limits_for(tenant.name, tenant.limits)
+    refused = _before_the_body(gw, request, tenant.name, limits)
+    if refused is not None:
+        return refused
     body = await _read_json(gw, request, tenant.name)
+    salt = isolation.cache_salt(gw.config.cache_isolation, tenant.name, body.get("cache_salt"))
+    if salt is None:
+        body.pop("cache_salt", None)
+    else:
+        body["cache_salt"] = salt
     models = _models(gw)
     default_model = next(iter(models)) if len(models) == 1 else None
     req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
@@ -275,11 +249,11 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             "model",
         )
     inbound.check_context(req, models[req.model])
-    pages, page_tokens, prompt_tokens = await _engine_pages(gw, req)
+    pages, page_tokens, prompt_tokens = await _engine_pages(gw, req, salt)
     route = RouteRequest(
         req.model,
-        req.prompt_text,
-        text_blocks(req.prompt_text),
+        isolation.salted_units(salt, req.prompt_text),
+        text_blocks(req.prompt_text, salt=salt),
         prompt_tokens or req.estimated_prompt_tokens,
         req.max_tokens,
         block_tokens=BLOCK_TOKENS,
@@ -296,6 +270,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         gw.config.limits.lease_ttl,
     )
     decision = await gw.store.admit(ticket)
+    gw.pre.remember(tenant.name, limits, decision, time.time())
     headers = ratelimit_headers(decision.quota)
     if decision.quota.budget is not None:
         gw.metrics.set_budget(tenant.name, decision.quota.budget)
@@ -308,12 +283,16 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         return err.response(headers)
     assert decision.lease is not None
     ex = Exchange(tenant.name, req, route)
-    async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
-        try:
-            return await gw.proxy.forward(request, ex, headers)
-        except GatewayError as err:
-            ex.status = err.status
-            return err.response(headers)
+    gw.pre.inflight[tenant.name] += 1
+    try:
+        async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
+            try:
+                return await gw.proxy.forward(request, ex, headers)
+            except GatewayError as err:
+                ex.status = err.status
+                return err.response(headers)
+    finally:
+        gw.pre.inflight[tenant.name] -= 1
 
 
 async def expect_after_auth(request: web.Request) -> web.StreamResponse | None:
@@ -389,16 +368,6 @@ def _redact_server_logs() -> None:
         server_log.addFilter(RedactMalformedRequests())
 
 
-def make_metrics_app(gw: Gateway) -> web.Application:
-    """The scrapers' port: /metrics (and /healthz, for a probe that wants it)."""
-    app = web.Application()
-    app[GATEWAY] = gw
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz_detail)
-    return app
-
-
 def make_store(config: GatewayConfig) -> LimitStore:
     if config.limits.store == "memory":
         return MemoryStore()
@@ -434,6 +403,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         metrics=GatewayMetrics(),
         events=events,
         prompts=prompts,
+        pre=PreAdmission(config.requests.body_bytes_per_second, 2.0 * config.max_body_bytes),
     )
     gw.pool.removed_hook = policy.on_removed
     app = web.Application(middlewares=[errors_middleware], client_max_size=config.max_body_bytes)

@@ -120,8 +120,16 @@ def _estimate(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN_ESTIMATE)
 
 
-def decode(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+def decode(raw: bytes, max_containers: int = 10_000) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it. Its
+    objects and arrays are counted first, at C speed on the bytes: a body of a million small
+    nested lists is refused in milliseconds instead of taking a second to decode and walk."""
+    containers = _containers(raw, max_containers)
+    if containers > max_containers:
+        raise bad_request(
+            f"the request body holds {containers:,} JSON objects and arrays; this gateway "
+            f"accepts at most {max_containers:,} (requests.maxJsonContainers)"
+        )
     try:
         body = json.loads(raw, parse_constant=_not_a_number)
     except RecursionError:
@@ -133,6 +141,20 @@ def decode(raw: bytes) -> dict[str, Any]:
     if not _depth_within(body, MAX_JSON_DEPTH):
         raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     return body
+
+
+def _containers(raw: bytes, limit: int) -> int:
+    """Objects and arrays in a JSON text, counted with a few C-speed passes over its bytes:
+    its brackets, while that count is within `limit` (brackets inside strings then do not
+    matter); past it, only those outside strings (escaped backslashes and quotes removed, the
+    text split at the remaining quotes: every other piece is outside a string), so a prompt
+    full of code is not refused for the brackets in its text."""
+    rough = raw.count(b"[") + raw.count(b"{")
+    if rough <= limit:
+        return rough
+    plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2])
+    return outside.count(b"[") + outside.count(b"{")
 
 
 def _not_a_number(name: str) -> Any:

@@ -18,8 +18,10 @@ once its whole reply is generated, has one deadline for the whole response (`fir
 max_tokens / minDecodeRate`, capped by `wholeResponse`); `client_write` for a client that stops
 reading (counted as the client's, status 499, not as an engine failure).
 
-A request is retried on another replica only when it never reached an engine (the connection
-could not be made): once sent, the engine may be doing the work, and a retry would do it twice.
+A request is retried on another replica only when no engine took it: the connection could not
+be made, or the engine refused it with an error status before replying. Once sent and not
+refused, the engine may be doing the work (a timeout, a dropped connection), and a retry
+would do it twice.
 An accepted request that times out is a 504 billed at its reservation's bound (the engine gave
 no counts) and is not a breaker failure: slowness of accepted work is not a broken replica.
 """
@@ -156,12 +158,17 @@ class Proxy:
                 self._not_in_flight(backend, ex)
                 self.policy.on_finished(ex.route, backend.url)
                 raise self._sent_and_lost(ex, backend, exc) from None
-            ex.engine_accepted = resp.status < 400
             if resp.status >= 500:
+                # The engine refused it (an error status, not a reply): it did not take the
+                # work, so another replica may, before any byte reached the client.
                 self.metrics.upstream_errors.labels(backend.url, f"http_{resp.status}").inc()
                 backend.breaker.failure()
-            else:
-                backend.breaker.success()
+                self._not_in_flight(backend, ex)
+                resp.release()
+                last_error = f"engine answered {resp.status}"
+                continue
+            backend.breaker.success()
+            ex.engine_accepted = resp.status < 400
             return backend, resp
         self.policy.on_finished(ex.route, "")
         raise GatewayError(

@@ -136,11 +136,18 @@ class _Server(web.Server):
 
 
 class GatewayRunner(web.AppRunner):
-    """`connections`: the guard's limits and the keep-alive timeout (None: aiohttp's)."""
+    """`connections`: the guard's limits and the keep-alive timeout (None: aiohttp's).
+    `compressed_bodies` False: aiohttp does not inflate a compressed body as it arrives (the
+    gateway refuses it unread; inflating a 6 KB gzip bomb would cost megabytes of work)."""
 
     def __init__(
-        self, app: web.Application, connections: Connections | None = None, **kwargs: Any
+        self,
+        app: web.Application,
+        connections: Connections | None = None,
+        compressed_bodies: bool = True,
+        **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("auto_decompress", compressed_bodies)
         if connections is not None:
             kwargs.setdefault("keepalive_timeout", float(connections.keepalive_timeout))
         super().__init__(app, **kwargs)
@@ -162,13 +169,15 @@ def run(
     port: int,
     drain_s: float,
     connections: Connections,
+    compressed_bodies: bool,
     **kw: Any,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and give requests in flight `drain_s`
     to finish (as `web.run_app` does)."""
     runner = GatewayRunner(
-        app, connections, handle_signals=True, access_log=None, shutdown_timeout=drain_s, **kw
-    )
+        app, connections, compressed_bodies, handle_signals=True, access_log=None,
+        shutdown_timeout=drain_s, **kw,
+    )  # fmt: skip
     with asyncio.Runner() as loop_runner:
         try:
             loop_runner.run(_start(runner, host, port))

@@ -42,6 +42,8 @@ class GenRequest:
     continuous_usage: bool = False
     """`stream_options.continuous_usage_stats`: usage in every chunk."""
     model: str | None = None
+    cache_salt: str | None = None
+    """SGLang's cache namespace: a prompt only reuses prefixes cached under the same salt."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -120,7 +122,13 @@ def parse_generate(body: Any) -> GenRequest:
         stop=_stop(sp.get("stop")),
         ignore_eos=bool(sp.get("ignore_eos", False)),
         seed=_seed(sp.get("seed")),
+        cache_salt=_salt(body),
     )
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = _typed(body, "cache_salt", str, "a string")
+    return salt or None  # SGLang treats "" as no salt
 
 
 def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +149,7 @@ def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
         "stop": _stop(body.get("stop")),
         "ignore_eos": bool(body.get("ignore_eos", False)),
         "seed": _seed(body.get("seed")),
+        "cache_salt": _salt(body),
         "model": model,
         "rid": f"{uuid.uuid4().hex}",
     }

@@ -106,6 +106,12 @@ def page_digests(prior: bytes | None, tokens: Sequence[int], page_size: int) -> 
     return out
 
 
+def namespace_seed(salt: str) -> bytes:
+    """What a salted namespace's first page chains from, as SGLang's radix cache seeds its
+    event hashes: SHA-256 of a fixed tag, a NUL, and the salt."""
+    return hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest()
+
+
 def event_hash(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -139,7 +145,16 @@ class ZmqKvEventPublisher:
     def digests(self, prior: bytes | None, tokens: Sequence[int]) -> list[bytes]:
         return page_digests(prior, tokens, self.page_size)
 
-    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Sequence[int]) -> None:
+    def namespace_seed(self, salt: str) -> bytes:
+        return namespace_seed(salt)
+
+    def stored(
+        self,
+        parent: bytes | None,
+        digests: list[bytes],
+        tokens: Sequence[int],
+        salt: str | None = None,
+    ) -> None:
         if not digests:
             return
         self._events.append(
@@ -151,6 +166,7 @@ class ZmqKvEventPublisher:
                 "block_size": self.page_size,
                 "lora_id": None,
                 "medium": "GPU",
+                **({"cache_salt": salt} if salt is not None else {}),
             }
         )
 

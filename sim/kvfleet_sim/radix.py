@@ -28,7 +28,13 @@ class CacheEventSink(Protocol):
         """Chained digests of the whole pages of `tokens`, following `prior`."""
         ...
 
-    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Sequence[int]) -> None: ...
+    def namespace_seed(self, salt: str) -> bytes:
+        """The digest a salted namespace's first page chains from (SGLang's)."""
+        ...
+
+    def stored(
+        self, parent: bytes | None, digests: list[bytes], tokens: Sequence[int], salt: str | None
+    ) -> None: ...
 
     def removed(self, digests: list[bytes]) -> None: ...
 
@@ -82,6 +88,9 @@ class RadixCache:
             self.events.cleared()
         self.root = Node([], None)
         self.root.lock_ref = 1  # the root is never evicted
+        self._salted: dict[str, Node] = {}
+        """A root per cache salt (SGLang's `cache_salt`): a salted prompt reuses only the
+        prefixes cached under its own salt."""
         self.total_size = 0
         self.evictable_size = 0
         self._heap: list[tuple[int, int, Node]] = []
@@ -114,12 +123,26 @@ class RadixCache:
         parent.children[upper.key[0]] = upper
         return upper
 
-    def _walk(self, key: Sequence[int], tick: int | None) -> tuple[Node, int, Node | None, int]:
-        """Descend along whole edges of key. Returns the deepest node reached, the tokens
-        matched so far, and the child whose edge matched only partly (with the page-aligned
-        length of that partial match), or None. `tick` stamps the path (LRU); None: read-only.
-        """
-        node, pos, n = self.root, 0, len(key)
+    def _root(self, salt: str | None, create: bool) -> Node | None:
+        if salt is None:
+            return self.root
+        root = self._salted.get(salt)
+        if root is None and create:
+            root = self._salted[salt] = Node([], None)
+            root.lock_ref = 1
+        return root
+
+    def _walk(
+        self, key: Sequence[int], tick: int | None, salt: str | None = None
+    ) -> tuple[Node, int, Node | None, int]:
+        """Descend along whole edges of key (in `salt`'s namespace). Returns the deepest node
+        reached, the tokens matched so far, and the child whose edge matched only partly (with
+        the page-aligned length of that partial match), or None. `tick` stamps the path
+        (LRU); None: read-only."""
+        root = self._root(salt, create=tick is not None)
+        if root is None:
+            return self.root, 0, None, 0  # a salt never seen: nothing cached for it
+        node, pos, n = root, 0, len(key)
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
@@ -135,47 +158,51 @@ class RadixCache:
             return node, pos, child, m - m % self.page_size
         return node, pos, None, 0
 
-    def _descend(self, key: Sequence[int], tick: int) -> tuple[Node, int]:
+    def _descend(self, key: Sequence[int], tick: int, salt: str | None) -> tuple[Node, int]:
         """Walk key down the tree, splitting a partly matched edge so a node ends exactly
         where the match does (what match_prefix and insert both need)."""
-        node, pos, partial, m = self._walk(key, tick)
+        node, pos, partial, m = self._walk(key, tick, salt)
         if partial is not None and m > 0:
             node = self._split(partial, m)
             node.last_access = tick
             pos += m
         return node, pos
 
-    def match_prefix(self, key: Sequence[int]) -> Match:
+    def match_prefix(self, key: Sequence[int], salt: str | None = None) -> Match:
         """Longest cached prefix of key; touches the path (LRU) and splits at the boundary."""
-        node, pos = self._descend(self._aligned(key), next(self._tick))
+        node, pos = self._descend(self._aligned(key), next(self._tick), salt)
         return Match(pos, node)
 
-    def peek(self, key: Sequence[int]) -> int:
+    def peek(self, key: Sequence[int], salt: str | None = None) -> int:
         """Cached prefix length of key, read-only: no split, no LRU touch (for observers)."""
-        _, pos, _, m = self._walk(self._aligned(key), None)
+        _, pos, _, m = self._walk(self._aligned(key), None, salt)
         return pos + m
 
-    def insert(self, key: Sequence[int]) -> int:
+    def insert(self, key: Sequence[int], salt: str | None = None) -> int:
         """Add key to the tree; return how many of its leading tokens were already cached."""
         key = self._aligned(key)
         tick = next(self._tick)
-        node, pos = self._descend(key, tick)
+        node, pos = self._descend(key, tick, salt)
         matched, n = pos, len(key)
         if pos < n:
             leaf = Node(list(key[pos:]), node)
             leaf.last_access = tick
             node.children[key[pos]] = leaf
             if self.events is not None:
+                at_root = node.parent is None
                 prior = node.digests[-1] if node.digests else None
+                if at_root and salt is not None:
+                    prior = self.events.namespace_seed(salt)
                 leaf.digests = self.events.digests(prior, leaf.key)
-                self.events.stored(prior, leaf.digests, leaf.key)
+                # A page under a root links back to nothing, salted or not (as SGLang's).
+                self.events.stored(None if at_root else prior, leaf.digests, leaf.key, salt)
             self.total_size += n - pos
             self.evictable_size += n - pos
             self._push(leaf)
         return matched
 
     def inc_lock_ref(self, node: Node) -> None:
-        while node is not self.root:
+        while node.parent is not None:  # up to its namespace's root
             if node.lock_ref == 0:
                 self.evictable_size -= len(node.key)
             node.lock_ref += 1
@@ -183,7 +210,7 @@ class RadixCache:
             node = node.parent
 
     def dec_lock_ref(self, node: Node) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.evictable_size += len(node.key)
@@ -212,7 +239,7 @@ class RadixCache:
             freed += size
             self.total_size -= size
             self.evictable_size -= size
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._push(parent)
         return freed
 
@@ -220,11 +247,11 @@ class RadixCache:
 class DisabledCache(RadixCache):
     """`--disable-radix-cache`: nothing is ever shared; finished requests free their KV."""
 
-    def match_prefix(self, key: Sequence[int]) -> Match:
+    def match_prefix(self, key: Sequence[int], salt: str | None = None) -> Match:
         return Match(0, self.root)
 
-    def insert(self, key: Sequence[int]) -> int:
+    def insert(self, key: Sequence[int], salt: str | None = None) -> int:
         return len(key)  # "already cached" → the caller frees every token of the request
 
-    def peek(self, key: Sequence[int]) -> int:
+    def peek(self, key: Sequence[int], salt: str | None = None) -> int:
         return 0

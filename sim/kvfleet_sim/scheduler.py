@@ -139,8 +139,8 @@ class Scheduler:
         if not self.cache_enabled:
             return
         key = self._fill_ids(req, req.kv_len)
-        self.cache.insert(key)
-        match = self.cache.match_prefix(key)
+        self.cache.insert(key, req.cache_salt)
+        match = self.cache.match_prefix(key, req.cache_salt)
         self.cache.inc_lock_ref(match.node)
         if req.node is not None:
             self.cache.dec_lock_ref(req.node)
@@ -200,7 +200,7 @@ class Scheduler:
     def _order_waiting(self) -> None:
         if self.policy == "lpm" and self.cache_enabled and 1 < len(self.waiting) <= LPM_QUEUE_LIMIT:
             hits = {
-                id(r): self.cache.match_prefix(self._fill_ids(r, r.fill_len)).length
+                id(r): self.cache.match_prefix(self._fill_ids(r, r.fill_len), r.cache_salt).length
                 for r in self.waiting
             }
             self.waiting = deque(sorted(self.waiting, key=lambda r: -hits[id(r)]))
@@ -249,7 +249,7 @@ class Scheduler:
                 break
             req = self.waiting[0]
             fill = self._fill_ids(req, req.fill_len)
-            match = self.cache.match_prefix(fill)
+            match = self.cache.match_prefix(fill, req.cache_salt)
             prefix = min(match.length, req.fill_len - 1)  # the last token is always computed
             extend = req.fill_len - prefix
             reserve = min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS)
@@ -259,7 +259,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             if prefix and prefix < match.length:
-                match = self.cache.match_prefix(fill[:prefix])
+                match = self.cache.match_prefix(fill[:prefix], req.cache_salt)
             self.cache.inc_lock_ref(match.node)
             req.node, req.prefix_len, req.kv_len = match.node, match.length, match.length
             if req.output_len == 0:

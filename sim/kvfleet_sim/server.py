@@ -330,6 +330,7 @@ def build_request(st: SimState, gen: api.GenRequest) -> Request:
         max_new_tokens=max_new,
         arrival_time=st.engine.clock.now(),
         seed=seed,
+        cache_salt=gen.cache_salt,
     )
     if gen.stop and max_new:
         text = tok.decode(tok.generate_ids(seed, max_new))

@@ -25,7 +25,8 @@ import pytest
 import requests
 import yaml
 
-from kvfleet_gateway.config import PrefixIndexConfig
+from kvfleet_gateway.config import CacheIsolation, PrefixIndexConfig
+from kvfleet_gateway.isolation import cache_salt
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import SimProcesses
 from tests.support.gateway import gateway_config, metrics_url
@@ -65,9 +66,18 @@ def prompt(seed: int, words: int = 600) -> list[dict[str, str]]:
     return [{"role": "system", "content": text}, {"role": "user", "content": "Summarise."}]
 
 
-def ask(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[int, int]:
+GATEWAY_SALT = cache_salt(CacheIsolation(), "anonymous", None)
+"""The cache salt the gateway sends for its (keyless) tenant: a request sent to an engine
+directly must carry it to land in the same cache namespace."""
+
+
+def ask(
+    client: openai.OpenAI, messages: list[dict[str, str]], salt: str | None = None
+) -> tuple[int, int]:
     """(prompt tokens, cached tokens) of one chat completion."""
-    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    extra = {"cache_salt": salt} if salt else None
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,  # type: ignore[arg-type]
+                                       extra_body=extra)  # fmt: skip
     assert r.usage is not None and r.usage.prompt_tokens_details is not None
     return r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens or 0
 
@@ -139,12 +149,13 @@ def test_an_evicted_prefix_is_routed_by_the_updated_index(
     q = next(e for e in engines if e != p)
     # A reaches Q directly: only Q's events can tell the gateway.
     direct_q = openai.OpenAI(base_url=f"{q}/v1", api_key="unused", max_retries=0)
-    assert ask(direct_q, a)[1] == 0
+    assert ask(direct_q, a, GATEWAY_SALT)[1] == 0
     # Memory pressure on P: four other prompts of the same size evict A there.
     direct_p = openai.OpenAI(base_url=f"{p}/v1", api_key="unused", max_retries=0)
     for seed in range(1, 5):
-        ask(direct_p, prompt(seed))
-    assert ask(direct_p, prompt(4))[1] > 500  # the newest is cached: eviction took the oldest
+        ask(direct_p, prompt(seed), GATEWAY_SALT)
+    # the newest is cached: eviction took the oldest
+    assert ask(direct_p, prompt(4), GATEWAY_SALT)[1] > 500
     if source == "events":
         until_sync(
             lambda: (
@@ -188,7 +199,7 @@ async def test_a_stream_resyncs_after_a_restart_and_recovers_a_dropped_batch() -
 
     def publish(publisher: ZmqKvEventPublisher, tokens: list[int]) -> list[int]:
         digests = page_digests(None, tokens, 1)
-        publisher.stored(None, digests, tokens)
+        publisher.stored(None, digests, tokens, None)
         publisher.flush()
         return [event_hash(d) for d in digests]
 

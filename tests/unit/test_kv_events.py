@@ -27,7 +27,7 @@ from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.routing import Candidate, EventIndex, RouteRequest
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_sim.api import render_chat
-from kvfleet_sim.kv_events import KvEventsConfig, event_hash, page_digests
+from kvfleet_sim.kv_events import KvEventsConfig, event_hash, namespace_seed, page_digests
 from kvfleet_sim.radix import RadixCache
 from kvfleet_sim.tokenizer import HfTokenizer
 
@@ -68,7 +68,12 @@ class Recorder:
     def digests(self, prior: bytes | None, tokens: Any) -> list[bytes]:
         return page_digests(prior, tokens, self.page)
 
-    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Any) -> None:
+    def namespace_seed(self, salt: str) -> bytes:
+        return namespace_seed(salt)
+
+    def stored(
+        self, parent: bytes | None, digests: list[bytes], tokens: Any, salt: str | None = None
+    ) -> None:
         self.events.append(
             {
                 "type": "BlockStored",
@@ -205,11 +210,18 @@ def test_a_dropped_stream_forgets_its_pages_and_routing_falls_back() -> None:
     assert index.distinct_pages() == 0
 
 
-def test_namespaced_and_host_tier_pages_are_not_indexed() -> None:
+def test_salted_pages_are_indexed_adapter_and_host_tier_pages_are_not() -> None:
+    """A salted page's hash already chains from its salt (the gateway hashes a salted prompt
+    the same way): indexed as published. Adapter and host-tier pages: not."""
     state, index = stream(replay=False)
     state.connected()
-    state.message(0, batch(stored(1, cache_salt="tenant-a"), stored(2, medium="CPU_PINNED")))
-    assert index.distinct_pages() == 0
+    state.message(
+        0,
+        batch(stored(1, cache_salt="tenant-a"), stored(2, medium="CPU_PINNED"),
+              stored(3, lora_name="adapter")),
+    )  # fmt: skip
+    assert index.distinct_pages() == 1
+    assert index.match([1], 1, ["http://e1"]) == [1]
 
 
 def test_the_event_index_overrides_what_routing_history_believes() -> None:

@@ -42,6 +42,8 @@ __all__ = [
     "POLICY_NAMES",
     "Auth",
     "Backends",
+    "CacheGroup",
+    "CacheIsolation",
     "ConfigError",
     "Connections",
     "CostConfig",
@@ -138,7 +140,10 @@ class Connections:
         "connection's opening): a slowloris client is cut off after it.",
     )
     max_per_address: int = fld(
-        256, "Open connections from one client address; more are closed at once.", minimum=1
+        1024,
+        "Open connections from one client address; more are closed at once (behind an "
+        "ingress or a proxy every client has its address: size this for it).",
+        minimum=1,
     )
     max_total: int = fld(
         4096,
@@ -235,6 +240,32 @@ class Routing:
     tuning: KvfleetTuning = fld(KvfleetTuning, "The kvfleet policy's model of a replica.")
     prefix_index: PrefixIndexConfig = fld(
         PrefixIndexConfig, "Where prefix-cache state comes from (kvfleet policy)."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheGroup:
+    name: str = fld(doc="The group's name (it names the shared namespace).")
+    tenants: tuple[str, ...] = fld(doc="Tenants whose prompts share one prefix cache.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheIsolation:
+    """Who shares the engines' prefix cache. A shared cache tells a tenant what others sent:
+    a prompt that hits reports its cached tokens (`usage.prompt_tokens_details.cached_tokens`)
+    and answers sooner, so guessing another tenant's prompt one candidate at a time works.
+    Isolated, each request carries a cache salt derived from its tenant (SGLang's
+    `cache_salt`), and the gateway's prefix indexes are keyed on it too."""
+
+    mode: Literal["tenant", "shared"] = fld(
+        "tenant",
+        "tenant: a tenant's prompts reuse only prefixes it (or its group) cached; shared: one "
+        "cache for everyone (only where every tenant may see every other's prompts).",
+    )
+    groups: tuple[CacheGroup, ...] = fld(
+        (),
+        "Tenants that share a namespace, e.g. the teams of one organisation, or the tenants a "
+        "platform sends its common system prompt.",
     )
 
 
@@ -378,6 +409,23 @@ class Requests:
         " return_routed_experts.",
     )
     bounds: WorkBounds = fld(WorkBounds, "Bounds on fields that cost engine work.")
+    compressed_bodies: bool = fld(
+        False,
+        "Accept request bodies with a Content-Encoding (gzip, deflate): a 6 KB gzip can "
+        "inflate to megabytes to parse. Off: 415 before the body is read.",
+    )
+    body_bytes_per_second: int = fld(
+        8 * 2**20,
+        "Request-body bytes per second one tenant may have this gateway read and parse (a "
+        "bucket of twice maxBodyBytes): past it, 429 before the body is read.",
+        minimum=1024,
+    )
+    max_json_containers: int = fld(
+        10_000,
+        "Most JSON objects and arrays a request body may hold (counted before it is "
+        "decoded): thousands of small nested lists cost a second to decode and walk.",
+        minimum=16,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,6 +443,9 @@ class GatewayConfig:
     models: tuple[ModelConfig, ...] = fld((), "Models served; empty: learned from backends.")
     backends: Backends = fld(doc="The engine replicas.")
     routing: Routing = fld(Routing, "Replica selection.")
+    cache_isolation: CacheIsolation = fld(
+        CacheIsolation, "Who shares the engines' prefix cache (default: no one)."
+    )
     auth: Auth = fld(Auth, "API keys.")
     limits: LimitsConfig = fld(LimitsConfig, "Rate limits, concurrency and token budgets.")
     cost: CostConfig = fld(CostConfig, "Cost accounting.")

@@ -7,8 +7,10 @@ published hash is the digest's first 8 bytes as a big-endian signed int64. A pag
 `block_size` tokens, the engine's `--page-size`, advertised in /server_info. Only whole pages
 are cached, so a prompt's trailing partial page has no hash.
 
-Requests with a LoRA adapter or a cache salt are hashed in a namespace of their own by the
-engine; the gateway does not index those (it falls back to the approximate index for them).
+A request with a cache salt is cached in a namespace of its own: its first page chains from
+SHA-256 of `sglang-cache-salt-v1`, a NUL and the salt instead of from nothing (SGLang's
+`compute_node_event_hash_values`), so the same prompt under two salts shares no page.
+Requests with a LoRA adapter are not indexed (they fall back to the approximate index).
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from collections.abc import Sequence
 _U32_MAX = 2**32 - 1
 
 
-def page_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
-    """One hash per whole page of `token_ids` (tokens beyond the last whole page: none)."""
+def salt_seed(salt: str) -> bytes:
+    return hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest()
+
+
+def page_hashes(
+    token_ids: Sequence[int], block_size: int, salt: str | None = None
+) -> tuple[int, ...]:
+    """One hash per whole page of `token_ids` (tokens beyond the last whole page: none), in
+    `salt`'s namespace."""
     if block_size < 1:
         raise ValueError("block_size must be at least 1")
     whole = len(token_ids) - len(token_ids) % block_size
@@ -34,7 +43,7 @@ def page_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     raw = memoryview(words).cast("B")
     step = block_size * 4
     out: list[int] = []
-    prior = b""
+    prior = b"" if salt is None else salt_seed(salt)
     sha = hashlib.sha256
     for start in range(0, whole * 4, step):
         prior = sha(prior + raw[start : start + step]).digest()

@@ -166,8 +166,10 @@ class StreamState:
         index, key, count = self.index, self.key, self.metrics.kv_events.labels
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                if ev.medium in GPU_MEDIA and ev.cache_salt is None and ev.lora_name is None:
-                    index.stored(key, ev.block_hashes)  # namespaced pages: never matched
+                # Salted pages are indexed as published (their hashes already chain from the
+                # salt); adapter pages are not (the gateway does not hash in their namespace).
+                if ev.medium in GPU_MEDIA and ev.lora_name is None and ev.lora_id is None:
+                    index.stored(key, ev.block_hashes)
                 count(key, "stored").inc()
             elif isinstance(ev, BlockRemoved):
                 if ev.medium in GPU_MEDIA:

@@ -15,10 +15,13 @@ BLOCK_TOKENS = 32
 CHARS_PER_BLOCK = 128  # ≈ 32 tokens at ~4 characters per token
 
 
-def text_blocks(text: str, chars_per_block: int = CHARS_PER_BLOCK) -> tuple[int, ...]:
+def text_blocks(
+    text: str, chars_per_block: int = CHARS_PER_BLOCK, salt: str | None = None
+) -> tuple[int, ...]:
+    """Chained block hashes of `text`, in `salt`'s namespace (the chain starts from it)."""
     data = text.encode()
     out: list[int] = []
-    crc = 0
+    crc = 0 if salt is None else zlib.crc32(salt.encode())
     for start in range(0, len(data) - chars_per_block + 1, chars_per_block):
         crc = zlib.crc32(data[start : start + chars_per_block], crc)  # chained: covers 0..i
         out.append(

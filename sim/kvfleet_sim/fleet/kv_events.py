@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvfleet_gateway.routing.event_index import EventIndex
-from kvfleet_sim.kv_events import event_hash, page_digests
+from kvfleet_sim.kv_events import event_hash, namespace_seed, page_digests
 
 
 class FleetKvEvents:
@@ -24,7 +24,16 @@ class FleetKvEvents:
     def digests(self, prior: bytes | None, tokens: Sequence[int]) -> list[bytes]:
         return page_digests(prior, tokens, self.page_size)
 
-    def stored(self, parent: bytes | None, digests: list[bytes], tokens: Sequence[int]) -> None:
+    def namespace_seed(self, salt: str) -> bytes:
+        return namespace_seed(salt)
+
+    def stored(
+        self,
+        parent: bytes | None,
+        digests: list[bytes],
+        tokens: Sequence[int],
+        salt: str | None = None,
+    ) -> None:
         hashes = [event_hash(d) for d in digests]
         for index in self.indexes:
             index.stored(self.key, hashes)

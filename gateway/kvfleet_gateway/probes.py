@@ -1,0 +1,74 @@
+"""The probes and the scrapers' port: liveness, readiness (the clients' port says only ready
+or not; the metrics port has the details), and /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvfleet_gateway.redis_store import RedisStore
+from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def _every_tenant_budgeted(gw: Gateway) -> bool:
+    """Every tenant that can authenticate has a token budget: without the budget store this
+    gateway can serve nobody (budgets fail closed)."""
+    tenants = {t.name: t.limits for _, t in gw.keys.ring.entries} if gw.keys else {}
+    if not tenants:
+        tenants = {ANONYMOUS.name: ANONYMOUS.limits}
+    return all(gw.config.limits_for(n, lim).token_budget is not None for n, lim in tenants.items())
+
+
+async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
+    """Ready when a replica can take requests — or when none exists at all (scaled to zero)
+    and requests are held for the autoscaler: the gateway must stay reachable to wake it.
+    Replicas that exist but all fail are an outage: not ready. So is a budget store that
+    does not answer when every tenant is budgeted: each request would get 503 (a tenant
+    without a budget keeps the gateway ready, serving it on local rate limits)."""
+    routable = gw.pool.routable()
+    holding = not gw.pool.backends and gw.config.hold.max_requests > 0
+    detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
+    ok = bool(routable) or holding
+    if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
+        store_ok = await gw.store.reachable()
+        detail["limitsStore"] = "ok" if store_ok else "unreachable"
+        ok = ok and store_ok
+    return ok, detail
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """The probe on the clients' port says ready or not, and nothing an unauthenticated
+    caller could count (replicas, the budget store): those are on the metrics port."""
+    ok, _ = await readiness(request.app[GATEWAY])
+    return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+
+async def readyz_detail(request: web.Request) -> web.Response:
+    ok, detail = await readiness(request.app[GATEWAY])
+    return web.json_response(detail, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    if isinstance(gw.store, RedisStore):
+        gw.metrics.settlements_pending.set(len(gw.store.pending))
+    return web.Response(
+        body=generate_latest(gw.metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+def make_metrics_app(gw: Gateway) -> web.Application:
+    """The scrapers' port: /metrics (and /healthz, for a probe that wants it)."""
+    app = web.Application()
+    app[GATEWAY] = gw
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz_detail)
+    return app
