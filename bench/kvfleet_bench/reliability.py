@@ -300,10 +300,14 @@ def report(runs: list[Run]) -> str:
 def run_reliability_bench(
     out_dir: Path, work: Path, seeds: int = 3, requests: int = 1000
 ) -> list[Run]:
-    runs = []
+    from kvfleet_bench import hostile
+
+    runs, hostile_runs = [], []
     for seed in range(seeds):
         (work / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
         runs.append(asyncio.run(run_once(seed, work / f"seed-{seed}", requests)))
+        (work / f"hostile-{seed}").mkdir(parents=True, exist_ok=True)
+        hostile_runs.append(asyncio.run(hostile.run_hostile(seed, work / f"hostile-{seed}")))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "reliability.md").write_text(report(runs))
+    (out_dir / "reliability.md").write_text(report(runs) + "\n" + hostile.report(hostile_runs))
     return runs

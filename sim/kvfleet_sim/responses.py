@@ -233,12 +233,28 @@ async def stream_response(
     channel: Channel,
     drop_after: int | None = None,
 ) -> web.StreamResponse:
-    from kvfleet_sim.server import exit_now
-
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
-    await resp.prepare(request)
+    try:
+        await resp.prepare(request)
+        await _relay(request, st, gen, req, channel, resp, drop_after)
+    except ConnectionResetError:
+        pass  # the client left: the caller aborts the request (SGLang does the same, quietly)
+    return resp
+
+
+async def _relay(
+    request: web.Request,
+    st: SimState,
+    gen: api.GenRequest,
+    req: Request,
+    channel: Channel,
+    resp: web.StreamResponse,
+    drop_after: int | None,
+) -> None:
+    from kvfleet_sim.server import exit_now
+
     chunker = _Chunker(st, gen, req)
     interval = st.config.stream_interval
     sent_tokens, chunks = 0, 0
@@ -264,4 +280,3 @@ async def stream_response(
             for event in chunker.closing():
                 await resp.write(event)
             break
-    return resp
