@@ -46,6 +46,20 @@ async def _client(gw: str, key: str, data: bytes, encoding: str | None, n: int) 
     return out
 
 
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closed the connection (EOF or a reset) within `seconds`, whatever
+    it wrote first."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+        return True
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
 async def _idle_and_slow(gw: str, n: int, seconds: float) -> int:
     """Open `n` idle and `n // 10` trickling connections and hold them; how many the gateway
     closed within `seconds`."""
@@ -60,18 +74,7 @@ async def _idle_and_slow(gw: str, n: int, seconds: float) -> int:
         if i % 100 == 99:
             await asyncio.sleep(0.05)
 
-    async def closed(r: asyncio.StreamReader) -> bool:
-        try:
-            async with asyncio.timeout(seconds):
-                while await r.read(65536):
-                    pass
-            return True
-        except ConnectionError:
-            return True
-        except TimeoutError:
-            return False
-
-    done = await asyncio.gather(*(closed(r) for r, _ in conns))
+    done = await asyncio.gather(*(closed_within(r, seconds) for r, _ in conns))
     for _, w in conns:
         w.close()
     return sum(done)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from kvfleet_gateway.config import Duration, GatewayConfig, TokenBudget
+from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.limiter import Lease, LimitStore
@@ -69,15 +69,13 @@ class Admitted:
             except Exception:  # a missed heartbeat only shortens the lease's life
                 log.warning("lease heartbeat failed for tenant %s", self.ex.tenant)
 
-    async def _report_budget(self) -> None:
+    def _report_budget(self) -> None:
         """The budget gauges after settling: what `kvfleet usage` reads is the store's state
-        once this request's reservation became its real usage, not the state at admission."""
-        lease = self.lease
-        if lease.budget_tokens is None or lease.budget_period_s is None or lease.degraded:
-            return
-        budget = TokenBudget(tokens=lease.budget_tokens, period=Duration(lease.budget_period_s))
-        state = await self.store.budget_state(lease.tenant, budget, time.time())
-        self.metrics.set_budget(lease.tenant, state)
+        once this request's reservation became its real usage, not the state at admission
+        (as the settlement itself returned it: no further round trip)."""
+        state = self.store.budget_seen(self.lease.tenant)
+        if state is not None:
+            self.metrics.set_budget(self.lease.tenant, state)
 
     async def _finish(self) -> None:
         ex, m = self.ex, self.metrics
@@ -96,7 +94,7 @@ class Admitted:
             )
         try:
             await self.store.settle(self.lease, usage.total, time.time())
-            await self._report_budget()
+            self._report_budget()
         except Exception:  # never let accounting failures escape into the response path
             log.exception("settlement failed for tenant %s", ex.tenant)
         labels = (ex.tenant, ex.req.model)

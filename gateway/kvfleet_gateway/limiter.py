@@ -144,6 +144,10 @@ class LimitStore(Protocol):
         """The tenant's budget in the current period of `budget`."""
         ...
 
+    def budget_seen(self, tenant: str) -> BudgetState | None:
+        """The tenant's budget as the last settlement here left it (asks the store nothing)."""
+        ...
+
 
 def reset_after(buckets: dict[int, int], now: float) -> float:
     """Seconds until the oldest counted bucket leaves the window."""
@@ -190,6 +194,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._tenants: dict[str, _TenantState] = {}
+        self._seen: dict[str, BudgetState] = {}
 
     def _state(self, tenant: str) -> _TenantState:
         return self._tenants.setdefault(tenant, _TenantState())
@@ -296,6 +301,9 @@ class MemoryStore:
             st.reserved -= held[1]
         if lease.budget_period is not None:
             st.budget[lease.budget_period] = st.budget.get(lease.budget_period, 0) + used_tokens
+            if lease.budget_tokens is not None:
+                spent = st.budget[lease.budget_period]
+                self._seen[lease.tenant] = BudgetState(lease.budget_tokens, spent, st.reserved)
         if lease.bucket in st.tokens:
             st.tokens[lease.bucket] = max(
                 0, st.tokens[lease.bucket] + used_tokens - lease.reserved_tokens
@@ -311,6 +319,9 @@ class MemoryStore:
         st = self._state(tenant)
         st.prune(now)
         return len(st.leases)
+
+    def budget_seen(self, tenant: str) -> BudgetState | None:
+        return self._seen.get(tenant)
 
     async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
         st = self._state(tenant)

@@ -161,8 +161,9 @@ if not redis.call('SET', done, '1', 'NX', 'EX', remember) then return 0 end
 local r = redis.call('HGET', resv, id)
 if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, id) end
 redis.call('ZREM', leases, id)
+local spent = 0
 if period >= 0 then
-  redis.call('HINCRBY', budget, tostring(period), used)
+  spent = redis.call('HINCRBY', budget, tostring(period), used)
   redis.call('EXPIRE', budget, budget_ttl)
 end
 if redis.call('HEXISTS', tq, bucket) == 1 then
@@ -170,7 +171,7 @@ if redis.call('HEXISTS', tq, bucket) == 1 then
     redis.call('HSET', tq, bucket, 0)
   end
 end
-return 1
+return {1, spent, tonumber(redis.call('GET', rtot) or '0')}
 """
 
 HEARTBEAT = (
@@ -234,6 +235,8 @@ class RedisStore:
         self.client = connect(url)
         self._admit = self.client.register_script(ADMIT)
         self._settle = self.client.register_script(SETTLE)
+        self._seen: dict[str, BudgetState] = {}
+        """Each tenant's budget as the last settlement written here left it."""
         self._heartbeat = self.client.register_script(HEARTBEAT)
         self.fallback = MemoryStore()
         self._down_until = 0.0
@@ -288,7 +291,8 @@ class RedisStore:
             try:
                 res = await self._admit(keys=list(k.values()), args=argv)
             except RedisError as exc:
-                self._mark_down(exc)
+                if not pool_busy(exc):  # a local wait for a pooled connection is no outage
+                    self._mark_down(exc)
             else:
                 return self._decision(ticket, res)
         if lim.token_budget is not None:
@@ -375,7 +379,8 @@ class RedisStore:
         try:
             return await self._write_settlement(lease, used_tokens)
         except RedisError as exc:
-            self._mark_down(exc)
+            if not pool_busy(exc):
+                self._mark_down(exc)
             self.pending.append((lease, used_tokens))
             return True  # settled locally; written to Redis by the retry loop
 
@@ -404,7 +409,14 @@ class RedisStore:
                 budget_ttl,
             ],
         )
-        return bool(res)
+        if not res:
+            return False  # settled before
+        if lease.budget_tokens is not None and isinstance(res, list):
+            self._seen[lease.tenant] = BudgetState(lease.budget_tokens, int(res[1]), int(res[2]))
+        return True
+
+    def budget_seen(self, tenant: str) -> BudgetState | None:
+        return self._seen.get(tenant) or self.fallback.budget_seen(tenant)
 
     async def flush_pending(self) -> int:
         written = 0
@@ -500,12 +512,19 @@ class RedisStore:
             await self.client.aclose()
 
 
+def pool_busy(exc: Exception) -> bool:
+    """No pooled connection came free in time: this gateway is busy, Redis may be fine."""
+    return isinstance(exc, RedisConnectionError) and "No connection available" in str(exc)
+
+
 def connect(url: str) -> aioredis.Redis:
     """A client whose commands retry on a fresh connection: after a Redis restart every
     pooled connection is dead, and each must be replaced, not reported as an outage."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=64,
+        # A command that waits longer for a pooled connection fails closed (503) but does not
+        # mark the store down: this gateway is busy, Redis may be fine (pool_busy).
         timeout=2.0,
         socket_timeout=0.5,
         socket_connect_timeout=0.5,

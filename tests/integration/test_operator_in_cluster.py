@@ -227,9 +227,14 @@ async def every_example_serves(cluster: LocalCluster) -> None:
         )
         assert "condition met" in out
         selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=gateway"
-        listed = await kubectl(kc, "get", "pods", "-n", "ai", "-l", selector, "-o", "json")
-        pods = json.loads(listed)["items"]
-        ip = next(p["status"]["podIP"] for p in pods if pod_ready(p))
+
+        async def ready_gateway(selector: str = selector) -> str | None:
+            # (Ready follows the gateway Deployment's status, which a probe can lead or lag.)
+            listed = await kubectl(kc, "get", "pods", "-n", "ai", "-l", selector, "-o", "json")
+            ready = [p for p in json.loads(listed)["items"] if pod_ready(p)]
+            return str(ready[0]["status"]["podIP"]) if ready else None
+
+        ip = await until(ready_gateway, 30, f"a ready gateway pod of {name}")
         client = openai.AsyncOpenAI(base_url=f"http://{ip}:8080/v1", api_key="foo", max_retries=0)
         try:
             reply = await client.chat.completions.create(
