@@ -28,7 +28,7 @@ lint: setup  ## ruff, mypy --strict, import-linter
 	$(BIN)/lint-imports
 
 test: lint  ## the whole suite (what .ci/run calls)
-	$(BIN)/pytest -q -rs -p no:cacheprovider
+	$(BIN)/pytest -q -rs -p no:cacheprovider --durations=10
 
 unit: setup  ## the unit tests only
 	$(BIN)/pytest -q tests/unit

@@ -15,7 +15,8 @@ from kvfleet_gateway.schema import Json, Rule, fld, parse
 
 GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
 ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
-"""The SGLang release whose server flags SGLANG.md records; pin a digest in production."""
+"""The SGLang release whose server flags the renderer emits (checked with that release's own
+argument parser); pin a digest in production."""
 KVFLEET_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
 """The kvfleet image (gateway, operator); the same version as this package."""
 

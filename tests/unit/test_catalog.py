@@ -14,7 +14,8 @@ def layout(model: str, gpu: str, **kw: object):  # type: ignore[no-untyped-def]
 
 def test_llama_8b_kv_is_128_kib_per_token() -> None:
     lay = layout("llama-3.1-8b", "h100")
-    assert lay.kv_bytes_per_token_per_gpu == 128 * 1024  # SGLANG.md: Llama-3.1-8B bf16
+    # Llama-3.1-8B bf16: 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes
+    assert lay.kv_bytes_per_token_per_gpu == 128 * 1024
 
 
 def test_pool_size_follows_mem_fraction_minus_weights() -> None:

@@ -1,4 +1,5 @@
-"""The simulator reproduces published GPU results within ±25% (SGLANG.md, 'Published numbers')."""
+"""The simulator reproduces published GPU results within ±25% (the rows of
+bench/results/sim-fidelity.md, each with its source)."""
 
 import pytest
 

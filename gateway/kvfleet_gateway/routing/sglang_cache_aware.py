@@ -4,8 +4,8 @@ With its defaults: when loads are imbalanced (max − min > 64 and max > 1.5 × 
 this router's in-flight requests per worker) send to the least loaded; otherwise, if the
 best prefix match in the approximate tree covers more than 30% of the request, send to the
 worker that holds it, else to the worker with the smallest tree. Every decision inserts the
-request into the chosen worker's tree. (SGLANG.md says "least loaded" for the low-match
-case; the 0.3.2 source picks the smallest tree, and so does this.)
+request into the chosen worker's tree. (Descriptions of the router say "least loaded"
+for the low-match case; the 0.3.2 source picks the smallest tree, and so does this.)
 The tree's periodic LRU trim (60 s, 2^26 nodes) never triggers at these scales and is
 not modelled.
 """

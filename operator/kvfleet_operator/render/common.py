@@ -1,4 +1,5 @@
-"""Names, labels and metadata every child of an InferenceService shares (DESIGN §3)."""
+"""Names, labels and metadata every child of an InferenceService shares (the labels the
+README's "How it works" lists)."""
 
 from __future__ import annotations
 
