@@ -98,13 +98,7 @@ class GatewayServers:
 
         port = free_port()
         # lingering_time: see aiohttp#1800 (a half-sent body is drained after the response)
-        runner = GatewayRunner(
-            make_gateway(config),
-            config.listen.connections,
-            config.requests.compressed_bodies,
-            access_log=None,
-            lingering_time=0.2,
-        )
+        runner = GatewayRunner(make_gateway(config), access_log=None, lingering_time=0.2)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         url = f"http://127.0.0.1:{port}"

@@ -177,13 +177,7 @@ async def run_once(
                     "accessLog": False,
                 }
             )
-            runner = GatewayRunner(
-                make_app(config),
-                config.listen.connections,
-                config.requests.compressed_bodies,
-                access_log=None,
-                lingering_time=0.2,
-            )
+            runner = GatewayRunner(make_app(config), access_log=None, lingering_time=0.2)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)

@@ -130,10 +130,7 @@ def gateway(
     # SIGTERM: stop accepting, let requests in flight finish for timeouts.drain, then cut.
     # A client that sent half a body gets its 408, then aiohttp keeps draining the rest for
     # lingering_time (aiohttp#1800); one second is plenty for a well-behaved client.
-    serving.run(
-        app, listen.host, listen.port, config.timeouts.drain, listen.connections,
-        config.requests.compressed_bodies, lingering_time=1.0,
-    )  # fmt: skip
+    serving.run(app, listen.host, listen.port, config.timeouts.drain, lingering_time=1.0)
 
 
 @click.group("keys")

@@ -77,6 +77,11 @@ def budget_refusal(need: int, state: BudgetState) -> str:
     )
 
 
+def over_concurrency(limit: int) -> str:
+    """The 429 of a tenant with `limit` requests in flight already."""
+    return f"{limit} concurrent requests already running"
+
+
 def budget_too_small(need: int, limit: int) -> str:
     """The 429 of a request whose bound exceeds the whole budget (waiting cannot help)."""
     return (
@@ -222,9 +227,7 @@ class MemoryStore:
             )
 
         if lim.max_concurrent is not None and len(st.leases) >= lim.max_concurrent:
-            return reject(
-                "concurrency", 1.0, f"{lim.max_concurrent} concurrent requests already running"
-            )
+            return reject("concurrency", 1.0, over_concurrency(lim.max_concurrent))
         rpm = lim.requests_per_minute
         if rpm is not None and n_req + 1 > rpm:
             return reject(

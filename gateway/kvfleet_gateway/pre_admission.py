@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from kvfleet_gateway.config import Limits
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.inbound import PROMPT_OVERHEAD
-from kvfleet_gateway.limiter import Decision
+from kvfleet_gateway.limiter import Decision, over_concurrency
 
 LEAST_RESERVATION = PROMPT_OVERHEAD + 1
 """The fewest tokens any request reserves: a budget with less left than this is spent."""
@@ -82,7 +82,7 @@ class PreAdmission:
         if limits.max_concurrent is not None and self.inflight[tenant] >= limits.max_concurrent:
             return GatewayError(
                 429,
-                f"{limits.max_concurrent} concurrent requests already running",
+                over_concurrency(limits.max_concurrent),
                 "requests",
                 "rate_limit_exceeded",
                 headers={"Retry-After": "1"},

@@ -56,6 +56,7 @@ from kvfleet_gateway.limiter import (
     Ticket,
     budget_refusal,
     budget_too_small,
+    over_concurrency,
 )
 from kvfleet_gateway.tasks import every
 
@@ -342,7 +343,7 @@ class RedisStore:
             return Decision(True, quota, lease=lease)
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
         messages = {
-            "concurrency": f"{lim.max_concurrent} concurrent requests already running",
+            "concurrency": over_concurrency(lim.max_concurrent or 0),
             "requests": f"limit of {lim.requests_per_minute} requests per minute reached",
             "tokens": f"limit of {lim.tokens_per_minute} tokens per minute reached",
             "budget": budget_refusal(

@@ -26,6 +26,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from kvfleet_gateway.config import Connections
+from kvfleet_gateway.state import GATEWAY
 
 log = logging.getLogger("kvfleet.gateway")
 
@@ -136,22 +137,17 @@ class _Server(web.Server):
 
 
 class GatewayRunner(web.AppRunner):
-    """`connections`: the guard's limits and the keep-alive timeout (None: aiohttp's).
-    `compressed_bodies` False: aiohttp does not inflate a compressed body as it arrives (the
-    gateway refuses it unread; inflating a 6 KB gzip bomb would cost megabytes of work)."""
+    """Serves a gateway app with its own config's connection limits and keep-alive, and with
+    aiohttp's inflating of compressed bodies only where the config accepts them (refused
+    unread, a 6 KB gzip bomb would otherwise cost megabytes of work)."""
 
-    def __init__(
-        self,
-        app: web.Application,
-        connections: Connections | None = None,
-        compressed_bodies: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        kwargs.setdefault("auto_decompress", compressed_bodies)
-        if connections is not None:
-            kwargs.setdefault("keepalive_timeout", float(connections.keepalive_timeout))
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        config = app[GATEWAY].config
+        connections = config.listen.connections
+        kwargs.setdefault("auto_decompress", config.requests.compressed_bodies)
+        kwargs.setdefault("keepalive_timeout", float(connections.keepalive_timeout))
         super().__init__(app, **kwargs)
-        self.guard = ConnectionGuard(connections) if connections is not None else None
+        self.guard = ConnectionGuard(connections)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -168,16 +164,13 @@ def run(
     host: str,
     port: int,
     drain_s: float,
-    connections: Connections,
-    compressed_bodies: bool,
     **kw: Any,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting and give requests in flight `drain_s`
     to finish (as `web.run_app` does)."""
     runner = GatewayRunner(
-        app, connections, compressed_bodies, handle_signals=True, access_log=None,
-        shutdown_timeout=drain_s, **kw,
-    )  # fmt: skip
+        app, handle_signals=True, access_log=None, shutdown_timeout=drain_s, **kw
+    )
     with asyncio.Runner() as loop_runner:
         try:
             loop_runner.run(_start(runner, host, port))
