@@ -415,7 +415,7 @@ class Requests:
         "inflate to megabytes to parse. Off: 415 before the body is read.",
     )
     body_bytes_per_second: int = fld(
-        8 * 2**20,
+        4 * 2**20,
         "Request-body bytes per second one tenant may have this gateway read and parse (a "
         "bucket of twice maxBodyBytes): past it, 429 before the body is read.",
         minimum=1024,
