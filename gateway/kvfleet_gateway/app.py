@@ -76,6 +76,9 @@ def ratelimit_headers(q: Quota) -> dict[str, str]:
         h["x-ratelimit-reset-tokens"] = _fmt_reset(q.reset_tokens_s)
     if q.budget_remaining is not None:
         h["x-kvfleet-budget-remaining-tokens"] = str(q.budget_remaining)
+    if q.budget is not None and q.budget.resets_at is not None:
+        # Unix seconds: a client can tell which period a request was billed to.
+        h["x-kvfleet-budget-resets-at"] = str(math.ceil(q.budget.resets_at))
     return h
 
 

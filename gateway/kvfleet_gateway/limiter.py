@@ -51,6 +51,8 @@ class BudgetState:
     reserved: int
     """Held by requests in flight: each reserves its upper bound (prompt + max_tokens) until
     it settles to what it used."""
+    resets_at: float | None = None
+    """Unix time this period ends and the budget starts again (None: not known here)."""
 
     @property
     def left(self) -> int:
@@ -66,6 +68,11 @@ class BudgetState:
     @property
     def in_use(self) -> int:
         return self.spent + self.reserved
+
+
+def period_end(now: float, period_s: float) -> float:
+    """When the budget period holding `now` ends: periods are aligned to the Unix epoch."""
+    return (math.floor(now / period_s) + 1) * period_s
 
 
 def budget_refusal(need: int, state: BudgetState) -> str:
@@ -288,7 +295,12 @@ class MemoryStore:
             reset_tokens_s=reset_after(st.tokens, now),
             budget=None
             if lim.token_budget is None
-            else BudgetState(lim.token_budget.tokens, budget_used, st.reserved),
+            else BudgetState(
+                lim.token_budget.tokens,
+                budget_used,
+                st.reserved,
+                period_end(now, lim.token_budget.period),
+            ),
         )
 
     async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:

@@ -328,7 +328,11 @@ class RedisStore:
             lim.tokens_per_minute,
             left(lim.tokens_per_minute, ntok),
             _num(rtok) or 0.0,
-            None if budget is None else BudgetState(budget.tokens, int(used), int(reserved)),
+            None
+            if budget is None
+            else BudgetState(
+                budget.tokens, int(used), int(reserved), (int(period) + 1) * budget.period
+            ),
         )
         if ok:
             lease = Lease(

@@ -177,6 +177,7 @@ async def test_budget_reserves_then_refunds_to_real_usage(
     assert status == 200
     used = body["usage"]["total_tokens"]
     assert int(headers["x-kvfleet-budget-remaining-tokens"]) < 2_000 - 1_024  # while reserved
+    assert int(headers["x-kvfleet-budget-resets-at"]) == (time.time() // 86_400 + 1) * 86_400
     store = gateway_server.state(gw).store
     assert await budget_in_use(store, "team-a", cfg.limits.defaults, time.time()) == used
     # A request that fits the budget but not what is left: insufficient_quota until the reset.

@@ -111,7 +111,17 @@ async def test_the_budget_gauges_and_refusals_say_what_the_store_holds(
     config = gw_config(engines, keys(tmp_path, budget), redis_proc.url)
     gw = await gateway_server(config)
     async with aiohttp.ClientSession() as s:
-        status, body = await chat(s, gw, KEY_BUDGET, max_tokens=40)
+        async with s.post(
+            f"{gw}/v1/chat/completions",
+            json=chat_body(40, False),
+            headers={"Authorization": f"Bearer {KEY_BUDGET}"},
+        ) as resp:
+            status, body = resp.status, await resp.json()
+            # The period this request was billed to ends at the next midnight UTC.
+            assert (
+                int(resp.headers["x-kvfleet-budget-resets-at"])
+                == (time.time() // 86400 + 1) * 86400
+            )
         assert status == 200
         spent = body["usage"]["total_tokens"]
         status, refused = await chat(s, gw, KEY_BUDGET, max_tokens=250)  # fits 400, not 347

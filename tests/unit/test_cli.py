@@ -184,3 +184,25 @@ def test_the_demo_timeline_legends_name_every_line() -> None:
     assert legends[0] == ["active (serving)", "warm (loaded spare)", "desired active", *common]
     assert legends[1] == ["TTFT p50 (10 s)", "TTFT p99 (10 s)", "queued (right)", *common]
     assert legends[2] == ["output tokens/s", "429/s (right)", *common]
+
+
+def test_the_demo_budget_check_holds_per_period_and_can_fail() -> None:
+    """A daily budget starts again at midnight UTC: a demo that runs across it bills more than
+    one period's budget in total and still held (a CI run failed so); within one period, more
+    than the budget is a failure."""
+    from kvfleet_bench.demo.timeline import Run, TenantStats
+
+    def held(bills: list[tuple[int, int]]) -> tuple[bool, str]:
+        trial = TenantStats(budget=7_200, refused={"insufficient_quota": 3})
+        for tokens, period_end in bills:
+            trial.bill(tokens, period_end)
+        return Run().checks({"trial": trial})["the budget held"]
+
+    ok, why = held([(7_000, 86_400), (592, 172_800)])
+    assert ok, why
+    assert why == (
+        "trial: 7,592 tokens billed over 2 budget periods (7,000 and 592 of 7,200), "
+        "3 refused insufficient_quota"
+    )
+    ok, why = held([(7_000, 86_400), (592, 86_400)])
+    assert not ok and why.startswith("trial: 7,592 of 7,200 tokens billed"), why

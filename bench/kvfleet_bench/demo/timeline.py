@@ -26,6 +26,18 @@ class TenantStats:
     """Anything else: errors that are not a limit saying no."""
     billed_tokens: int = 0
     """prompt + completion tokens of the usage the gateway reported on served requests."""
+    billed_by_period: dict[int, int] = field(default_factory=dict)
+    """The same, by the budget period each request was admitted in (the Unix time it ends,
+    from `x-kvfleet-budget-resets-at`; 0 when the gateway sent none): a daily budget starts
+    again at midnight UTC, even in the middle of a demo."""
+
+    def bill(self, tokens: int, resets_at: int) -> None:
+        self.billed_tokens += tokens
+        self.billed_by_period[resets_at] = self.billed_by_period.get(resets_at, 0) + tokens
+
+    def most_in_one_period(self) -> int:
+        return max(self.billed_by_period.values(), default=0)
+
     ttft: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=5000))
     """(monotonic time of the first token, seconds to it)."""
     tokens: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=20000))
@@ -76,7 +88,7 @@ class Run:
         served = sum(s.ok for s in tenants.values())
         failed = sum(sum(s.failed.values()) for s in tenants.values())
         budgeted = {n: s for n, s in tenants.items() if s.budget is not None}
-        over = {n: s.billed_tokens for n, s in budgeted.items() if s.billed_tokens > s.budget}  # type: ignore[operator]
+        over = {n: s for n, s in budgeted.items() if s.most_in_one_period() > (s.budget or 0)}
         exhausted = [n for n, s in budgeted.items() if s.refused.get("insufficient_quota")]
         ups = [d for d in self.decisions if d.what.startswith("ScaledUp")]
         return {
@@ -95,13 +107,20 @@ class Run:
             ),
             "the budget held": (
                 bool(exhausted) and not over,
-                "; ".join(
-                    f"{n}: {s.billed_tokens:,} of {s.budget:,} tokens billed, "
-                    f"{s.refused.get('insufficient_quota', 0)} refused insufficient_quota"
-                    for n, s in budgeted.items()
-                ),
+                "; ".join(_budget_evidence(n, s) for n, s in budgeted.items()),
             ),
         }
+
+
+def _budget_evidence(name: str, s: TenantStats) -> str:
+    refused = f"{s.refused.get('insufficient_quota', 0)} refused insufficient_quota"
+    if len(s.billed_by_period) <= 1:
+        return f"{name}: {s.billed_tokens:,} of {s.budget or 0:,} tokens billed, {refused}"
+    each = " and ".join(f"{v:,}" for _, v in sorted(s.billed_by_period.items()))
+    return (
+        f"{name}: {s.billed_tokens:,} tokens billed over {len(s.billed_by_period)} budget "
+        f"periods ({each} of {s.budget or 0:,}), {refused}"
+    )
 
 
 def summary(run: Run, tenants: dict[str, TenantStats], source: str) -> dict[str, Any]:
@@ -115,6 +134,7 @@ def summary(run: Run, tenants: dict[str, TenantStats], source: str) -> dict[str,
             "refused": dict(s.refused),
             "failed": dict(s.failed),
             "billed_tokens": s.billed_tokens,
+            "billed_by_period": {str(k): v for k, v in sorted(s.billed_by_period.items())},
             "budget": s.budget,
             "ttft_p50_ms": round(percentile(ttft, 50) * 1000) if ttft else None,
             "ttft_p99_ms": round(percentile(ttft, 99) * 1000) if ttft else None,

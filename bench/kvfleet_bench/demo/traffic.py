@@ -57,6 +57,7 @@ async def one_request(
             stream=True,
             stream_options={"include_usage": True},
         )
+        resets_at = int(stream.response.headers.get("x-kvfleet-budget-resets-at", "0"))
         first = True
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -66,7 +67,7 @@ async def one_request(
                     first = False
                 parts.append(chunk.choices[0].delta.content)
             if chunk.usage is not None:
-                stats.billed_tokens += chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+                stats.bill(chunk.usage.prompt_tokens + chunk.usage.completion_tokens, resets_at)
                 stats.tokens.append((time.monotonic(), chunk.usage.completion_tokens))
     except openai.RateLimitError as exc:
         code = str(exc.code or "rate_limited")
