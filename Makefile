@@ -40,6 +40,7 @@ demo: setup  ## the whole stack on one machine, no GPU, no cluster
 	$(BIN)/kvfleet demo
 
 bench: setup  ## all benchmarks; writes bench/results/*.md and *.png
+	KVFLEET_PROPERTY_EXAMPLES=1000 $(BIN)/pytest -q -p no:cacheprovider --timeout 0 tests/unit/test_scheduler.py -k over_committed
 	$(BIN)/kvfleet bench sim
 	$(BIN)/kvfleet bench gateway
 	$(BIN)/kvfleet bench reliability

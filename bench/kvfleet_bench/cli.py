@@ -116,12 +116,17 @@ def _csv(value: str) -> list[str]:
 
 @bench.command("routing")
 @click.option("--gpu", default="h100", show_default=True)
-@click.option("--model", default="llama-3.1-8b", show_default=True, help="Catalogue name.")
+@click.option(
+    "--model",
+    default=None,
+    help="Catalogue name (default llama-3.1-8b); with --model-config, the name reports use"
+    " (default: the config's directory).",
+)
 @click.option(
     "--model-config",
     type=click.Path(exists=True, path_type=Path),
     default=None,
-    help="Any model from its Hugging Face config.json (or directory); --model names it.",
+    help="Any model from its Hugging Face config.json (or directory).",
 )
 @click.option("--tp", type=int, default=1, show_default=True, help="GPUs per replica.")
 @click.option(
@@ -149,7 +154,7 @@ def _csv(value: str) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
 def routing_bench(
     gpu: str,
-    model: str,
+    model: str | None,
     model_config: Path | None,
     tp: int,
     workload_file: Path | None,

@@ -114,7 +114,7 @@ def run_routing_bench(
     log: Callable[[str], None],
     *,
     gpu: str = "h100",
-    model: str = "llama-3.1-8b",
+    model: str | None = None,
     replicas: int = 8,
     workloads: Sequence[str] = WORKLOADS,
     policies: Sequence[str] = POLICIES,
@@ -129,9 +129,15 @@ def run_routing_bench(
 ) -> dict[str, Any]:
     """Every policy on every workload at every load (or, with `workload_file`, at each of the
     file's stages instead of the built-in workloads)."""
-    spec = load_model_config(model_config, model) if model_config else BUILTIN.model(model)
+    spec = (
+        load_model_config(model_config, model)
+        if model_config
+        else BUILTIN.model(model or "llama-3.1-8b")
+    )
     engine = EngineConfig.for_model(spec, BUILTIN.gpu(gpu), tp_size=tp)
     config = FleetConfig(engine, replicas=replicas)
+    # What is simulated, named in every line and the report (not the --model default).
+    shape = f"{spec.name}/{gpu}" + (f" TP{tp}" if tp > 1 else "")
     # What a gateway runs with no configuration: nothing read from the cost model it is
     # scored on (the defaults describe an 8B model on one H100, whatever is simulated).
     tuning = KvfleetTuning()
@@ -151,12 +157,12 @@ def run_routing_bench(
             wf = load_workload_file(workload_file, seed)
             stages = ", ".join(f"{s.rate:g} req/s × {s.duration_s:g} s" for s in wf.arrivals.stages)
             log(f"{wf.name} (seed {seed}): {wf.arrivals.kind} stages {stages} on {replicas}× "
-                f"{spec.name}/{gpu}")  # fmt: skip
+                f"{shape}")  # fmt: skip
             runs += staged_cells(config, wf, policies, tuning, log)
         workloads = ()
     for workload in workloads:
         caps[workload] = capacity(config, workload, num_requests, seeds[0], tuning)
-        log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {model}/{gpu}")
+        log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {shape}")
         for load in (*loads, *KV_PRESSURE_OVERLOAD) if workload == "kv-pressure" else loads:
             for policy in policies:
                 if policy == "kvfleet_events" and workload != "kv-pressure":
@@ -209,9 +215,7 @@ def run_routing_bench(
         )
         goals += gateway_goals(gateway_rows, max(loads))
     plot(cells, out_dir / "routing.png")
-    text = report(
-        cells, caps, goals, replicas, model, gpu, num_requests, tuning, timing, len(seeds)
-    )
+    text = report(cells, caps, goals, replicas, shape, num_requests, tuning, timing, len(seeds))
     if gateway_rows:
         text += "\n" + gateways_report(gateway_rows, gateway_rate)
     live_results: dict[str, dict[str, float]] = {}
@@ -333,8 +337,7 @@ def report(
     caps: dict[str, float],
     goals: list[dict[str, Any]],
     replicas: int,
-    model: str,
-    gpu: str,
+    shape: str,
     n: int,
     tuning: KvfleetTuning,
     timing: dict[str, Any],
@@ -343,7 +346,7 @@ def report(
     lines = [
         "# Routing policies",
         "",
-        f"Produced by `kvfleet bench routing`: {replicas} replicas of {model} on {gpu} in "
+        f"Produced by `kvfleet bench routing`: {replicas} replicas of {shape} in "
         f"the fleet simulator, {n} requests per cell and seed (kv-pressure: 8 per prefix), "
         f"{seeds} seeds per cell: the mean, [min–max] over seeds. Offered load as a share of "
         "each workload's capacity (measured with round robin under overload; kv-pressure is "

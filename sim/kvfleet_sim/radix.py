@@ -47,7 +47,7 @@ class Node:
     def __init__(self, key: list[int], parent: Node | None) -> None:
         self.key = key
         self.parent = parent
-        self.children: dict[int, Node] = {}
+        self.children: dict[int | tuple[int, ...], Node] = {}
         self.lock_ref = 0
         self.last_access = 0
         self.digests: list[bytes] = []
@@ -104,6 +104,14 @@ class RadixCache:
             return key
         return key[: len(key) - len(key) % self.page_size]
 
+    def _child_key(self, tokens: Sequence[int], pos: int = 0) -> int | tuple[int, ...]:
+        """How a parent names a child: by the child's first page (SGLang's paged key). Keyed
+        by the first token alone, two edges that share it but differ within the page would
+        collide: the second replaced the first, whose tokens stayed counted in the pool."""
+        if self.page_size == 1:
+            return tokens[pos]
+        return tuple(tokens[pos : pos + self.page_size])
+
     def _push(self, node: Node) -> None:
         heapq.heappush(self._heap, (node.last_access, next(self._seq), node))
 
@@ -119,8 +127,8 @@ class RadixCache:
             upper.digests, child.digests = child.digests[:pages], child.digests[pages:]
         child.key = child.key[at:]
         child.parent = upper
-        upper.children[child.key[0]] = child
-        parent.children[upper.key[0]] = upper
+        upper.children[self._child_key(child.key)] = child
+        parent.children[self._child_key(upper.key)] = upper
         return upper
 
     def _root(self, salt: str | None, create: bool) -> Node | None:
@@ -144,7 +152,7 @@ class RadixCache:
             return self.root, 0, None, 0  # a salt never seen: nothing cached for it
         node, pos, n = root, 0, len(key)
         while pos < n:
-            child = node.children.get(key[pos])
+            child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
             edge = child.key
@@ -187,7 +195,7 @@ class RadixCache:
         if pos < n:
             leaf = Node(list(key[pos:]), node)
             leaf.last_access = tick
-            node.children[key[pos]] = leaf
+            node.children[self._child_key(key, pos)] = leaf
             if self.events is not None:
                 at_root = node.parent is None
                 prior = node.digests[-1] if node.digests else None
@@ -231,7 +239,7 @@ class RadixCache:
                 self._push(node)  # touched since it was queued: requeue at its new age
                 continue
             parent = node.parent
-            del parent.children[node.key[0]]
+            del parent.children[self._child_key(node.key)]
             node.parent = None
             if self.events is not None and node.digests:
                 self.events.removed(node.digests)

@@ -39,6 +39,10 @@ class QueueFullError(RuntimeError):
     """`--max-queued-requests` reached: the server answers 503."""
 
 
+class InputTooLongError(ValueError):
+    """An input longer than the KV pool (or the context) can hold: the server answers 400."""
+
+
 @dataclass(slots=True)
 class Batch:
     """One planned step."""
@@ -61,6 +65,18 @@ class StepOutcome:
     first_tokens: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     retracted: list[Request] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _PrefillBudget:
+    """What one prefill batch may still take, and the shape it has so far."""
+
+    input: int
+    """`max_prefill_tokens` left."""
+    chunk: int
+    """`chunked_prefill_size` left."""
+    pairs: float = 0.0
+    ctx: int = 0
 
 
 OutputIds = Callable[[int, int], list[int]]
@@ -151,8 +167,18 @@ class Scheduler:
 
     # ---- requests -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        """Queue a request. As SGLang's scheduler does, an input the pool could never hold is
+        refused, and `max_new_tokens` is cut so input and output fit the pool together: a
+        request alone on the engine then always finishes."""
         if self.max_queued is not None and len(self.waiting) >= self.max_queued:
             raise QueueFullError("the waiting queue is full")
+        longest = self.layout.max_req_input_len
+        if req.prompt_len > longest:
+            raise InputTooLongError(
+                f"Input length ({req.prompt_len} tokens) exceeds the maximum allowed length "
+                f"({longest} tokens). Use a shorter input."
+            )
+        req.max_new_tokens = min(req.max_new_tokens, longest - req.prompt_len)
         self.waiting.append(req)
 
     def abort(self, req: Request) -> None:
@@ -205,85 +231,102 @@ class Scheduler:
             }
             self.waiting = deque(sorted(self.waiting, key=lambda r: -hits[id(r)]))
 
+    def _reserved(self, req: Request, ratio: float = 1.0) -> float:
+        """KV a request may still need for its output: what admission holds back for it."""
+        return min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) * ratio
+
     def _plan_prefill(self, now: float) -> Batch | None:
         if not self.waiting and self.chunked is None:
             return None
-        running_slots = len(self.running)
-        if running_slots >= self.max_running and self.chunked is None:
+        if len(self.running) >= self.max_running and self.chunked is None:
             return None
-        ratio = self.new_token_ratio
-        rem_total = self.available_tokens - sum(
-            min(r.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) * ratio for r in self.running
-        )
-        rem_input = self.max_prefill_tokens
-        rem_chunk = self.chunk_size
         batch = Batch(is_prefill=True, reqs=[])
-        pairs = 0.0
-        ctx = 0
-
-        def add(req: Request, extend: int) -> None:
-            nonlocal rem_total, rem_input, rem_chunk, pairs, ctx
-            self._alloc(extend)
-            batch.reqs.append(req)
-            batch.extend_lens.append(extend)
-            pairs += StepShape.prefill_pairs(extend, req.kv_len)
-            ctx += req.kv_len
-            req.kv_len += extend
-            rem_input -= extend
-            rem_chunk -= extend
-            rem_total -= extend + min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS)
-
+        # What the pool must keep for requests already decoding (SGLang's new_token_ratio
+        # estimate of their remaining output) and for those admitted below (all of theirs).
+        # The rest is read live: locking a cached prefix makes it unevictable at once, so a
+        # figure taken before the loop would count the same tokens twice.
+        held = sum(self._reserved(r, self.new_token_ratio) for r in self.running)
+        budget = _PrefillBudget(self.max_prefill_tokens, self.chunk_size)
         if self.chunked is not None:
-            req, self.chunked = self.chunked, None
-            extend = min(req.fill_len - req.kv_len, rem_chunk)
-            add(req, extend)
+            req = self.chunked
+            # The next chunk, as far as the pool can hold it now; decodes that outgrew their
+            # estimate may have taken the rest (they retract, or finish, and free it).
+            extend = min(req.fill_len - req.kv_len, budget.chunk, self.available_tokens)
+            if extend <= 0:
+                return None
+            self.chunked = None
+            self._add(batch, req, extend, budget)
+            held += self._reserved(req)
             if req.kv_len < req.fill_len:
                 self.chunked = req
         else:
             self._order_waiting()
-
         while self.waiting and self.chunked is None:
-            if running_slots + len(batch.reqs) >= self.max_running:
+            if len(self.running) + len(batch.reqs) >= self.max_running:
                 break
-            if rem_input <= 0 or rem_chunk <= 0:
+            if budget.input <= 0 or budget.chunk <= 0:
                 break
-            req = self.waiting[0]
-            fill = self._fill_ids(req, req.fill_len)
-            match = self.cache.match_prefix(fill, req.cache_salt)
-            prefix = min(match.length, req.fill_len - 1)  # the last token is always computed
-            extend = req.fill_len - prefix
-            reserve = min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS)
-            if extend + reserve > rem_total:
+            added = self._admit_head(now, batch, budget, held)
+            if added is None:
                 break
-            if extend > rem_input and batch.reqs:
-                break
-            self.waiting.popleft()
-            if prefix and prefix < match.length:
-                match = self.cache.match_prefix(fill[:prefix], req.cache_salt)
-            self.cache.inc_lock_ref(match.node)
-            req.node, req.prefix_len, req.kv_len = match.node, match.length, match.length
-            if req.output_len == 0:
-                req.cached_tokens = match.length
-                batch.cached_tokens += match.length
-            if req.scheduled_time is None:
-                req.scheduled_time = now
-            if extend > rem_chunk:
-                add(req, rem_chunk)
-                self.chunked = req
-            else:
-                add(req, extend)
+            held += added
         if not batch.reqs:
             return None
         computed = sum(batch.extend_lens)
         batch.shape = StepShape(
             prefill_tokens=computed,
             prefill_seqs=len(batch.reqs),
-            prefill_attn_pairs=pairs,
-            prefill_ctx_tokens=ctx,
+            prefill_attn_pairs=budget.pairs,
+            prefill_ctx_tokens=budget.ctx,
         )
         total = computed + batch.cached_tokens
         self.last_hit_rate = batch.cached_tokens / total if total else 0.0
         return batch
+
+    def _admit_head(
+        self, now: float, batch: Batch, budget: _PrefillBudget, held: float
+    ) -> float | None:
+        """Admit the head of the queue into `batch` if the pool can hold its input and its
+        output reservation; the reservation it adds, or None (the batch is complete)."""
+        req = self.waiting[0]
+        fill = self._fill_ids(req, req.fill_len)
+        match = self.cache.match_prefix(fill, req.cache_salt)
+        prefix = min(match.length, req.fill_len - 1)  # the last token is always computed
+        if prefix < match.length:
+            match = self.cache.match_prefix(fill[:prefix], req.cache_salt)
+        extend = req.fill_len - match.length
+        if extend > budget.input and batch.reqs:
+            return None
+        self.cache.inc_lock_ref(match.node)  # before the check: the prefix stops being free
+        reserve = self._reserved(req)
+        alone = not batch.reqs and not self.running and self.chunked is None
+        room = self.available_tokens - held
+        # Alone on the engine a request needs only its input to start; decode then retracts
+        # or ends it at the pool's edge. Otherwise its whole reservation must fit.
+        if (extend > self.available_tokens) if alone else (extend + reserve > room):
+            self.cache.dec_lock_ref(match.node)
+            return None
+        self.waiting.popleft()
+        req.node, req.prefix_len, req.kv_len = match.node, match.length, match.length
+        if req.output_len == 0:
+            req.cached_tokens = match.length
+            batch.cached_tokens += match.length
+        if req.scheduled_time is None:
+            req.scheduled_time = now
+        self._add(batch, req, min(extend, budget.chunk), budget)
+        if req.kv_len < req.fill_len:
+            self.chunked = req
+        return reserve
+
+    def _add(self, batch: Batch, req: Request, extend: int, budget: _PrefillBudget) -> None:
+        self._alloc(extend)
+        batch.reqs.append(req)
+        batch.extend_lens.append(extend)
+        budget.pairs += StepShape.prefill_pairs(extend, req.kv_len)
+        budget.ctx += req.kv_len
+        req.kv_len += extend
+        budget.input -= extend
+        budget.chunk -= extend
 
     def _plan_decode(self) -> Batch | None:
         needed = len(self.running)

@@ -32,7 +32,7 @@ from kvfleet_sim.metrics import EngineMetrics
 from kvfleet_sim.realtime import Channel, RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
-from kvfleet_sim.scheduler import QueueFullError
+from kvfleet_sim.scheduler import InputTooLongError, QueueFullError
 from kvfleet_sim.tokenizer import HfTokenizer
 
 log = logging.getLogger("kvfleet.sim.server")
@@ -380,6 +380,8 @@ async def _generate(request: web.Request, kind: api.Kind) -> web.StreamResponse:
         channel = st.runner.submit(req)
     except QueueFullError:
         return _error(kind, api.ApiError("The request queue is full.", 503))
+    except InputTooLongError as exc:
+        return _error(kind, api.ApiError(str(exc)))
     try:
         if gen.stream:
             drop = plan.drop_after_chunks if plan.drop_nth == nth else None

@@ -288,9 +288,11 @@ async def test_an_engine_silent_after_its_role_chunk_times_out_after_idle(
         b'"delta": {"content": ""}', b'"delta": {"role": "assistant", "content": ""}'
     )
 
+    released = asyncio.Event()  # the engine hangs until the test is done (not 60 s more)
+
     async def hang_after_role(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         resp = await sse(request, role)
-        await asyncio.sleep(60)
+        await released.wait()
         return resp
 
     async with fake_engine(hang_after_role) as engine:
@@ -303,6 +305,7 @@ async def test_an_engine_silent_after_its_role_chunk_times_out_after_idle(
         ):
             rest = await asyncio.wait_for(r.content.read(), 10)
         waited = time.monotonic() - t0
+        released.set()
     assert b'"role": "assistant"' in rest and b"engine timeout mid-stream" in rest
     assert 1.0 <= waited < 3.0, waited
 

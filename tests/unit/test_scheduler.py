@@ -1,14 +1,17 @@
 """SGLang's scheduling behaviour in virtual time: batching, chunking, budgets, retraction."""
 
+import os
 import random
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.engine import Engine, VirtualClock
 from kvfleet_sim.request import Request
+from kvfleet_sim.scheduler import InputTooLongError
 
 
 def engine(**kw: object) -> tuple[Engine, VirtualClock]:
@@ -182,3 +185,115 @@ def test_kv_accounting_never_drifts(seed: int, policy: str, radix_off: bool) -> 
     assert s.req_tokens == 0
     assert s.cache.protected_size == 0
     assert s.used_tokens == 0
+
+
+# `make bench` runs this property with many more examples (KVFLEET_PROPERTY_EXAMPLES).
+POOL_EXAMPLES = int(os.environ.get("KVFLEET_PROPERTY_EXAMPLES", "40"))
+
+
+@st.composite
+def pool_workloads(draw: st.DrawFn) -> tuple[dict[str, object], list[Request], list[int]]:
+    """An engine shape and arrivals over it: pool, page and chunk sizes, a few long shared
+    prefixes (up to the whole pool), prompts and outputs up to the pool's edge, and aborts."""
+    capacity = draw(st.integers(300, 20_000))
+    engine_kw: dict[str, object] = {
+        "max_total_tokens": capacity,
+        "page_size": draw(st.sampled_from([1, 16, 64])),
+        "chunked_prefill_size": draw(st.sampled_from([64, 256, 2048, 8192])),
+        "max_running_requests": draw(st.sampled_from([1, 4, 32])),
+        "schedule_policy": draw(st.sampled_from(["fcfs", "lpm"])),
+        "disable_radix_cache": draw(st.booleans()),
+    }
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    prefixes = [
+        [rng.randrange(5000) for _ in range(rng.randrange(1, capacity))]
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    reqs, t = [], 0.0
+    for i in range(draw(st.integers(1, 40))):
+        t += rng.expovariate(draw(st.sampled_from([2.0, 50.0, 1000.0])))
+        shared = rng.choice(prefixes)[: rng.randrange(capacity)] if rng.random() < 0.7 else []
+        prompt = shared + [rng.randrange(5000) for _ in range(rng.randrange(1, capacity))]
+        # Outputs up to twice the pool (cut to fit at submit) on small pools, 1,500 at most.
+        output = rng.randrange(0, min(2 * capacity, 1500))
+        reqs.append(Request(f"r{i}", prompt, output, t, seed=i))
+    aborts = draw(st.lists(st.integers(0, 39), max_size=4))
+    return engine_kw, reqs, aborts
+
+
+@settings(
+    max_examples=POOL_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(pool_workloads())
+def test_the_kv_pool_is_never_over_committed_and_every_request_ends(
+    case: tuple[dict[str, object], list[Request], list[int]],
+) -> None:
+    """Whatever the workload, the scheduler keeps its pool within capacity at every step and
+    each request finishes or is aborted: it never raises (a long-prefix workload once crashed
+    the fleet with "KV pool over-committed") and never stalls with work queued."""
+    engine_kw, drawn, aborts = case
+    e, clock = engine(**engine_kw)
+    s = e.scheduler
+    longest = e.layout.max_req_input_len  # the pool rounded to pages; longer is refused
+    reqs = [Request(r.rid, r.prompt_ids[:longest], r.max_new_tokens, r.arrival_time, seed=r.seed)
+            for r in drawn]  # fmt: skip
+    # Every step computes at least one token: a prefill chunk or one per running request.
+    most_steps = 4 * sum(r.prompt_len + r.max_new_tokens for r in reqs) + 1000
+    pending, steps = list(reqs), 0
+    while True:
+        while pending and pending[0].arrival_time <= clock.t:
+            e.submit(pending.pop(0))
+        step = e.begin_step()
+        if step is None:
+            assert s.idle, "work queued but nothing scheduled"
+            if not pending:
+                break
+            clock.t = pending[0].arrival_time
+            continue
+        clock.t = step.start + step.duration
+        e.end_step(step)
+        assert s.free_tokens >= 0 and 0 <= s.used_tokens <= s.capacity
+        steps += 1
+        if steps in aborts:
+            e.abort(reqs[steps % len(reqs)])
+        assert steps < most_steps, "no progress"
+    assert all(r.finished for r in reqs)
+    assert all(r.prompt_len + r.output_len < s.capacity for r in reqs)
+    assert s.req_tokens == 0 and s.cache.protected_size == 0 and s.used_tokens == 0
+
+
+def test_a_long_shared_prefix_workload_at_the_pool_edge_runs_to_the_end() -> None:
+    """The reproduction of the crash: prompts of a ~6,000-token shared prefix plus a
+    ~1,200-token question arriving faster than the engine serves them, on a pool that holds
+    only a few of them. Locking a cached prefix during admission made it unevictable after
+    the pool's room had been counted, and a page-sized tree keyed children by their first
+    token: both over-committed the pool."""
+    rng = random.Random(7)
+    e, clock = engine(max_total_tokens=24_000, page_size=16, chunked_prefill_size=2048)
+    systems = [[rng.randrange(5000) for _ in range(6000)] for _ in range(4)]
+
+    def question(i: int) -> Request:
+        prompt = rng.choice(systems) + [rng.randrange(5000) for _ in range(1200)]
+        return Request(f"r{i}", prompt, 256, i * 0.02, seed=i)
+
+    reqs = [question(i) for i in range(60)]
+    for r in reqs:
+        e.submit(r)
+    s, fullest = e.scheduler, 0
+    while (step := e.begin_step()) is not None:
+        clock.t = step.start + step.duration
+        e.end_step(step)
+        fullest = max(fullest, s.capacity - s.free_tokens)
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert fullest > 0.95 * s.capacity  # it ran at the pool's edge
+
+
+def test_an_input_the_pool_cannot_hold_is_refused_and_outputs_are_cut_to_fit() -> None:
+    e, _ = engine(max_total_tokens=1000)
+    with pytest.raises(InputTooLongError, match="exceeds the maximum allowed length"):
+        e.submit(req(0, 1000, 10))
+    r = req(1, 900, 500)
+    e.submit(r)
+    assert r.max_new_tokens == 99  # input + output fit the pool (999 tokens)

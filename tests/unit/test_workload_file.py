@@ -18,6 +18,8 @@ from kvfleet_sim.fleet.workload_file import (
 
 SAMPLE = Path(__file__).resolve().parents[2] / "bench" / "kvfleet_bench" / "data"
 
+MODELS = Path(__file__).parents[1] / "data" / "models"
+
 
 def test_the_sample_file_reads_as_inference_perf_reads_it() -> None:
     wf = load_workload_file(SAMPLE / "inference-perf-shared-prefix.yaml")
@@ -98,3 +100,25 @@ def test_the_routing_bench_reports_each_stage(tmp_path: Path) -> None:
     assert all(c["ttft_p50"] <= c["ttft_p90"] <= c["ttft_p99"] for c in cells)
     text = (tmp_path / "routing.md").read_text()
     assert "## w (workload file)" in text and "| 20 req/s | **kvfleet** |" in text
+
+
+def test_the_routing_bench_names_the_model_and_tp_it_simulates(tmp_path: Path) -> None:
+    """With --model-config every line and the report name that model and its TP (they said
+    the --model default, llama-3.1-8b), here on the long-prefix workload that once crashed
+    the fleet: ~6,000-token shared prompts, ~1,200-token questions."""
+    from kvfleet_bench.routing import run_routing_bench
+
+    file = tmp_path / "long.yaml"
+    file.write_text(
+        "data: {type: shared_prefix, shared_prefix: {num_groups: 2, num_prompts_per_group: 8,"
+        " system_prompt_len: 6000, question_len: 1200, output_len: 64}}\n"
+        "load: {type: constant, stages: [{rate: 5, duration: 2}, {rate: 30, duration: 2}]}\n"
+    )
+    lines: list[str] = []
+    run_routing_bench(
+        tmp_path, lines.append, replicas=2, policies=["kvfleet"], live=False, workload_file=file,
+        model_config=MODELS / "qwen3-32b", tp=2, event_pages=5_000,
+    )  # fmt: skip
+    assert any("on 2× qwen3-32b/h100 TP2" in line for line in lines), lines
+    assert "2 replicas of qwen3-32b/h100 TP2" in (tmp_path / "routing.md").read_text()
+    assert not any("llama" in line for line in lines), lines
