@@ -7,6 +7,7 @@ become the schema's descriptions (`kubectl explain kis.spec.engine`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -59,7 +60,32 @@ MANAGED_FLAGS = (
     "kv-events-config",
 )
 """SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
-_MANAGED_RE = "^--(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
+FORBIDDEN_FLAGS = (
+    "tensor-parallel-size",  # --tp-size's alias
+    "config",  # a YAML file of flags, read over the command line's
+    "enable-custom-logit-processor",  # runs code a request sends (pickled)
+)
+"""SGLang flags no InferenceService may set at all."""
+
+
+def _prefixes_regex(words: tuple[str, ...]) -> str:
+    """A regex matching every non-empty prefix of any of `words`, as a compact trie."""
+    trie: dict[str, Any] = {}
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+
+    def alt(node: dict[str, Any]) -> str:
+        parts = [re.escape(ch) + (f"(?:{alt(sub)})?" if sub else "") for ch, sub in node.items()]
+        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+    return alt(trie)
+
+
+# SGLang's argparse accepts any unambiguous abbreviation (`--api-ke=x` sets --api-key), so a
+# flag is refused when its name is a prefix of a managed or forbidden one, not only equal.
+_MANAGED_RE = "^--" + _prefixes_regex(MANAGED_FLAGS + FORBIDDEN_FLAGS) + "(=.*)?$"
 # Checked against sglang 0.5.23's `--quantization` and `--schedule-policy` choices (a subset).
 Quantization = Literal[
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "gguf", "bitsandbytes", "w8a8_fp8",
@@ -199,7 +225,12 @@ class EngineSpec:
     env: tuple[EnvVar, ...] = fld((), "Extra environment variables for the engine.", max_items=64)
     extra_args: tuple[str, ...] = fld(
         (),
-        "Extra SGLang flags. Managed flags are rejected: " + ", ".join(MANAGED_FLAGS) + ".",
+        "Extra SGLang flags. Managed flags, and any abbreviation of one (SGLang's parser"
+        " accepts unique prefixes), are rejected: "
+        + ", ".join(MANAGED_FLAGS)
+        + "; so are "
+        + ", ".join(FORBIDDEN_FLAGS)
+        + ".",
         max_items=64,
         max_length=512,
     )

@@ -54,6 +54,10 @@ async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]
             "spec.engine.tensorParallel: Unsupported value: 3",
         ),
         (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs: Invalid value"),
+        (  # an abbreviation SGLang's parser takes for --api-key
+            isvc("c2", engine={"extraArgs": ["--api-ke=attacker"]}),
+            "spec.engine.extraArgs: Invalid value",
+        ),
         (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
         (
             isvc("e", autoscaling={"minReplicas": 5, "maxReplicas": 2}),

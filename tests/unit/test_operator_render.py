@@ -390,3 +390,51 @@ def test_prefix_index_events_reads_a_pvc_models_tokenizer_in_place() -> None:
     doc["spec"]["gateway"]["routingPolicy"] = "round_robin"
     with pytest.raises(ConfigError, match="read by the kvfleet routing policy only"):
         owner_of(doc)
+
+
+# Each of these overrode the operator's value (or is unsafe) yet passed `kvfleet render`.
+ABBREVIATED = [
+    ["--api-ke=attacker"], ["--trust-remote-cod"], ["--model-pat=/etc"], ["--hos=0.0.0.0"],
+    ["--tp-siz=8"], ["--served-model-nam", "other"], ["--por=1"], ["--tensor-parallel-size=8"],
+    ["--config", "/tmp/flags.yaml"], ["--enable-custom-logit-processor"], ["--kv-events-c={}"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", ABBREVIATED, ids=lambda a: a[0])
+def test_extra_args_may_not_abbreviate_a_managed_or_forbidden_flag(
+    args: list[str], tmp_path: Path
+) -> None:
+    """SGLang parses its flags with argparse, which takes any unambiguous prefix of a flag:
+    `--api-ke=x` is `--api-key=x`. A prefix of a managed or forbidden flag is refused, with
+    the same rule `kvfleet render` and the CRD (CEL) apply; other flags pass."""
+    import argparse
+
+    from kvfleet_operator.spec import FORBIDDEN_FLAGS, MANAGED_FLAGS
+
+    # What SGLang's parser does with it (allow_abbrev, its default): a managed flag is set.
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for flag in (*MANAGED_FLAGS, *FORBIDDEN_FLAGS, "enable-torch-compile", "log-level"):
+        parser.add_argument(f"--{flag}", nargs="?", const="set")
+    parsed = vars(parser.parse_args(args))
+    assert any(v is not None for v in parsed.values()), parsed
+    doc = services(ROOT / "examples" / "mistral-7b-manual.yaml")[0]
+    doc["spec"]["engine"]["extraArgs"] = args
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(cli, ["render", "-f", str(bad)])
+    assert result.exit_code == 1, result.output
+    assert "spec.engine.extraArgs: extraArgs may not set flags the operator manages" in (
+        result.stderr
+    )
+
+
+def test_extra_args_that_abbreviate_nothing_managed_pass(tmp_path: Path) -> None:
+    doc = services(ROOT / "examples" / "mistral-7b-manual.yaml")[0]
+    doc["spec"]["engine"]["extraArgs"] = [
+        "--enable-torch-compile", "--log-level=debug", "--enable-metrics-for-all-schedulers",
+        "--cuda-graph-max-bs=16", "--tokenizer-path=/models/tok",
+    ]  # fmt: skip
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(cli, ["render", "-f", str(ok)])
+    assert result.exit_code == 0, result.stderr
