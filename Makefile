@@ -28,7 +28,10 @@ lint: setup  ## ruff, mypy --strict, import-linter
 	$(BIN)/lint-imports
 
 test: lint  ## the whole suite (what .ci/run calls)
-	$(BIN)/pytest -q -rs -p no:cacheprovider --durations=10
+	@# Unit tests are CPU-bound and share nothing: two workers. Integration tests run one at
+	@# a time (latency bounds, processes and ports of their own).
+	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
+	$(BIN)/pytest -q -rs -p no:cacheprovider --durations=10 tests/integration
 
 unit: setup  ## the unit tests only
 	$(BIN)/pytest -q tests/unit

@@ -59,6 +59,13 @@ class Admission:
                 apply_defaults(sub, obj[part])
                 errors += validate(sub, obj[part], part, unknown)
         name = (obj.get("metadata") or {}).get("name", "")
+        if subresource != "status" and schema.get("x-kubernetes-validations"):
+            # Rules on the root see the object's name (and generateName), as in Kubernetes.
+            meta = {k: v for k, v in (obj.get("metadata") or {}).items()
+                    if k in ("name", "generateName")}  # fmt: skip
+            root = {"metadata": meta, **({"spec": obj["spec"]} if "spec" in obj else {})}
+            rules = {"x-kubernetes-validations": schema["x-kubernetes-validations"]}
+            errors += [e.lstrip(".") for e in validate(rules, root, "")]
         if unknown and write.validation == "Strict":
             fields = ", ".join(f'unknown field "{u}"' for u in unknown)
             raise ApiError(

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from kvfleet_gateway.schema import Json, openapi
-from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec
+from kvfleet_operator.spec import GROUP, KIND, NAME_RULE, PLURAL, VERSION, InferenceServiceSpec
 from kvfleet_operator.status import InferenceServiceStatus
 
 CRD_FILE = "kvfleet.dev_inferenceservices.yaml"
@@ -81,6 +81,13 @@ def crd() -> Json:
                                 "status": status_schema,
                             },
                             "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": NAME_RULE.rule,
+                                    "message": NAME_RULE.message,
+                                    "fieldPath": NAME_RULE.field_path,
+                                }
+                            ],
                         }
                     },
                     "subresources": {

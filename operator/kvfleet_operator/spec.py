@@ -60,6 +60,26 @@ MANAGED_FLAGS = (
     "kv-events-config",
 )
 """SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
+NAME_MAX = 56
+"""The longest InferenceService name: its children's names add at most `-engine` (7 characters)
+and a Service's name is a DNS-1035 label of at most 63."""
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE = Rule(
+    f"self.metadata.name.size() <= {NAME_MAX} && self.metadata.name.matches('{NAME_PATTERN}')",
+    f"the name must be at most {NAME_MAX} characters (its children add '-engine'; a Service"
+    " name is at most 63), lower-case letters, digits and '-', starting with a letter and"
+    " ending with a letter or digit (a Service name is a DNS-1035 label)",
+    ".metadata.name",
+)
+
+
+def name_errors(name: str) -> str | None:
+    """What NAME_RULE says of `name` (the same check, for `kvfleet render`), or None."""
+    if len(name) <= NAME_MAX and re.match(NAME_PATTERN, name):
+        return None
+    return NAME_RULE.message
+
+
 FORBIDDEN_FLAGS = (
     "tensor-parallel-size",  # --tp-size's alias
     "config",  # a YAML file of flags, read over the command line's

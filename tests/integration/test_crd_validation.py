@@ -59,6 +59,9 @@ async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]
             "spec.engine.extraArgs: Invalid value",
         ),
         (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
+        # Every child name must fit: '-engine' on a Service name of at most 63 characters.
+        (isvc("a" * 57), "metadata.name: Invalid value"),
+        (isvc("7b-model"), "metadata.name: Invalid value"),
         (
             isvc("e", autoscaling={"minReplicas": 5, "maxReplicas": 2}),
             "spec.autoscaling.minReplicas",

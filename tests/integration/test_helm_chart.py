@@ -79,16 +79,16 @@ def test_values_move_the_image_the_namespace_and_the_environment() -> None:
         "--set",
         "createNamespace=false",
         "--set",
-        "operator.env[0].name=ENGINE_IMAGE",
+        "operator.env[0].name=HTTPS_PROXY",
         "--set",
-        "operator.env[0].value=lmsysorg/sglang:v0.5.23",
+        "operator.env[0].value=http://proxy.corp:3128",
     )
     assert ("Namespace", "kvfleet-system") not in objects
     container = objects["Deployment", "kvfleet-operator"]["spec"]["template"]["spec"]["containers"][
         0
     ]
     assert container["image"] == "ghcr.io/kvfleet/kvfleet:0.2.0"
-    assert container["env"] == [{"name": "ENGINE_IMAGE", "value": "lmsysorg/sglang:v0.5.23"}]
+    assert container["env"] == [{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}]
 
 
 def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:

@@ -438,3 +438,56 @@ def test_extra_args_that_abbreviate_nothing_managed_pass(tmp_path: Path) -> None
     ok.write_text(yaml.safe_dump(doc))
     result = CliRunner().invoke(cli, ["render", "-f", str(ok)])
     assert result.exit_code == 0, result.stderr
+
+
+# Zero values a real API server keeps: pointer fields in the Go types (`*bool`, `*int32`,
+# `*IntOrString`, `*EmptyDirVolumeSource`) and list elements. Any other false, 0, "", [] or
+# {} is dropped when the object is stored (omitempty), so rendering it reads back as drift.
+KEPT_ZERO_VALUES = {
+    "Deployment.spec.strategy.rollingUpdate.maxUnavailable",
+    "Deployment.spec.template.spec.containers[].securityContext.allowPrivilegeEscalation",
+    "Deployment.spec.template.spec.initContainers[].securityContext.allowPrivilegeEscalation",
+    "Deployment.spec.template.spec.enableServiceLinks",
+    "Deployment.spec.template.spec.automountServiceAccountToken",
+    "Deployment.spec.template.spec.volumes[].emptyDir",
+    "Role.rules[].apiGroups[]",
+}
+
+
+def _zero_values(value: Any, path: str, out: list[str]) -> None:
+    if isinstance(value, dict):
+        if not value:
+            out.append(path)
+        for k, v in value.items():
+            _zero_values(v, f"{path}.{k}", out)
+    elif isinstance(value, list):
+        if not value:
+            out.append(path)
+        for v in value:
+            _zero_values(v, f"{path}[]", out)
+    elif value is False or value == "" or (type(value) is int and value == 0):
+        out.append(path)
+
+
+def test_children_carry_no_zero_value_a_real_api_server_drops() -> None:
+    """`publishNotReadyAddresses: false` on every engine Service, `env: []` on the tokenizer
+    init container and `value: ""` in env were stored without them by a real API server, so
+    every resync saw drift, patched and posted a DriftRepaired Event."""
+    docs = [d for p in EXAMPLES for d in services(p)]
+    events = json.loads(json.dumps(docs[0]))
+    events["spec"].setdefault("gateway", {})["prefixIndex"] = "events"
+    events["spec"]["engine"]["env"] = [
+        {"name": "EMPTY", "value": ""},
+        {"name": "SET", "value": "1"},
+    ]
+    found: list[str] = []
+    for doc in [*docs, events]:
+        for child in render_children(owner_of(doc)):
+            _zero_values(child, child["kind"], found)
+    assert sorted(set(found) - KEPT_ZERO_VALUES) == []
+    deployment = next(
+        c for c in render_children(owner_of(events)) if c["kind"] == "Deployment"
+        and c["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"
+    )  # fmt: skip
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "EMPTY"} in env and {"name": "SET", "value": "1"} in env

@@ -142,8 +142,8 @@ def _env(spec: InferenceServiceSpec) -> list[Json]:
         item: Json = {"name": var.name}
         if var.value_from is not None:
             item["valueFrom"] = var.value_from
-        else:
-            item["value"] = var.value or ""
+        elif var.value:  # an empty value is no value to the API server (omitempty)
+            item["value"] = var.value
         env.append(item)
     return env
 

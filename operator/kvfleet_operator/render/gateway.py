@@ -221,7 +221,7 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
             "imagePullPolicy": "IfNotPresent",
             "command": ["kvfleet"],
             "args": args,
-            "env": hf_token_env(spec),
+            **({"env": env} if (env := hf_token_env(spec)) else {}),
             "resources": {
                 "requests": {"cpu": "100m", "memory": "128Mi"},
                 "limits": {"memory": "512Mi"},

@@ -36,15 +36,10 @@ def _prom(label: str) -> str:
 
 
 def engine_service(owner: Owner) -> Json:
-    """Headless: one DNS record per ready replica, no virtual IP (the gateway routes)."""
-    return service(
-        owner,
-        owner.engine_name,
-        ENGINE,
-        ENGINE_PORT,
-        clusterIP="None",
-        publishNotReadyAddresses=False,
-    )
+    """Headless: one DNS record per ready replica, no virtual IP (the gateway routes). Not
+    ready addresses are left out by default: a real API server drops a `false` it would
+    store (Go's omitempty), so writing it would read back as drift on every resync."""
+    return service(owner, owner.engine_name, ENGINE, ENGINE_PORT, clusterIP="None")
 
 
 def pod_monitor(owner: Owner, component: str) -> Json:
