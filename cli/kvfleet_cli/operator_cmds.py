@@ -207,6 +207,27 @@ def docs(out_dir: Path, check: bool) -> None:
     help="Read the autoscaler's signals from this Prometheus (default: scrape the pods).",
 )
 @click.option(
+    "--prometheus-timeout",
+    "prometheus_timeout_s",
+    type=float,
+    default=AutoscalerConfig.prometheus_timeout_s,
+    show_default=True,
+    help="Seconds a Prometheus query may take.",
+)
+@click.option(
+    "--prometheus-insecure-skip-tls-verify",
+    is_flag=True,
+    help="Do not verify an https Prometheus's certificate.",
+)
+@click.option(
+    "--api-timeout",
+    "api_timeout_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds an API server request may take (connect and read).",
+)
+@click.option(
     "--scale-interval",
     "scale_interval_s",
     type=float,
@@ -234,6 +255,9 @@ def operator(
     context: str | None,
     resync_s: float,
     prometheus_url: str | None,
+    prometheus_timeout_s: float,
+    prometheus_insecure_skip_tls_verify: bool,
+    api_timeout_s: float,
     scale_interval_s: float,
     metrics_port: int,
     liveness: str | None,
@@ -256,10 +280,15 @@ def operator(
         namespaces=namespaces,
         resync_s=resync_s,
         credentials=credentials,
-        autoscaler=AutoscalerConfig(prometheus_url=prometheus_url, interval_s=scale_interval_s),
+        autoscaler=AutoscalerConfig(
+            prometheus_url=prometheus_url,
+            interval_s=scale_interval_s,
+            prometheus_timeout_s=prometheus_timeout_s,
+            prometheus_verify_tls=not prometheus_insecure_skip_tls_verify,
+        ),
     )
     try:
-        kube = Kube(api_client(credentials))
+        kube = Kube(api_client(credentials), timeout_s=api_timeout_s)
     except LoginFailed as exc:
         raise click.ClickException(str(exc)) from exc
     log.info("logging in to %s", kube.api.configuration.host)

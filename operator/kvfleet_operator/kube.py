@@ -102,8 +102,12 @@ class Kube:
         api: kubernetes.client.ApiClient,
         field_manager: str = FIELD_MANAGER,
         cache: WatchCache | None = None,
+        timeout_s: float = 10.0,
     ) -> None:
         self.api = api
+        self.timeout_s = timeout_s
+        """Every request's bound (connect and read): one hung connection must not stall the
+        reconcile worker forever."""
         self.field_manager = field_manager
         self.cache = cache
         """Reads of primed kinds come from here (the watches); None: every read is a GET."""
@@ -132,7 +136,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*params)
+        response = self.api.call_api(*params, _request_timeout=self.timeout_s)
         data: bytes = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             raise ApiException(status=response.status, reason=response.reason, http_resp=response)
@@ -159,8 +163,12 @@ class Kube:
                 items += self.request("GET", res.path(ns), query=query).get("items") or []
             self.cache.prime(res.plural, items)
 
-    def get(self, res: Resource, namespace: str | None, name: str) -> Json | None:
-        if cache := self._cached(res):
+    def get(
+        self, res: Resource, namespace: str | None, name: str, fresh: bool = False
+    ) -> Json | None:
+        """The object (None: not found); `fresh` asks the API server, not the cache (whose
+        watches see only labelled objects: a foreign one it learnt of can be stale)."""
+        if not fresh and (cache := self._cached(res)):
             return cache.get(res.plural, namespace, name)
         try:
             return self.request("GET", res.path(namespace, name))

@@ -49,6 +49,8 @@ class Outcome:
     patched: list[str] = field(default_factory=list)
     relabelled: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    """Children whose names are held by objects this InferenceService does not control."""
     error: str | None = None
 
 
@@ -130,18 +132,57 @@ def _scaled_replicas(
     return have - min(surplus, len(unready) + len(chosen))
 
 
+ADOPT_ANNOTATION = "kvfleet.dev/adopt"
+"""On an existing object: the name of the InferenceService allowed to take it over."""
+
+
+def may_manage(live: Json, owner_uid: str, owner_name: str) -> bool:
+    """Whether the operator may change `live` for the InferenceService `owner_uid`: it is
+    that service's (its controller reference), or its owner asked for a takeover. Anything
+    else — a user's Service, another controller's Deployment — is never patched, so a name
+    clash cannot redirect it or have it garbage-collected with the InferenceService."""
+    meta = live.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("uid") == owner_uid:
+            return True
+    return (meta.get("annotations") or {}).get(ADOPT_ANNOTATION) == owner_name
+
+
 def _apply(
     kube: Kube, desired: Json, out: Outcome, known: dict[tuple[str, str], Json | None]
-) -> Json:
-    """Create or repair one child; returns it as the API server now holds it. `known` holds
-    children already read in this reconcile (no second GET)."""
+) -> Json | None:
+    """Create or repair one child; returns it as the API server now holds it (None: its name
+    is taken by an object we may not touch). `known` holds children already read in this
+    reconcile (no second GET)."""
     res = resource_of(desired)
     meta = desired["metadata"]
     key = (desired["kind"], meta["name"])
     live = known[key] if key in known else kube.get(res, meta["namespace"], meta["name"])
     if live is None:
         out.created.append(_key(desired))
+        try:
+            return kube.create(desired)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            out.created.remove(_key(desired))
+            live = kube.get(res, meta["namespace"], meta["name"])  # made meanwhile: whose?
+            if live is None:
+                raise
+    ref = desired["metadata"]["ownerReferences"][0]
+    if not may_manage(live, ref["uid"], ref["name"]):
+        # Not ours: what the API server holds now (an adopt annotation may have been added).
+        live = kube.get(res, meta["namespace"], meta["name"], fresh=True)
+    if live is None:
+        out.created.append(_key(desired))
         return kube.create(desired)
+    if not may_manage(live, ref["uid"], ref["name"]):
+        out.conflicts.append(
+            f"{desired['kind']} {meta['name']} exists and is not controlled by this "
+            f"InferenceService: left untouched (annotate it {ADOPT_ANNOTATION}="
+            f"{ref['name']} to let the operator take it over)"
+        )
+        return None
     patch = repair_patch(desired, live)
     if patch is None:
         return live
@@ -253,7 +294,7 @@ def _write_status(
         gateway = applied.get(("Deployment", owner.gateway_name))
         gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
         held = held_by_references(kube, ns, [*pods, *gateway_pods])
-        observed = Observed(engine, pods, gateway, held)
+        observed = Observed(engine, pods, gateway, held, tuple(out.conflicts))
         scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
         status = compute_status(
             body,
@@ -288,7 +329,7 @@ def _write_status(
         )
         # Transitions only (a start says nothing a `Created` event has not), and a spec
         # that is invalid from the first reconcile.
-        if changed or (prev is None and cond["reason"] == "InvalidSpec"):
+        if changed or (prev is None and cond["reason"] in ("InvalidSpec", "NameConflict")):
             kind = "Warning" if bad else "Normal"
             post_event(kube, body, kind, cond["reason"], cond["message"], options)
 

@@ -88,6 +88,9 @@ class Observed:
     held: tuple[str, ...] = ()
     """Pods (engine or gateway) held before their container starts by an object that does
     not exist, in the kubelet's words: `pod x: ... secret "keys" not found`."""
+    conflicts: tuple[str, ...] = ()
+    """Children's names taken by objects this InferenceService does not control, each said
+    as the condition says it (left untouched: the operator adopts nothing)."""
 
 
 def pod_ready(pod: Json) -> bool:
@@ -180,7 +183,12 @@ def compute_status(
     else:
         serving = active >= 1 and gw_ready
         want = f"{len(ready_pods)}/{desired_replicas} engine replicas ready"
-        if desired_replicas == 0:
+        if observed.conflicts:
+            ready_c = condition(
+                previous, "Ready", False, "NameConflict", "; ".join(observed.conflicts[:3]),
+                generation,
+            )  # fmt: skip
+        elif desired_replicas == 0:
             ready_c = condition(
                 previous, "Ready", False, "ScaledToZero", "no replicas requested", generation
             )

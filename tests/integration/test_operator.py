@@ -301,3 +301,98 @@ async def test_a_pod_held_by_a_missing_secret_names_it_in_the_condition(
         lambda: condition(k.get(ISVC, NS, "llama"), "Ready").get("status") == "True",
         what="Ready=True once the Secret exists",
     )
+
+
+async def test_an_object_holding_a_childs_name_is_never_adopted(
+    local_cluster: Env, operator_factory: OperatorFactory
+) -> None:
+    """A user's Service named like the InferenceService (its gateway Service's name): the
+    operator used to merge-patch its labels, selector and ownerReferences on the 409, so the
+    Service pointed at the gateway and was garbage-collected with the InferenceService. Now it
+    is untouched, Ready=False says NameConflict naming it, with an Event; deleting the
+    InferenceService leaves it; the adopt annotation lets the operator take it over."""
+    k = local_cluster.kube
+    svc_path = f"/api/v1/namespaces/{NS}/services"
+    mine = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "llama", "namespace": NS, "labels": {"team": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8000}]},
+    }
+    await asyncio.to_thread(k.request, "POST", svc_path, mine)
+    before = await asyncio.to_thread(k.request, "GET", f"{svc_path}/llama")
+    await operator_factory()
+    await asyncio.to_thread(k.create, isvc("llama", replicas=1))
+
+    def conflict() -> dict[str, Any] | None:
+        ready = condition(k.get(ISVC, NS, "llama"), "Ready")
+        return ready if ready.get("reason") == "NameConflict" else None
+
+    ready = await until(conflict, what="Ready=False, NameConflict")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("Service llama exists and is not controlled by this"), ready
+    assert "kvfleet.dev/adopt=llama" in ready["message"]
+    await until(lambda: has_event(local_cluster, "NameConflict"), what="a NameConflict Event")
+    after = await asyncio.to_thread(k.request, "GET", f"{svc_path}/llama")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"]["selector"] == {"app": "web"}
+    assert not after["metadata"].get("ownerReferences")
+    # The other children were made as usual (the engine Service among them).
+    assert await asyncio.to_thread(k.request, "GET", f"{svc_path}/llama-engine")
+    # Deleting the InferenceService takes its own children, not the user's Service.
+    await asyncio.to_thread(k.request, "DELETE", ISVC.path(NS, "llama"))
+    await until(lambda: not children(local_cluster), what="its children garbage-collected")
+    kept = await asyncio.to_thread(k.request, "GET", f"{svc_path}/llama")
+    assert kept["spec"]["selector"] == {"app": "web"}
+    # Asked to, the operator takes it over (for a service created under that name again).
+    adopt = {"metadata": {"annotations": {"kvfleet.dev/adopt": "llama"}}}
+    await asyncio.to_thread(
+        k.request, "PATCH", f"{svc_path}/llama", adopt, "application/merge-patch+json"
+    )
+    await asyncio.to_thread(k.create, isvc("llama", replicas=1))
+    taken = await until(
+        lambda: (
+            (s := k.request("GET", f"{svc_path}/llama"))["metadata"].get("ownerReferences") and s
+        ),
+        what="the Service taken over",
+    )
+    assert taken["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+    assert taken["metadata"]["labels"]["kvfleet.dev/inferenceservice"] == "llama"
+
+
+async def test_a_hung_api_server_or_prometheus_times_out() -> None:
+    """Servers that accept a connection and never answer: the operator's API requests and the
+    autoscaler's Prometheus queries fail after their timeouts (they waited forever, stalling
+    the single reconcile worker or all autoscaling)."""
+    import time
+
+    import kubernetes
+
+    from kvfleet_operator.kube import Kube
+    from kvfleet_operator.scaling.observe import PrometheusReader
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_hang(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept_and_hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    kube = Kube(kubernetes.client.ApiClient(configuration), timeout_s=0.5)
+    prometheus = PrometheusReader(f"http://127.0.0.1:{port}", timeout_s=0.5)
+    try:
+        for call in (
+            lambda: kube.request("GET", "/api/v1/namespaces"),
+            lambda: prometheus._vector("up", ()),
+        ):
+            started = time.monotonic()
+            with pytest.raises(Exception, match=r"(?i)timed? ?out") as err:
+                await asyncio.to_thread(call)
+            waited = time.monotonic() - started
+            assert waited < 10, (waited, err.value)
+    finally:
+        server.close()
+        for w in held:
+            w.close()

@@ -51,6 +51,11 @@ class AutoscalerConfig:
     """Seconds between two decisions for every autoscaled service."""
     stale_s: float = 60.0
     """A pod sample older than this is missing data (the policy then holds)."""
+    prometheus_timeout_s: float = 5.0
+    """Longest a Prometheus query may take (asked of Prometheus, and the HTTP read's bound):
+    a hung Prometheus costs one tick, not all autoscaling."""
+    prometheus_verify_tls: bool = True
+    """Verify an https Prometheus's certificate (off only with an explicit flag)."""
 
 
 def config_of(a: Autoscaling, max_running_requests: int | None = None) -> ScalingConfig:
@@ -95,7 +100,11 @@ class Autoscaler:
 
     def __post_init__(self) -> None:
         self.reader: PrometheusReader | DirectReader = (
-            PrometheusReader(self.config.prometheus_url)
+            PrometheusReader(
+                self.config.prometheus_url,
+                self.config.prometheus_timeout_s,
+                self.config.prometheus_verify_tls,
+            )
             if self.config.prometheus_url
             else DirectReader()
         )

@@ -20,6 +20,7 @@ from datetime import datetime
 import aiohttp
 from prometheus_api_client import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
+from urllib3.util.retry import Retry
 
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import ENGINE_PORT, GATEWAY_METRICS_PORT, ROLE_LABEL
@@ -114,9 +115,17 @@ def _sglang(name: str) -> str:
 class PrometheusReader:
     """A few queries per tick, for every service at once."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, verify_tls: bool = True) -> None:
         self.url = url
-        self.prom = PrometheusConnect(url=url, disable_ssl=True)
+        # The HTTP read is bounded too (a second past the query's own timeout): a Prometheus
+        # that accepts and never answers must not hold the autoscaler.
+        # No retries within a tick either: the next tick is the retry.
+        self.prom = PrometheusConnect(
+            url=url,
+            disable_ssl=not verify_tls,
+            timeout=math.ceil(timeout_s) + 1,
+            retry=Retry(total=0),
+        )
         self.timeout_s = timeout_s
 
     def _vector(self, query: str, labels: Sequence[str]) -> dict[tuple[str, ...], float]:
