@@ -70,9 +70,10 @@ class BudgetState:
         return self.spent + self.reserved
 
 
-def period_end(now: float, period_s: float) -> float:
-    """When the budget period holding `now` ends: periods are aligned to the Unix epoch."""
-    return (math.floor(now / period_s) + 1) * period_s
+def period_end(period: int, period_s: float) -> float:
+    """When budget period number `period` ends: periods are aligned to the Unix epoch (the
+    period holding `now` is `floor(now / period_s)`)."""
+    return (period + 1) * period_s
 
 
 def budget_refusal(need: int, state: BudgetState) -> str:
@@ -299,7 +300,7 @@ class MemoryStore:
                 lim.token_budget.tokens,
                 budget_used,
                 st.reserved,
-                period_end(now, lim.token_budget.period),
+                period_end(math.floor(now / lim.token_budget.period), lim.token_budget.period),
             ),
         )
 

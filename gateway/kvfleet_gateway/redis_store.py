@@ -57,6 +57,7 @@ from kvfleet_gateway.limiter import (
     budget_refusal,
     budget_too_small,
     over_concurrency,
+    period_end,
 )
 from kvfleet_gateway.tasks import every
 
@@ -331,7 +332,7 @@ class RedisStore:
             None
             if budget is None
             else BudgetState(
-                budget.tokens, int(used), int(reserved), (int(period) + 1) * budget.period
+                budget.tokens, int(used), int(reserved), period_end(int(period), budget.period)
             ),
         )
         if ok:

@@ -157,7 +157,12 @@ def _apply(
     res = resource_of(desired)
     meta = desired["metadata"]
     key = (desired["kind"], meta["name"])
+    ref = meta["ownerReferences"][0]
     live = known[key] if key in known else kube.get(res, meta["namespace"], meta["name"])
+    if live is not None and not may_manage(live, ref["uid"], ref["name"]):
+        # Not ours: what the API server holds now (the cache's watches see only labelled
+        # objects, so an adopt annotation added since would go unseen).
+        live = kube.get(res, meta["namespace"], meta["name"], fresh=True)
     if live is None:
         out.created.append(_key(desired))
         try:
@@ -166,16 +171,9 @@ def _apply(
             if exc.status != 409:
                 raise
             out.created.remove(_key(desired))
-            live = kube.get(res, meta["namespace"], meta["name"])  # made meanwhile: whose?
+            live = kube.get(res, meta["namespace"], meta["name"], fresh=True)  # whose?
             if live is None:
                 raise
-    ref = desired["metadata"]["ownerReferences"][0]
-    if not may_manage(live, ref["uid"], ref["name"]):
-        # Not ours: what the API server holds now (an adopt annotation may have been added).
-        live = kube.get(res, meta["namespace"], meta["name"], fresh=True)
-    if live is None:
-        out.created.append(_key(desired))
-        return kube.create(desired)
     if not may_manage(live, ref["uid"], ref["name"]):
         out.conflicts.append(
             f"{desired['kind']} {meta['name']} exists and is not controlled by this "

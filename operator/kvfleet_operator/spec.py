@@ -73,13 +73,6 @@ NAME_RULE = Rule(
 )
 
 
-def name_errors(name: str) -> str | None:
-    """What NAME_RULE says of `name` (the same check, for `kvfleet render`), or None."""
-    if len(name) <= NAME_MAX and re.match(NAME_PATTERN, name):
-        return None
-    return NAME_RULE.message
-
-
 FORBIDDEN_FLAGS = (
     "tensor-parallel-size",  # --tp-size's alias
     "config",  # a YAML file of flags, read over the command line's

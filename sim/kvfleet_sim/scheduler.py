@@ -299,11 +299,9 @@ class Scheduler:
             return None
         self.cache.inc_lock_ref(match.node)  # before the check: the prefix stops being free
         reserve = self._reserved(req)
-        alone = not batch.reqs and not self.running and self.chunked is None
-        room = self.available_tokens - held
-        # Alone on the engine a request needs only its input to start; decode then retracts
-        # or ends it at the pool's edge. Otherwise its whole reservation must fit.
-        if (extend > self.available_tokens) if alone else (extend + reserve > room):
+        # Its input and its whole output reservation must fit. Alone on the engine they
+        # always do: `submit` cut max_new_tokens so input and output fit the pool.
+        if extend + reserve > self.available_tokens - held:
             self.cache.dec_lock_ref(match.node)
             return None
         self.waiting.popleft()

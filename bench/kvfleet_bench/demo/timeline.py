@@ -24,15 +24,17 @@ class TenantStats:
     """Refusals by the gateway's error code (insufficient_quota, rate_limit_exceeded, ...)."""
     failed: dict[str, int] = field(default_factory=dict)
     """Anything else: errors that are not a limit saying no."""
-    billed_tokens: int = 0
-    """prompt + completion tokens of the usage the gateway reported on served requests."""
     billed_by_period: dict[int, int] = field(default_factory=dict)
-    """The same, by the budget period each request was admitted in (the Unix time it ends,
-    from `x-kvfleet-budget-resets-at`; 0 when the gateway sent none): a daily budget starts
-    again at midnight UTC, even in the middle of a demo."""
+    """prompt + completion tokens of the usage the gateway reported on served requests, by the
+    budget period each request was admitted in (the Unix time it ends, from
+    `x-kvfleet-budget-resets-at`; 0 when the gateway sent none): a daily budget starts again
+    at midnight UTC, even in the middle of a demo."""
+
+    @property
+    def billed_tokens(self) -> int:
+        return sum(self.billed_by_period.values())
 
     def bill(self, tokens: int, resets_at: int) -> None:
-        self.billed_tokens += tokens
         self.billed_by_period[resets_at] = self.billed_by_period.get(resets_at, 0) + tokens
 
     def most_in_one_period(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfleet_gateway.schema import ConfigError, Json
+from kvfleet_gateway.schema import ConfigError, Json, evaluate
 from kvfleet_operator.render.common import ENGINE, GATEWAY, Owner
 from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
 from kvfleet_operator.render.gateway import (
@@ -24,7 +24,7 @@ from kvfleet_operator.render.network import (
     gateway_network_policy,
     pod_monitor,
 )
-from kvfleet_operator.spec import name_errors, parse_spec
+from kvfleet_operator.spec import NAME_RULE, parse_spec
 
 __all__ = ["Owner", "desired_engine_replicas", "owner_of", "render_children"]
 
@@ -69,9 +69,10 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
 def owner_of(body: dict[str, Any]) -> Owner:
     """An InferenceService object (dict) → Owner, parsing its spec (raises ConfigError)."""
     meta = body.get("metadata") or {}
-    bad_name = name_errors(str(meta.get("name") or ""))
-    if bad_name is not None:
-        raise ConfigError("metadata.name", bad_name)
+    # The CRD's rule on the name, evaluated here as the API server does (an old server, or
+    # `kvfleet render` of a file, never ran it).
+    if not evaluate(NAME_RULE.rule, {"metadata": {"name": str(meta.get("name") or "")}}):
+        raise ConfigError("metadata.name", NAME_RULE.message)
     return Owner(
         name=meta["name"],
         namespace=meta.get("namespace") or "default",
