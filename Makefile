@@ -28,10 +28,12 @@ lint: setup  ## ruff, mypy --strict, import-linter
 	$(BIN)/lint-imports
 
 test: lint  ## the whole suite (what .ci/run calls)
-	@# Unit tests are CPU-bound and share nothing: two workers. Integration tests run one at
-	@# a time (latency bounds, processes and ports of their own).
+	@# Unit tests are CPU-bound and share nothing: two workers. Integration tests wait on
+	@# processes and sockets: two workers too, except those marked serial (latency bounds,
+	@# the README's fixed ports), which run alone afterwards.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
-	$(BIN)/pytest -q -rs -p no:cacheprovider --durations=10 tests/integration
+	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 -m "not serial" --durations=10 tests/integration
+	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration
 
 unit: setup  ## the unit tests only
 	$(BIN)/pytest -q tests/unit

@@ -250,3 +250,30 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
 
 # The shared test-support layer's fixtures (tests/support/).
 from tests.support.cluster import local_cluster, operator_factory  # noqa: E402, F401
+
+SERIAL_MODULES = frozenset(
+    {
+        # Latency and timing bounds: measured with the machine to themselves.
+        "test_autoscaling",
+        "test_demo",
+        "test_gateway_abuse",
+        "test_gateway_hold",
+        "test_gateway_redis",
+        "test_limits",
+        "test_local_cluster",
+        "test_operator",
+        "test_reliability",
+        "test_routing_http",
+        # The README's commands as written: fixed ports (30000, 8080, 9090).
+        "test_readme",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the integration tests marked `serial` one at a time, the rest on two
+    workers (they wait on processes and sockets more than they compute)."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)

@@ -215,6 +215,19 @@ def routing_bench(
         click.echo(cells_json(result))
 
 
+@bench.command("routing-tuning")
+@click.option("--num-requests", type=int, default=1000, show_default=True)
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+def routing_tuning_bench(num_requests: int, out_dir: Path) -> None:
+    """The kvfleet policy's missWeight swept on workloads the routing report does not show."""
+    from kvfleet_bench.routing_tuning import sweep_miss_weight
+
+    result = sweep_miss_weight(out_dir, click.echo, num_requests=num_requests)
+    click.echo(f"best missWeight {result['chosen']:g}; wrote {out_dir / 'routing-tuning.md'}")
+
+
 @bench.command("autoscale")
 @click.option("--traces", default=",".join(AUTOSCALE_TRACES), show_default=True)
 @click.option("--policies", default=",".join(AUTOSCALE_POLICIES), show_default=True)

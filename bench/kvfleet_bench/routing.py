@@ -25,7 +25,7 @@ from kvfleet_bench.routing_gateways import gateway_goals, gateways_report, many_
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.fleet.des import FleetConfig
-from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
+from kvfleet_sim.fleet.routing import KvfleetTuning, Priors, deployment_priors, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workload_file import load_workload_file
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
@@ -165,8 +165,8 @@ def run_routing_bench(
         log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {shape}")
         for load in (*loads, *KV_PRESSURE_OVERLOAD) if workload == "kv-pressure" else loads:
             for policy in policies:
-                if policy == "kvfleet_events" and workload != "kv-pressure":
-                    continue  # one gateway routes identically on the others: no evictions
+                if policy == "kvfleet_events":
+                    continue  # behind one gateway it decides as kvfleet does: see many_gateways
                 per_seed = [
                     Cell.of(workload, load, policy, _run(
                         config, policy, workload, load * caps[workload], num_requests, s, tuning
@@ -215,7 +215,10 @@ def run_routing_bench(
         )
         goals += gateway_goals(gateway_rows, max(loads))
     plot(cells, out_dir / "routing.png")
-    text = report(cells, caps, goals, replicas, shape, num_requests, tuning, timing, len(seeds))
+    priors = deployment_priors(config.engine, tuning)
+    text = report(
+        cells, caps, goals, replicas, shape, num_requests, tuning, priors, timing, len(seeds)
+    )
     if gateway_rows:
         text += "\n" + gateways_report(gateway_rows, gateway_rate)
     live_results: dict[str, dict[str, float]] = {}
@@ -270,28 +273,22 @@ def check_goals(cells: list[Cell], runs: list[Cell]) -> list[dict[str, Any]]:
 
     saturation = {w: max(c.load for c in cells if c.workload == w) for w, _, _ in by}
     for (w, load, p), ours in by.items():
-        if p == "kvfleet_events":
-            approx = by.get((w, load, "kvfleet"))
-            if approx is not None:
-                # Exact knowledge must never cost: as much throughput and cache hit, per seed.
-                check("events: throughput ≥ approximate", w, load, *faster(ours, approx, 0.99))
-                gains = [o.cache_hit_rate - a.cache_hit_rate for o, a in paired(ours, approx)]
-                check(
-                    "events: cache hit ≥ approximate", w, load, fmean(gains), min(gains) >= -0.005
-                )
-            continue
         if p != "kvfleet":
             continue
         ref = by.get((w, load, "sglang_cache_aware"))
+        oracle = by.get((w, load, "oracle"))
+        # Below capacity every policy's throughput is the offered load: a throughput goal
+        # there cannot fail, so throughput is only judged where the fleet is overloaded.
+        if load > 1.0:
+            if ref is not None:
+                check("throughput ≥ sglang_cache_aware", w, load, *faster(ours, ref, 0.99))
+            if oracle is not None:
+                check("throughput ≥ 0.9× oracle", w, load, *faster(ours, oracle, 0.9))
         if ref is not None:
-            check("throughput ≥ sglang_cache_aware", w, load, *faster(ours, ref, 0.99))
             check("p99 TTFT ≤ sglang_cache_aware", w, load, *sooner(ours, ref, 1 / 1.01))
             if w in ("hot-tenant", "bursty"):
                 check("p99 TTFT 1.3× lower than sglang_cache_aware", w, load,
                       *sooner(ours, ref, 1.3))  # fmt: skip
-        oracle = by.get((w, load, "oracle"))
-        if oracle is not None:
-            check("throughput ≥ 0.9× oracle", w, load, *faster(ours, oracle, 0.9))
         rr = by.get((w, load, "round_robin"))
         if w == "kv-pressure" and load == saturation[w] and rr is not None:
             check("throughput ≥ 1.8× round_robin", w, load, *faster(ours, rr, 1.8))
@@ -340,6 +337,7 @@ def report(
     shape: str,
     n: int,
     tuning: KvfleetTuning,
+    priors: Priors,
     timing: dict[str, Any],
     seeds: int = 1,
 ) -> str:
@@ -354,10 +352,12 @@ def report(
         "arrivals and prompts): the value is the mean ratio, met only if it holds on every "
         "seed.",
         "",
-        "kvfleet tuning: the gateway's defaults, nothing from the cost model: prefill "
-        f"{tuning.prefill_tokens_per_second:,.0f}"
-        f" tok/s, decode step {tuning.decode_step_base_s * 1000:.1f} ms + "
-        f"{tuning.kv_read_s_per_token * 1e9:.0f} ns per KV token.",
+        "kvfleet priors: the gateway's roofline over what a deployment knows (the model's "
+        f"config.json, the GPU's datasheet peaks, {priors.basis}, at "
+        f"{tuning.peak_efficiency:.0%} of peak), nothing from the cost model, calibrated "
+        f"online from there: prefill {priors.prefill_tokens_per_second:,.0f} tok/s, decode "
+        f"step {priors.decode_step_base_s * 1000:.1f} ms + "
+        f"{priors.kv_read_s_per_token * 1e9:.0f} ns per KV token.",
         "",
     ]
     for w in dict.fromkeys(c.workload for c in cells):
@@ -411,7 +411,10 @@ def report(
     lines += [
         "## Goals",
         "",
-        f"{met} of {len(goals)} checks met.",
+        f"{met} of {len(goals)} checks met. Throughput goals are judged only beyond capacity "
+        "(below it every policy's throughput is the offered load); the event index only behind "
+        "2+ gateways (behind one it decides as the approximate index does, on every workload "
+        "here).",
         "",
         "| goal | workload | load | ratio | met |",
         "|---|---|---:|---:|:---:|",

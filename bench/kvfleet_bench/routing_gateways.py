@@ -57,22 +57,31 @@ def many_gateways(
 
 
 def gateway_goals(rows: list[dict[str, Any]], load: float) -> list[dict[str, Any]]:
-    """With the event index, four gateways keep one gateway's cache hit rate (within 5
-    points, seed by seed)."""
+    """Where the event index can differ from the approximate one: behind 2+ gateways, each
+    of which saw only its share of the traffic. Exact knowledge must never cost cache hits
+    (seed by seed, within half a point), and four gateways keep one gateway's cache hit rate
+    (within 5 points). Behind one gateway the two decide alike (no check there: it could not
+    fail)."""
     by = {(r["policy"], r["gateways"]): r for r in rows}
+    goals: list[dict[str, Any]] = []
+
+    def goal(what: str, value: float, met: bool) -> None:
+        goals.append(
+            {"goal": what, "workload": "kv-pressure", "load": load, "value": value, "met": met}
+        )
+
+    for n in GATEWAYS[1:]:
+        ours, approx = by.get(("kvfleet_events", n)), by.get(("kvfleet", n))
+        if ours is not None and approx is not None:
+            gains = [a - b for a, b in zip(ours["hits"], approx["hits"], strict=True)]
+            goal(f"events: cache hit ≥ approximate, {n} gateways", fmean(gains),
+                 min(gains) >= -0.005)  # fmt: skip
     one, most = by.get(("kvfleet_events", 1)), by.get(("kvfleet_events", max(GATEWAYS)))
-    if one is None or most is None:
-        return []
-    drops = [a - b for a, b in zip(one["hits"], most["hits"], strict=True)]
-    return [
-        {
-            "goal": f"events: {max(GATEWAYS)} gateways' cache hit within 5 points of 1's",
-            "workload": "kv-pressure",
-            "load": load,
-            "value": fmean(drops),
-            "met": max(drops) <= 0.05,
-        }
-    ]
+    if one is not None and most is not None:
+        drops = [a - b for a, b in zip(one["hits"], most["hits"], strict=True)]
+        goal(f"events: {max(GATEWAYS)} gateways' cache hit within 5 points of 1's",
+             fmean(drops), max(drops) <= 0.05)  # fmt: skip
+    return goals
 
 
 def gateways_report(rows: list[dict[str, Any]], rate: float) -> str:

@@ -42,7 +42,7 @@ from kvfleet_gateway.pre_admission import PreAdmission
 from kvfleet_gateway.probes import healthz, make_metrics_app, readyz
 from kvfleet_gateway.proxy import Proxy
 from kvfleet_gateway.redis_store import RedisStore
-from kvfleet_gateway.routing import EventIndex, make_policy
+from kvfleet_gateway.routing import EventIndex, make_policy, priors_for
 from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
 from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
@@ -395,7 +395,13 @@ def make_app(config: GatewayConfig) -> web.Application:
             prompts = PromptTokenizer.load(index_config.tokenizer)
         except ValueError as e:
             raise ConfigError("routing.prefixIndex.tokenizer", str(e)) from None
-    policy = make_policy(config.routing.policy, config.routing.tuning, events)
+    t = config.routing.tuning
+    try:
+        priors = priors_for(t.model_config, t.gpu, t.tensor_parallel, t.peak_efficiency)
+    except ValueError as e:
+        raise ConfigError("routing.tuning.modelConfig", str(e)) from None
+    log.info("routing priors: %s", priors)
+    policy = make_policy(config.routing.policy, t, events, priors)
     gw = Gateway(
         config=config,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,

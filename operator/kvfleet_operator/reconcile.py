@@ -9,6 +9,7 @@ it changed — and post an Event for each condition that flipped.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -51,7 +52,26 @@ class Outcome:
     pruned: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     """Children whose names are held by objects this InferenceService does not control."""
+    refused: list[str] = field(default_factory=list)
+    """Children the API server refused to create or repair (kind, name, its message)."""
     error: str | None = None
+
+
+class ChildrenRefused(RuntimeError):
+    """The API server refused some children: reported in status, retried with backoff."""
+
+
+REFUSALS = frozenset({400, 403, 404, 422})
+"""Answers that repeat until something changes (the spec, RBAC, a quota): reported in status.
+Others (409 races, 429, 5xx, timeouts) are retried without a word in status."""
+
+
+def _refusal(desired: Json, exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        message = exc.reason
+    return f"{desired['kind']} {desired['metadata']['name']}: {exc.status} {message}"
 
 
 def _key(obj: Json) -> str:
@@ -86,7 +106,13 @@ def reconcile(
     applied: dict[tuple[str, str], Json | None] = {("Deployment", owner.engine_name): engine_live}
     for child in children:
         key = (child["kind"], child["metadata"]["name"])
-        applied[key] = _apply(kube, child, out, applied)
+        try:
+            applied[key] = _apply(kube, child, out, applied)
+        except ApiException as exc:
+            if exc.status not in REFUSALS:
+                raise
+            out.refused.append(_refusal(child, exc))
+            applied.setdefault(key, None)
     spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
@@ -95,6 +121,8 @@ def reconcile(
         pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
     _assign_roles(kube, owner, pods, replicas, out, scaled)
     _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
+    if out.refused:
+        raise ChildrenRefused("; ".join(out.refused))
     return out
 
 
@@ -184,13 +212,7 @@ def _apply(
     patch = repair_patch(desired, live)
     if patch is None:
         return live
-    try:
-        repaired = kube.patch(res, meta["namespace"], meta["name"], patch)
-    except ApiException as exc:
-        if exc.status != 422:  # e.g. an immutable PVC field: report, keep going
-            raise
-        log.warning("cannot repair %s: %s", _key(desired), exc.body)
-        return live
+    repaired = kube.patch(res, meta["namespace"], meta["name"], patch)  # 422: refused
     out.patched.append(_key(desired))
     return repaired
 
@@ -292,7 +314,7 @@ def _write_status(
         gateway = applied.get(("Deployment", owner.gateway_name))
         gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
         held = held_by_references(kube, ns, [*pods, *gateway_pods])
-        observed = Observed(engine, pods, gateway, held, tuple(out.conflicts))
+        observed = Observed(engine, pods, gateway, held, tuple(out.conflicts), tuple(out.refused))
         scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
         status = compute_status(
             body,
@@ -327,9 +349,13 @@ def _write_status(
         )
         # Transitions only (a start says nothing a `Created` event has not), and a spec
         # that is invalid from the first reconcile.
-        if changed or (prev is None and cond["reason"] in ("InvalidSpec", "NameConflict")):
+        if changed or (prev is None and cond["reason"] in FIRST_EVENT_REASONS):
             kind = "Warning" if bad else "Normal"
             post_event(kube, body, kind, cond["reason"], cond["message"], options)
+
+
+FIRST_EVENT_REASONS = ("InvalidSpec", "NameConflict", "ReconcileError")
+"""Conditions wrong from the first reconcile, worth an Event then (others: on transitions)."""
 
 
 def post_event(

@@ -91,6 +91,8 @@ class Observed:
     conflicts: tuple[str, ...] = ()
     """Children's names taken by objects this InferenceService does not control, each said
     as the condition says it (left untouched: the operator adopts nothing)."""
+    refused: tuple[str, ...] = ()
+    """Children the API server refused (kind, name, status code, its message)."""
 
 
 def pod_ready(pod: Json) -> bool:
@@ -183,7 +185,12 @@ def compute_status(
     else:
         serving = active >= 1 and gw_ready
         want = f"{len(ready_pods)}/{desired_replicas} engine replicas ready"
-        if observed.conflicts:
+        if observed.refused:
+            ready_c = condition(
+                previous, "Ready", False, "ReconcileError", "; ".join(observed.refused[:3]),
+                generation,
+            )  # fmt: skip
+        elif observed.conflicts:
             ready_c = condition(
                 previous, "Ready", False, "NameConflict", "; ".join(observed.conflicts[:3]),
                 generation,

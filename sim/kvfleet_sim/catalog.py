@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from kvfleet_gateway.model_config import ModelArchitecture
+
 GIB = 1024**3
 
 
@@ -39,43 +41,13 @@ class GpuSpec:
     """Fixed cost of one small all-reduce between TP peers (launch + sync), seconds."""
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer, from its Hugging Face `config.json`."""
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(ModelArchitecture):
+    """A decoder-only transformer, from its Hugging Face `config.json` (the architecture the
+    product's parser reads), under the name clients call it."""
 
     name: str
     hf_id: str
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_params: float
-    """Total parameters, including embeddings and LM head."""
-    context_length: int
-    tied_embeddings: bool = False
-    # Mixture of experts (0: a dense MLP in every layer).
-    num_experts: int = 0
-    """Routed experts per MoE layer (`num_experts`, `n_routed_experts`, `num_local_experts`)."""
-    experts_per_token: int = 0
-    """Routed experts each token uses (`num_experts_per_tok`)."""
-    shared_experts: int = 0
-    """Experts every token uses besides the routed ones (DeepSeek's `n_shared_experts`)."""
-    moe_intermediate_size: int = 0
-    """MLP width of one expert."""
-    dense_layers: int = 0
-    """Leading layers with a dense MLP before the MoE ones (`first_k_dense_replace`)."""
-    # Multi-head latent attention (0: per-head K and V).
-    kv_lora_rank: int = 0
-    """Width of MLA's compressed KV (`kv_lora_rank`): what the KV cache stores per token."""
-    qk_rope_head_dim: int = 0
-    """MLA's decoupled rotary key, stored beside the compressed KV."""
-    checkpoint_quantization: str = "none"
-    """How the published weights are stored (`fp8` for DeepSeek-V3): the engine's default
-    `--quantization`, as SGLang reads the checkpoint's `quantization_config`."""
 
     @property
     def is_moe(self) -> bool:

@@ -396,3 +396,53 @@ async def test_a_hung_api_server_or_prometheus_times_out() -> None:
         server.close()
         for w in held:
             w.close()
+
+
+async def test_a_child_the_api_server_refuses_is_reported_in_status(
+    local_cluster: Env, operator_factory: OperatorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API server that answers 422 to one child (an admission policy, a quota, a field it
+    validates that the CRD does not): Ready=False, ReconcileError names the kind, the name
+    and the server's message, with one Event, and the other children are made; once the
+    server accepts it, the next retry creates it and the condition clears. (It used to
+    retry forever with nothing in status or Events.)"""
+    from kvfleet_operator.kube import Kube
+
+    real_create = Kube.create
+    refusing = {"on": True}
+
+    def create(self: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+        if refusing["on"] and obj["kind"] == "ConfigMap":
+            body = '{"kind":"Status","message":"admission webhook denied: no ConfigMaps here"}'
+            exc = ApiException(status=422, reason="Unprocessable Entity")
+            exc.body = body
+            raise exc
+        return real_create(self, obj)
+
+    monkeypatch.setattr(Kube, "create", create)
+    k = local_cluster.kube
+    await operator_factory()
+    await asyncio.to_thread(k.create, isvc("llama", replicas=1))
+
+    def refused() -> dict[str, Any] | None:
+        ready = condition(k.get(ISVC, NS, "llama"), "Ready")
+        return ready if ready.get("reason") == "ReconcileError" else None
+
+    ready = await until(refused, what="Ready=False, ReconcileError")
+    assert ready["status"] == "False"
+    assert ready["message"] == (
+        "ConfigMap llama-gateway: 422 admission webhook denied: no ConfigMaps here"
+    ), ready
+    await until(lambda: has_event(local_cluster, "ReconcileError", "422"), what="an Event")
+    engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    assert engine is not None  # the rest was made
+    refusing["on"] = False
+    await until(
+        lambda: condition(k.get(ISVC, NS, "llama"), "Ready").get("reason") != "ReconcileError",
+        30,
+        what="the condition cleared after a retry",
+    )
+    events = [
+        e for e in await asyncio.to_thread(k.list, EVENTS, NS) if e["reason"] == "ReconcileError"
+    ]
+    assert len(events) == 1  # retries with the same refusal post nothing more

@@ -8,7 +8,6 @@ from typing import Any
 import aiohttp
 
 from kvfleet_gateway.config import GatewayConfig
-from kvfleet_gateway.routing import KvfleetTuning
 from tests.support.gateway import gateway_config
 
 SYSTEM = "You are a meticulous assistant for the kvfleet project. " * 20
@@ -167,4 +166,4 @@ async def test_streamed_answers_report_their_timing_to_the_policy(
     ((ttft, itl),) = seen
     assert 0 < ttft < 1 and itl is not None and 0 < itl < ttft
     assert policy.step_scale != 1.0  # the decode step learned (the prompt hit the cache: its
-    assert policy.prefill_rate == KvfleetTuning().prefill_tokens_per_second  # TTFT is no prefill)
+    assert policy.prefill_rate == policy.priors.prefill_tokens_per_second  # TTFT: no prefill)

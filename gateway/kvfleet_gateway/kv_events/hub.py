@@ -3,8 +3,9 @@ container, when the engines download the model from the Hub too).
 
 Only the tokenizer: `tokenizer.json` (required: the gateway tokenizes with Hugging Face
 `tokenizers`), `tokenizer_config.json` and `chat_template.jinja` (the chat template lives in
-one or the other). `HF_ENDPOINT` and `HF_TOKEN` are read as `huggingface_hub` reads them, so
-a mirror or a gated model works the same as for the engines.
+one or the other); and the small `config.json`, which the routing priors read. `HF_ENDPOINT`
+and `HF_TOKEN` are read as `huggingface_hub` reads them, so a mirror or a gated model works the
+same as for the engines.
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from urllib.parse import quote
 import aiohttp
 
 from kvfleet_gateway.kv_events.prompts import CONFIG_FILE, TEMPLATE_FILE, TOKENIZER_FILE
+from kvfleet_gateway.model_config import CONFIG_FILE as MODEL_CONFIG_FILE
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-FILES = ((TOKENIZER_FILE, True), (CONFIG_FILE, False), (TEMPLATE_FILE, False))
+FILES = (
+    (TOKENIZER_FILE, True),
+    (CONFIG_FILE, False),
+    (TEMPLATE_FILE, False),
+    (MODEL_CONFIG_FILE, False),
+)
 """(file, required)."""
 
 

@@ -26,28 +26,46 @@ from dataclasses import dataclass
 from kvfleet_gateway.routing.base import Candidate, RouteRequest
 from kvfleet_gateway.routing.event_index import EventIndex
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
+from kvfleet_gateway.routing.priors import DEFAULT_EFFICIENCY, GpuName, Priors, priors_for
 from kvfleet_gateway.schema import fld
 
 
 @dataclass(frozen=True, kw_only=True)
 class KvfleetTuning:
-    """A replica's speed: the priors (defaults: an 8B model in bf16 on one H100) that online
-    calibration moves towards what the replicas show (`calibrate`)."""
+    """A replica's speed: priors from the model's config.json and the GPU's datasheet
+    (`priors.py`), or set outright, that online calibration moves towards what the replicas
+    show (`calibrate`)."""
 
-    prefill_tokens_per_second: float = fld(
-        30_000.0, "Uncached prompt tokens one replica prefills per second.", minimum=1
+    model_config: str | None = fld(
+        None,
+        "The model's Hugging Face config.json (or the directory holding it): its parameters and"
+        " KV bytes per token set the priors. Unset: Llama-3.1-8B's.",
     )
-    decode_step_base_s: float = fld(
-        0.010,
+    gpu: GpuName = fld("h100", "The engines' GPU, whose datasheet peaks set the priors.")
+    tensor_parallel: int = fld(1, "GPUs per replica, for the priors.", minimum=1, maximum=64)
+    peak_efficiency: float = fld(
+        DEFAULT_EFFICIENCY,
+        "Share of the GPU's peak FLOPs and bandwidth the priors assume a replica reaches.",
+        minimum=0.01,
+        maximum=1,
+    )
+    prefill_tokens_per_second: float | None = fld(
+        None,
+        "Uncached prompt tokens one replica prefills per second. Unset: from the model and the"
+        " GPU's peak FLOPs.",
+        minimum=1,
+    )
+    decode_step_base_s: float | None = fld(
+        None,
         "A decode step's fixed part, in seconds: streaming the weights once, launch and"
-        " sampling overhead.",
+        " sampling overhead. Unset: the weights' bytes over the GPU's bandwidth.",
         minimum=0,
         name="decodeStepBase",
     )
-    kv_read_s_per_token: float = fld(
-        5.6e-8,
-        "Seconds each token of KV in use adds to every decode step (KV bytes per token over"
-        " achieved HBM bandwidth: 128 KiB / 2.3 TB/s for Llama-3.1-8B on an H100).",
+    kv_read_s_per_token: float | None = fld(
+        None,
+        "Seconds each token of KV in use adds to every decode step. Unset: the model's KV bytes"
+        " per token over the GPU's bandwidth.",
         minimum=0,
         name="kvReadPerToken",
     )
@@ -60,8 +78,9 @@ class KvfleetTuning:
     # A miss costs more than this request's own prefill: it delays everything queued behind
     # it there, and pins an unshared copy of the prefix in KV, which stalls admission when
     # traffic bursts. 0 is pure per-request greedy TTFT, which spreads prefixes too eagerly
-    # under bursts; 4 was best across the routing benchmark's workloads, 2..8 within a few %.
-    miss_weight: float = fld(4.0, "Extra weight on cache-missed prompt tokens.", minimum=0)
+    # under bursts. 8: the best of 0, 1, 2, 4, 8 on workloads the routing report does not show
+    # (`kvfleet bench routing-tuning`; 4 and 2 within 1.3% and 2.7% there).
+    miss_weight: float = fld(8.0, "Extra weight on cache-missed prompt tokens.", minimum=0)
     # Ordinary fluctuation must not break prefix affinity; a hot prefix's owner swelling far
     # above the rest must.
     overload_tolerance: float = fld(
@@ -88,9 +107,23 @@ class KvfleetPolicy:
     name = "kvfleet"
 
     def __init__(
-        self, tuning: KvfleetTuning | None = None, events: EventIndex | None = None
+        self,
+        tuning: KvfleetTuning | None = None,
+        events: EventIndex | None = None,
+        priors: Priors | None = None,
     ) -> None:
-        self.tuning = tuning or KvfleetTuning()
+        self.tuning = t = tuning or KvfleetTuning()
+        self.priors = priors or priors_for(
+            t.model_config, t.gpu, t.tensor_parallel, t.peak_efficiency
+        )
+        """Where the model of a replica starts (a set tuning value overrides its part)."""
+        p = self.priors
+        self.decode_step_base_s = (
+            p.decode_step_base_s if t.decode_step_base_s is None else t.decode_step_base_s
+        )
+        self.kv_read_s_per_token = (
+            p.kv_read_s_per_token if t.kv_read_s_per_token is None else t.kv_read_s_per_token
+        )
         self.index = PrefixIndex()
         self.events = events
         """Exact prefix state from KV events (None: approximate only)."""
@@ -99,8 +132,12 @@ class KvfleetPolicy:
         self._placed: dict[int, tuple[str, int, int | None]] = {}
         """id(request) → (replica, uncached tokens charged to its pending prefill, the first
         page reserved in the event index — the ones it did not hold — or None)."""
-        self.prefill_rate = self.tuning.prefill_tokens_per_second
-        """Learned from what replicas show (`observe`); starts at the configured prior."""
+        self.prefill_rate = (
+            p.prefill_tokens_per_second
+            if t.prefill_tokens_per_second is None
+            else t.prefill_tokens_per_second
+        )
+        """Learned from what replicas show (`observe`); starts at the prior."""
         self.step_scale = 1.0
         """Observed decode steps over the tuned model's: learned, starts at 1."""
         self._probes: dict[int, tuple[int, bool, int]] = {}
@@ -121,8 +158,8 @@ class KvfleetPolicy:
         t = self.tuning
         inv_rate = 1.0 / self.prefill_rate
         miss_factor = 1.0 + t.miss_weight
-        per_running = self._avg_kv * t.kv_read_s_per_token * self.step_scale
-        base, penalty = t.decode_step_base_s * self.step_scale, t.retraction_penalty_s
+        per_running = self._avg_kv * self.kv_read_s_per_token * self.step_scale
+        base, penalty = self.decode_step_base_s * self.step_scale, t.retraction_penalty_s
         max_tokens, block = req.max_tokens, req.block_tokens
         cap_hit = max(0, req.prompt_tokens - 1)
         keys = [c.key for c in candidates]
@@ -223,8 +260,7 @@ class KvfleetPolicy:
         if probe is None or not self.tuning.calibrate:
             return
         miss, idle, running = probe
-        t = self.tuning
-        step = t.decode_step_base_s + running * self._avg_kv * t.kv_read_s_per_token
+        step = self.decode_step_base_s + running * self._avg_kv * self.kv_read_s_per_token
         if itl_s is not None and itl_s > 0:
             ratio = min(8.0, max(0.125, itl_s / step))
             self.step_scale *= (ratio / self.step_scale) ** CALIBRATION_GAIN

@@ -49,6 +49,18 @@ def tokenizer_dir(spec: InferenceServiceSpec) -> str:
     return model_path(spec) if spec.model.source.pvc else TOKENIZER_DIR
 
 
+def routing_priors(spec: InferenceServiceSpec) -> Json:
+    """What the gateway's routing priors start from: the engines' GPU and TP size, and the
+    model's config.json where the gateway has it (the model's own directory on its PVC,
+    mounted for the tokenizer); elsewhere the gateway's default model, calibrated online."""
+    tuning: Json = {"tensorParallel": spec.engine.tensor_parallel}
+    if spec.engine.gpu_type:
+        tuning["gpu"] = spec.engine.gpu_type
+    if uses_kv_events(spec) and spec.model.source.pvc:
+        tuning["modelConfig"] = tokenizer_dir(spec)
+    return tuning
+
+
 def gateway_config(owner: Owner) -> GatewayConfig:
     """The gateway's config document for this service (raises ConfigError)."""
     spec, g = owner.spec, owner.spec.gateway
@@ -78,6 +90,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
         },
         "routing": {
             "policy": g.routing_policy,
+            "tuning": routing_priors(spec),
             "prefixIndex": (
                 {"source": "events", "tokenizer": tokenizer_dir(spec)}
                 if uses_kv_events(spec)

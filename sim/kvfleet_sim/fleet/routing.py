@@ -10,6 +10,7 @@ signals the gateway has in production. `ReplicaView` is what a Scaler sees.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,9 @@ from kvfleet_gateway.routing import (
 )
 from kvfleet_gateway.routing.blocks import token_blocks
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
+from kvfleet_gateway.routing.priors import GpuPeak, Priors, roofline_priors
 from kvfleet_gateway.routing.random_choice import RandomChoice
+from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.engine import EngineLoad
 
 if TYPE_CHECKING:
@@ -60,6 +63,17 @@ def signals_of(load: EngineLoad, age_s: float) -> EngineSignals:
     )
 
 
+def deployment_priors(engine: EngineConfig, tuning: KvfleetTuning | None = None) -> Priors:
+    """The priors a gateway in front of these engines starts from: the product's roofline
+    over what the deployment knows (the model's config.json, its --quantization, the GPU's
+    datasheet peaks, the TP size), never the simulator's cost model."""
+    t = tuning or KvfleetTuning()
+    model = dataclasses.replace(engine.model, checkpoint_quantization=engine.quantization)
+    gpu = GpuPeak(engine.gpu.bf16_flops, engine.gpu.fp8_flops, engine.gpu.hbm_bandwidth)
+    basis = f"{engine.model.name} on {engine.gpu.name} × {engine.tp_size}"
+    return roofline_priors(model, gpu, engine.tp_size, t.peak_efficiency, basis)
+
+
 def fleet_policy(
     name: str, sim: FleetSimulator | None = None, tuning: KvfleetTuning | None = None
 ) -> Policy:
@@ -75,10 +89,13 @@ def fleet_policy(
             raise ValueError("kvfleet_events reads the simulated engines' KV events: pass `sim`")
         index = EventIndex()
         sim.publish_kv_events(index)
-        return make_policy(KvfleetPolicy.name, tuning, index)
+        return make_policy(
+            KvfleetPolicy.name, tuning, index, deployment_priors(sim.config.engine, tuning)
+        )
     if name == RandomChoice.name:  # seeded: a benchmark run is reproducible
         return RandomChoice(seed=1)
-    return make_policy(name, tuning)
+    priors = None if sim is None else deployment_priors(sim.config.engine, tuning)
+    return make_policy(name, tuning, None, priors)
 
 
 def routed_fleet(
@@ -105,8 +122,10 @@ __all__ = [
     "KvfleetPolicy",
     "KvfleetTuning",
     "Policy",
+    "Priors",
     "ReplicaView",
     "RouteRequest",
+    "deployment_priors",
     "fleet_policy",
     "make_policy",
     "routed_fleet",
