@@ -251,7 +251,7 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
 # The shared test-support layer's fixtures (tests/support/).
 from tests.support.cluster import local_cluster, operator_factory  # noqa: E402, F401
 
-SERIAL_MODULES = frozenset(
+SERIAL = frozenset(
     {
         # Latency and timing bounds: measured with the machine to themselves.
         "test_autoscaling",
@@ -261,11 +261,12 @@ SERIAL_MODULES = frozenset(
         "test_gateway_redis",
         "test_limits",
         "test_local_cluster",
-        "test_operator",
         "test_reliability",
         "test_routing_http",
-        # The README's commands as written: fixed ports (30000, 8080, 9090).
-        "test_readme",
+        # The README's simulator and gateway commands as written: fixed host ports (30000,
+        # 8080, 9090 on every address). Its cluster walkthroughs bind pod addresses of their
+        # own cluster (`addresses.py`) and free ports: they run in parallel.
+        "test_readme::test_the_simulator_and_gateway_walkthrough",
     }
 )
 
@@ -275,5 +276,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     workers (they wait on processes and sockets more than they compute)."""
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if module in SERIAL_MODULES:
+        if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
             item.add_marker(pytest.mark.serial)

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,9 +139,14 @@ def engines(
 
 @contextlib.contextmanager
 def kvfleet_gateway(
-    backends: list[str], workdir: Path, policy: str = "kvfleet", log_name: str = "gateway.log"
+    backends: list[str],
+    workdir: Path,
+    policy: str = "kvfleet",
+    log_name: str = "gateway.log",
+    on_started: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
-    """`kvfleet gateway` as a process in front of `backends` (auth off: a benchmark)."""
+    """`kvfleet gateway` as a process in front of `backends` (auth off: a benchmark);
+    `on_started` is given its process id."""
     port = free_port()
     argv = [
         sys.executable,
@@ -162,7 +167,11 @@ def kvfleet_gateway(
         *[a for b in backends for a in ("--backend", b)],
     ]
     url = f"http://127.0.0.1:{port}"
-    with running_process(argv, ready_url=f"{url}/readyz", log_path=workdir / log_name, timeout=30):
+    with running_process(
+        argv, ready_url=f"{url}/readyz", log_path=workdir / log_name, timeout=30
+    ) as proc:
+        if on_started is not None:
+            on_started(proc.pid)
         yield url
 
 

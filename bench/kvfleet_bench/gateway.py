@@ -23,6 +23,7 @@ from kvfleet_bench.common import (
     engines,
     kvfleet_gateway,
 )
+from kvfleet_bench.gateway_cost import cost_goals, cost_report, measure_costs
 from kvfleet_sim.procs import sglang_router_process
 
 STREAM_BODY = {
@@ -122,6 +123,9 @@ def run_gateway_bench(
             closed_loop_rps(urls[0], "/v1/chat/completions", SMALL_BODY, 64, rps_seconds)
         )
         result["rps"]["direct_one_engine"] = rps
+        log("what one request costs each proxy (3 runs)")
+        result["rows"] = measure_costs(urls, work, STREAM_BODY, SMALL_BODY, log)
+        result["goals"] = cost_goals(result["rows"])
     result["rps"]["ratio_kvfleet_vs_router"] = result["rps"]["kvfleet"] / max(
         1e-9, result["rps"]["sglang_router"]
     )
@@ -204,6 +208,7 @@ def _report(result: dict[str, Any], seconds: float) -> str:
         "",
         f"**kvfleet / sglang-router: {rps['ratio_kvfleet_vs_router']:.2f}×**",
         "",
+        *cost_report(result["rows"], result["goals"]),
         "![gateway](gateway.png)",
         "",
     ]

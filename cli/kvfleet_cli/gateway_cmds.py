@@ -168,7 +168,13 @@ def budgets() -> None:
 @budgets.command("reset")
 @click.option("--store", required=True, help="The gateways' limits.store, a redis:// URL.")
 @click.option("--tenant", default=None, help="Only this tenant (default: every lost tenant).")
-def budgets_reset(store: str, tenant: str | None) -> None:
+@click.option(
+    "--scope",
+    default="",
+    help="The gateways' limits.scope (an InferenceService's: <namespace>/<name>); default:"
+    " every scope.",
+)
+def budgets_reset(store: str, tenant: str | None, scope: str) -> None:
     """Accept a lost budget store: after Redis restarted without its data, gateways refuse
     budgeted requests (503) until its data is restored, or until this command starts the
     lost tenants' budgets again from zero."""
@@ -179,7 +185,7 @@ def budgets_reset(store: str, tenant: str | None) -> None:
     if not store.startswith(("redis://", "rediss://", "unix://")):
         raise click.UsageError("--store must be a redis:// URL")
     try:
-        reset = asyncio.run(reset_lost_budgets(store, tenant))
+        reset = asyncio.run(reset_lost_budgets(store, tenant, scope))
     except RedisError as exc:
         raise click.ClickException(f"cannot reach {store}: {exc.__class__.__name__}") from None
     if not reset:

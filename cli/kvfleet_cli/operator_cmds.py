@@ -248,6 +248,23 @@ def docs(out_dir: Path, check: bool) -> None:
     default=None,
     help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.",
 )
+@click.option(
+    "--stall-after",
+    "stall_s",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds without a successful reconcile while work is pending (or without a"
+    " completed autoscaler tick) after which the liveness probe fails.",
+)
+@click.option(
+    "--operator-namespace",
+    envvar="OPERATOR_NAMESPACE",
+    default="kvfleet-system",
+    show_default=True,
+    help="The operator's own namespace ($OPERATOR_NAMESPACE: the manifests set it from the"
+    " downward API); the NetworkPolicies admit its metrics reads from there.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def operator(
     namespaces: tuple[str, ...],
@@ -261,6 +278,8 @@ def operator(
     scale_interval_s: float,
     metrics_port: int,
     liveness: str | None,
+    stall_s: float,
+    operator_namespace: str,
     log_level: str,
 ) -> None:
     """Run the operator: reconcile InferenceServices into SGLang fleets and gateways, and
@@ -276,6 +295,8 @@ def operator(
     credentials = Credentials(kubeconfig=kubeconfig, context=context)
     config = OperatorConfig(
         liveness_endpoint=liveness,
+        stall_s=stall_s,
+        operator_namespace=operator_namespace,
         metrics_port=metrics_port or None,
         namespaces=namespaces,
         resync_s=resync_s,

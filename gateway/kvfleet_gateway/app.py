@@ -380,6 +380,7 @@ def make_store(config: GatewayConfig) -> LimitStore:
         lim.redis_outage.gateway_replicas,
         settle_grace_s=lim.settle_grace,
         journal=Path(lim.journal) if lim.journal else None,
+        scope=lim.scope,
     )
 
 

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from kvfleet_gateway import engine_replies as replies
@@ -65,6 +66,8 @@ for its latest token counts before it cuts the connection (the engine then abort
 JSON_HEADERS = {"Content-Type": "application/json"}
 DONE = b"data: [DONE]"
 log = logging.getLogger("kvfleet.gateway")
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -441,8 +444,8 @@ class Proxy:
             ex.token_arrived()
             return event
         try:
-            payload = json.loads(event[6:])
-        except ValueError:
+            payload = _decode(event[6:])  # every chunk: msgspec, several times json's speed
+        except msgspec.DecodeError:
             return event
         if not isinstance(payload, dict):
             return event
@@ -463,4 +466,4 @@ class Proxy:
         # The gateway asked for usage in every chunk (to bill cut streams); the client did
         # not: some clients add up every usage they see.
         del payload["usage"]
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + _encode(payload) + b"\n\n"

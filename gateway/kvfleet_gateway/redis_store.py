@@ -185,8 +185,14 @@ return 1
 )
 
 
-def _keys(tenant: str) -> dict[str, str]:
-    p = f"kvf:{{{tenant}}}"
+def budget_tag(scope: str, tenant: str) -> str:
+    """The hash tag of a tenant's keys (`kvf:{<tag>}:...`, one Redis Cluster slot): the
+    tenant within its scope, so gateways of different scopes sharing a Redis share nothing."""
+    return f"{scope}/{tenant}" if scope else tenant
+
+
+def _keys(tag: str) -> dict[str, str]:
+    p = f"kvf:{{{tag}}}"
     return {k: f"{p}:{k}" for k in ("leases", "resv", "rtot", "rq", "tq", "budget", "gen")}
 
 
@@ -228,8 +234,11 @@ class RedisStore:
         retry_after_s: float = 1.0,
         settle_grace_s: float = 10.0,
         journal: Path | None = None,
+        scope: str = "",
     ) -> None:
         self.url = url
+        self.scope = scope
+        """Whose tenants these are (`limits.scope`): keys of other scopes are never touched."""
         self.replicas = gateway_replicas
         self.retry_after_s = retry_after_s
         self.settle_grace_s = settle_grace_s
@@ -277,7 +286,7 @@ class RedisStore:
         lim = ticket.limits
         if not self.degraded:
             budget = lim.token_budget
-            k = _keys(ticket.tenant)
+            k = _keys(budget_tag(self.scope, ticket.tenant))
             argv: list[str | int | float] = [
                 ticket.lease_id,
                 ticket.reserve_tokens,
@@ -391,14 +400,14 @@ class RedisStore:
             return True  # settled locally; written to Redis by the retry loop
 
     async def _write_settlement(self, lease: Lease, used: int) -> bool:
-        k = _keys(lease.tenant)
+        k = _keys(budget_tag(self.scope, lease.tenant))
         keys = [
             k["leases"],
             k["resv"],
             k["rtot"],
             k["tq"],
             k["budget"],
-            f"kvf:{{{lease.tenant}}}:settled:{lease.lease_id}",
+            f"kvf:{{{budget_tag(self.scope, lease.tenant)}}}:settled:{lease.lease_id}",
         ]
         period = -1 if lease.budget_period is None else lease.budget_period
         # The budget hash outlives its period (two periods, at least a day).
@@ -439,16 +448,21 @@ class RedisStore:
             return
         with contextlib.suppress(RedisError):
             await self._heartbeat(
-                keys=[_keys(lease.tenant)["leases"]], args=[lease.lease_id, ttl_s]
+                keys=[_keys(budget_tag(self.scope, lease.tenant))["leases"]],
+                args=[lease.lease_id, ttl_s],
             )
 
     async def active_leases(self, tenant: str, now: float) -> int:
         t = await self.client.time()
         server_now = t[0] + t[1] / 1e6
-        return int(await self.client.zcount(_keys(tenant)["leases"], f"({server_now}", "+inf"))
+        return int(
+            await self.client.zcount(
+                _keys(budget_tag(self.scope, tenant))["leases"], f"({server_now}", "+inf"
+            )
+        )
 
     async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
-        k = _keys(tenant)
+        k = _keys(budget_tag(self.scope, tenant))
         period = math.floor(now / budget.period)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.hget(k["budget"], str(period))
@@ -541,13 +555,14 @@ def connect(url: str) -> aioredis.Redis:
     return aioredis.Redis(connection_pool=pool)
 
 
-async def reset_lost_budgets(url: str, tenant: str | None = None) -> list[str]:
-    """Accept a data loss: give each tombstoned tenant (or `tenant`) a new generation, so
-    gateways serve its budget again, counted from zero. Returns the tenants reset."""
+async def reset_lost_budgets(url: str, tenant: str | None = None, scope: str = "") -> list[str]:
+    """Accept a data loss: give each tombstoned tenant (or `tenant`) of `scope` a new
+    generation, so gateways serve its budget again, counted from zero. Returns the tenants
+    reset, as `<scope>/<tenant>` for a scoped one."""
     client = connect(url)
     reset: list[str] = []
     try:
-        pattern = f"kvf:{{{tenant}}}:gen" if tenant else "kvf:{*}:gen"
+        pattern = f"kvf:{{{budget_tag(scope, tenant or '*')}}}:gen"
         async for key in client.scan_iter(match=pattern):
             value = await client.get(key)
             if value is not None and _text(value).startswith(LOST):

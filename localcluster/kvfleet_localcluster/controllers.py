@@ -7,9 +7,10 @@ ReplicaSet controller chooses: lowest `controller.kubernetes.io/pod-deletion-cos
 then not-ready before ready, then the newest. Deployment status reports replicas, ready,
 updated and available counts and observedGeneration.
 
-The kubelet (`kubelet.py`) runs each pod on its own loopback IP (127.0.0.2, .3, ...): as a
-local process for the images it knows, or — in the no-process mode of fast tests — as a pod
-that becomes Ready after a delay. Both act on the store directly, as in-cluster controllers
+The kubelet (`kubelet.py`) runs each pod on its own loopback IP (127.0.0.2, .3, ...; a second
+cluster running at once 127.1.0.2, ...: `addresses.py`): as a local process for the images
+it knows, or — in the no-process mode of fast tests — as a pod that becomes Ready after a
+delay. Both act on the store directly, as in-cluster controllers
 act through the API: each write is a real write that watchers see.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvfleet_localcluster.addresses import PodRange
 from kvfleet_localcluster.events import EventRecorder
 from kvfleet_localcluster.kinds import (
     CONFIG_KINDS,
@@ -76,7 +78,8 @@ class Cluster:
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _ips: dict[str, str] = field(default_factory=dict)
     _next_ip: int = 1
-    """127.0.0.1 is the host; pods get 127.0.0.2, .3, ... (then 127.0.1.x)."""
+    """127.0.0.1 is the host; pods get 127.<range>.0.2, .3, ... (`addresses.py`)."""
+    _pod_range: PodRange | None = None
     _runners: dict[str, tuple[PodRunner, asyncio.Task[None]]] = field(default_factory=dict)
     _stopping: set[asyncio.Task[None]] = field(default_factory=set)
     _failed: dict[str, str] = field(default_factory=dict)
@@ -99,6 +102,7 @@ class Cluster:
         self._events = EventRecorder(self.store)
         if self.kubelet.run_processes:
             self._services = ServiceTable(service_table_file(self.kubelet))
+            self._pod_range = PodRange()  # processes bind their pod's address: claim a range
 
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         """Only what changed is reconciled: a write to one of 1,000 Deployments (or to one of
@@ -211,7 +215,8 @@ class Cluster:
         key = f"{ns}/{name}"
         if key not in self._ips:
             n = self._next_ip
-            self._ips[key] = f"127.0.{n // 254}.{n % 254 + 1}"
+            # Without processes nothing binds: the first range's addresses are only labels.
+            self._ips[key] = self._pod_range.address(n) if self._pod_range else PodRange.first(n)
             self._next_ip += 1
         return self._ips[key]
 
@@ -333,3 +338,5 @@ class Cluster:
                     await asyncio.wait_for(self._dirty.wait(), timeout=resync_s)
         finally:
             await asyncio.shield(self.stop_pods())
+            if self._pod_range is not None:
+                self._pod_range.release()

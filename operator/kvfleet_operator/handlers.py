@@ -24,10 +24,11 @@ from aiohttp import web
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
+from kvfleet_operator.liveness import Progress, stalled
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.metrics import OperatorMetrics
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
-from kvfleet_operator.render.common import ISVC_LABEL, MANAGED_BY
+from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ISVC_LABEL, MANAGED_BY
 from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Scaled
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
 
@@ -61,6 +62,11 @@ class OperatorConfig:
     """Longest wait before retrying a reconcile that failed."""
     liveness_endpoint: str | None = None
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz (None: none)."""
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where the operator runs (the downward API's metadata.namespace in its manifests)."""
+    stall_s: float = 300.0
+    """The liveness probe fails when work is pending and no reconcile has succeeded for this
+    long, or no autoscaler tick has completed for this long (`liveness.py`)."""
     credentials: Credentials = field(default_factory=Credentials)
     """How both the client and kopf's watches log in (in-cluster, kubeconfig)."""
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
@@ -88,6 +94,19 @@ class Controller:
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    _busy: bool = False
+    _worker_ok_at: float = field(default_factory=time.monotonic)
+    _tick_done_at: float = field(default_factory=time.monotonic)
+
+    def progress(self) -> Progress:
+        autoscaled = any((b.get("spec") or {}).get("autoscaling") for b in self.bodies.values())
+        return Progress(
+            now=time.monotonic(),
+            worker_pending=self._busy or bool(self._queued) or bool(self._failures),
+            worker_ok_at=self._worker_ok_at,
+            autoscaling=autoscaled,
+            tick_done_at=self._tick_done_at,
+        )
 
     def enqueue(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -124,7 +143,10 @@ class Controller:
         retries: set[asyncio.Task[None]] = set()
         try:
             while True:
+                if not self._queued and not self._failures:
+                    self._worker_ok_at = time.monotonic()  # idle with nothing pending
                 key = await self._queue.get()
+                self._busy = True
                 self._queued.discard(key)
                 self.metrics.queue_depth.set(self._queue.qsize())
                 started = time.perf_counter()
@@ -134,6 +156,7 @@ class Controller:
                     else:
                         outcome = await asyncio.to_thread(self._reconcile_sync, *key)
                 except Exception as exc:
+                    self._busy = False
                     self.metrics.reconciles.labels("error").inc()
                     n = self._failures.get(key, 0) + 1
                     self._failures[key] = n
@@ -143,6 +166,8 @@ class Controller:
                     retries.add(task)
                     task.add_done_callback(retries.discard)
                     continue
+                self._busy = False
+                self._worker_ok_at = time.monotonic()
                 self.metrics.reconciles.labels("ok").inc()
                 self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
                 self._failures.pop(key, None)
@@ -177,6 +202,8 @@ class Controller:
             except Exception as exc:  # a bad tick must not stop the operator
                 log.warning("autoscaler tick failed: %s", exc)
                 continue
+            finally:
+                self._tick_done_at = time.monotonic()
             for key in changed:
                 self.enqueue(*key)
 
@@ -205,7 +232,9 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         settings.posting.enabled = False  # we post our own Events, only on transitions
         settings.watching.server_timeout = 300
         settings.scanning.disabled = True  # watch the resources named here only
-        controller.options = ReconcileOptions(pod_monitors=pod_monitors)
+        controller.options = ReconcileOptions(
+            pod_monitors=pod_monitors, operator_namespace=controller.config.operator_namespace
+        )
         if controller.kube.cache is None:
             # Reconciles read what the watches delivered (one LIST per kind at start), not
             # GETs: a steady state costs the API server watches and writes only.
@@ -240,6 +269,15 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
                 await task
         for runner in runners:
             await runner.cleanup()
+
+    @kopf.on.probe(id="progress", registry=registry)
+    def _progress(**_: Any) -> dict[str, Any]:
+        p = controller.progress()
+        reason = stalled(p, controller.config.stall_s)
+        if reason is not None:  # kopf's liveness endpoint answers 500 (a bare one: log why)
+            log.error("liveness: %s", reason)
+            raise kopf.PermanentError(reason)
+        return {"pending": p.worker_pending, "queued": len(controller._queued)}
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def _isvc(

@@ -20,6 +20,7 @@ from kvfleet_operator.diff import repair_patch, warm_assignment
 from kvfleet_operator.kube import DEPLOYMENT, EVENT, ISVC, POD, PRUNABLE, Kube, resource_of
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import (
+    DEFAULT_OPERATOR_NAMESPACE,
     ENGINE,
     GATEWAY,
     ISVC_LABEL,
@@ -42,6 +43,8 @@ class ReconcileOptions:
     """Render PodMonitors (only when the API server serves monitoring.coreos.com/v1)."""
     component: str = "kvfleet-operator"
     """Event source name."""
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where the operator runs (the NetworkPolicies admit its metrics reads from there)."""
 
 
 @dataclass
@@ -87,7 +90,7 @@ def reconcile(
     if body is None or body["metadata"].get("deletionTimestamp"):
         return out  # children go with it through their ownerReferences
     try:
-        owner = owner_of(body)
+        owner = owner_of(body, options.operator_namespace)
         engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
         if owner.spec.autoscaling is None:

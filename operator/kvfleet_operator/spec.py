@@ -334,6 +334,13 @@ class GatewaySpec:
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
     )
+    limits_scope: str | None = fld(
+        None,
+        "Whose tenants' budgets and limits these are in the shared limitsStore. Unset: this"
+        " InferenceService's own (<namespace>/<name>); services given the same scope share"
+        " their tenants' budgets.",
+        pattern=r"^[^{}\s]+$",
+    )
     default_limits: Limits = fld(Limits, "Limits of every tenant.")
     tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
     service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = fld(

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -130,8 +130,10 @@ def sglang_router_process(
     log_path: Path | None = None,
     policy: str = "cache_aware",
     timeout: float = 60.0,
+    on_started: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
-    """The real `sglang-router` in front of `workers`, once it has registered all of them.
+    """The real `sglang-router` in front of `workers`, once it has registered all of them
+    (`on_started` is given its process id, for a benchmark that measures its CPU).
 
     Its /health answers 200 before any worker is registered, so readiness is read from
     /workers (start the workers first: three failed health checks drop a worker for good).
@@ -155,7 +157,11 @@ def sglang_router_process(
         str(metrics_port),
     ]
     url = f"http://127.0.0.1:{port}"
-    with running_process(argv, ready_url=f"{url}/health", log_path=log_path, timeout=timeout):
+    with running_process(
+        argv, ready_url=f"{url}/health", log_path=log_path, timeout=timeout
+    ) as proc:
+        if on_started is not None:
+            on_started(proc.pid)
         deadline = time.monotonic() + timeout
         while True:
             listed = ""

@@ -366,3 +366,42 @@ async def test_settlements_redis_missed_survive_a_gateway_restart(
         await asyncio.sleep(0.2)
     assert after - before == json.loads(lines[0])["used"]
     assert not journal.exists()
+
+
+async def test_two_services_sharing_a_redis_share_no_tenant_budget(redis_proc: Any) -> None:
+    """Two InferenceServices' gateways on one Redis, each in its own scope (the operator's
+    <namespace>/<name>): a tenant's spending in one leaves its budget in the other whole;
+    gateways given the same scope share it."""
+    import uuid
+
+    from kvfleet_gateway.config import Limits, TokenBudget
+    from kvfleet_gateway.limiter import Ticket
+    from kvfleet_gateway.redis_store import RedisStore
+    from kvfleet_gateway.schema import Duration
+
+    limits = Limits(token_budget=TokenBudget(tokens=1_000, period=Duration(86_400)))
+    stores = {
+        scope: RedisStore(redis_proc.url, scope=scope)
+        for scope in ("ai/llama", "ai/mistral", "ai/llama-again")
+    }
+    stores["ai/llama-again"].scope = "ai/llama"  # a second gateway of the first service
+
+    async def spend(store: RedisStore, tokens: int) -> bool:
+        now = time.time()
+        ticket = Ticket("team-a", limits, tokens, uuid.uuid4().hex, now)
+        decision = await store.admit(ticket)
+        if decision.admitted:
+            assert decision.lease is not None
+            await store.settle(decision.lease, tokens, now)
+        return decision.admitted
+
+    try:
+        assert await spend(stores["ai/llama"], 900)
+        assert not await spend(stores["ai/llama-again"], 200)  # same scope: 100 left
+        assert await spend(stores["ai/mistral"], 900)  # another scope: untouched
+        r = redis_proc.client()
+        assert int(r.hget("kvf:{ai/llama/team-a}:budget", str(int(time.time() // 86400)))) == 900
+        assert not r.exists("kvf:{team-a}:budget")  # nothing unscoped
+    finally:
+        for store in stores.values():
+            await store.client.aclose()

@@ -88,7 +88,13 @@ def test_values_move_the_image_the_namespace_and_the_environment() -> None:
         0
     ]
     assert container["image"] == "ghcr.io/kvfleet/kvfleet:0.2.0"
-    assert container["env"] == [{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}]
+    assert container["env"] == [
+        {
+            "name": "OPERATOR_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"},
+    ]
 
 
 def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:

@@ -102,7 +102,7 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
     await api("POST", "/api/v1/namespaces/default/pods", pod("gw", container, volumes))
     p = await until(api, "gw", ready, "Ready")
     ip = p["status"]["podIP"]
-    assert ip.startswith("127.0.") and ip != "127.0.0.1"
+    assert ip.startswith("127.") and ip != "127.0.0.1"  # its cluster's own range (addresses.py)
     async with aiohttp.ClientSession() as s:
         # The Secret's keys are in force (401 without a key); with one, the request reaches
         # the routing stage, where the one backend is down (503).

@@ -146,7 +146,7 @@ def test_thirty_second_scenario(stack: tuple[str, Kubectl, ExitStack]) -> None:
         15,
         "2 ready engines",
     )
-    assert len(set(ips)) == 2 and all(ip.startswith("127.0.") and ip != "127.0.0.1" for ip in ips)
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") and ip != "127.0.0.1" for ip in ips)
     assert all(http(f"http://{ip}:30000/health")[0] == 200 for ip in ips)
     # The gateway pod found them through the API and serves the model.
     gw = until(lambda: ready_ips(kubectl.pods("gateway")), 10, "a ready gateway")[0]

@@ -446,3 +446,61 @@ async def test_a_child_the_api_server_refuses_is_reported_in_status(
         e for e in await asyncio.to_thread(k.list, EVENTS, NS) if e["reason"] == "ReconcileError"
     ]
     assert len(events) == 1  # retries with the same refusal post nothing more
+
+
+async def test_a_hung_api_server_turns_the_liveness_probe_unhealthy(
+    local_cluster: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator's API server stops answering (accepts, never replies): every reconcile
+    times out, and once no reconcile has succeeded for the stall limit with work pending,
+    the liveness endpoint answers 500 (the reason in the log), so the kubelet restarts it
+    (its probe stayed green while one hung connection stalled the single worker)."""
+    import aiohttp
+    import kubernetes
+
+    from kvfleet_sim.procs import free_port
+    from tests.support.cluster import OperatorThread
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_hang(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept_and_hang, "127.0.0.1", 0)
+    hung = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port()}/healthz"
+    op = OperatorThread(local_cluster.credentials, liveness_endpoint=url, stall_s=2.0)
+    try:
+        assert await asyncio.to_thread(op.ready.wait, 10)
+
+        async def probe() -> tuple[int, str]:
+            async with aiohttp.ClientSession() as s:
+                for _ in range(50):  # the endpoint starts with kopf's watches
+                    try:
+                        async with s.get(url) as r:
+                            return r.status, await r.text()
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.1)
+            raise AssertionError("no liveness endpoint")
+
+        assert (await probe())[0] == 200
+        # The operator's own client now talks to a server that never answers; kopf's watches
+        # (their own connections) still deliver the new InferenceService.
+        configuration = kubernetes.client.Configuration()
+        configuration.host = hung
+        op.kube.api = kubernetes.client.ApiClient(configuration)
+        op.kube.timeout_s = 0.5
+        await asyncio.to_thread(local_cluster.kube.create, isvc("llama", replicas=1))
+
+        async def unhealthy() -> str | None:
+            status, text = await probe()
+            return text if status == 500 else None
+
+        # kopf caches probe results for 10 s: allow for that on top of the 2 s limit.
+        await until(unhealthy, 25, "the liveness endpoint unhealthy", interval=1.0)
+        assert "liveness: no reconcile has succeeded for" in caplog.text
+    finally:
+        await asyncio.to_thread(op.close)
+        server.close()
+        for w in held:
+            w.close()

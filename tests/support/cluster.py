@@ -80,11 +80,15 @@ class OperatorThread:
         credentials: Credentials,
         resync_s: float = 30.0,
         autoscaler: AutoscalerConfig | None = None,
+        liveness_endpoint: str | None = None,
+        stall_s: float = 300.0,
     ) -> None:
         config = OperatorConfig(
             credentials=credentials,
             resync_s=resync_s,
             autoscaler=autoscaler or AutoscalerConfig(),
+            liveness_endpoint=liveness_endpoint,
+            stall_s=stall_s,
         )
         self.kube = Kube(api_client(credentials))
         self.controller = Controller(self.kube, config)

@@ -103,3 +103,27 @@ def test_mounts_rewrite_the_containers_arguments_not_the_local_interpreter() -> 
     ) or ([], [])
     assert argv[0] == sys.executable
     assert argv[argv.index("--config") + 1] == "/pod/v/cfg/g.yaml"
+
+
+def test_two_local_clusters_at_once_get_their_own_pod_addresses() -> None:
+    """Each running cluster claims its own loopback /16, as a node is given its own pod
+    CIDR: two clusters' pods never share an address (and so never a port)."""
+    from kvfleet_localcluster.addresses import PodRange
+
+    first, second = PodRange(), PodRange()
+    try:
+        assert first.octet != second.octet
+        assert first.address(1).startswith(f"127.{first.octet}.0.")
+        assert {first.address(n) for n in range(1, 600)}.isdisjoint(
+            second.address(n) for n in range(1, 600)
+        )
+        assert len({first.address(n) for n in range(1, 600)}) == 599
+    finally:
+        taken = first.octet
+        first.release()
+        second.release()
+    again = PodRange()
+    try:
+        assert again.octet <= taken  # a released range is claimed again
+    finally:
+        again.release()

@@ -140,11 +140,27 @@ def test_scrape_config_example_passes_promtool(tmp_path: Path) -> None:
 
 def test_engine_network_policy_admits_the_operator_as_installed() -> None:
     """The autoscaler's direct scrape reaches the engines: the policy's operator peer matches
-    the Deployment in manifests/ (its namespace and pod labels)."""
-    from kvfleet_operator.render.network import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
+    the Deployment in manifests/ (its pod labels; its namespace, which the operator reads from
+    the downward API, so an install elsewhere is admitted too)."""
+    from kvfleet_operator.render import owner_of, render_children
+    from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE
+    from kvfleet_operator.render.network import OPERATOR_POD_LABELS
 
     docs = list(yaml.safe_load_all((ROOT / "manifests" / "operator.yaml").read_text()))
     dep = next(d for d in docs if d and d["kind"] == "Deployment")
-    assert dep["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert dep["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "OPERATOR_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in env  # fmt: skip
+    isvc = {"metadata": {"name": "m", "namespace": "ai", "uid": "u"},
+            "spec": {"model": {"name": "m", "source": {"huggingFace": "org/m"}},
+                     "gateway": {"insecureNoAuth": True}}}  # fmt: skip
+    policies = [
+        o for o in render_children(owner_of(isvc, "platform-ops")) if o["kind"] == "NetworkPolicy"
+    ]
+    peers = [p for pol in policies for rule in pol["spec"]["ingress"] for p in rule.get("from", [])]
+    assert {"kubernetes.io/metadata.name": "platform-ops"} in [
+        (p.get("namespaceSelector") or {}).get("matchLabels") for p in peers if "podSelector" in p
+    ]
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert OPERATOR_POD_LABELS.items() <= labels.items()

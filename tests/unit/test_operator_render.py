@@ -491,3 +491,29 @@ def test_children_carry_no_zero_value_a_real_api_server_drops() -> None:
     )  # fmt: skip
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "EMPTY"} in env and {"name": "SET", "value": "1"} in env
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_pods_meet_the_pod_security_standards(path: Path) -> None:
+    """Every example's engine pods meet the `baseline` Pod Security Standard and every
+    `restricted` rule but runAsNonRoot (the SGLang image runs as root); gateway pods (and
+    their tokenizer init container) meet `restricted` whole. The checker fails on a pod that
+    breaks a rule (asserted below), so a pass means something."""
+    from tests.support.pod_security import baseline_violations, restricted_violations
+
+    for doc in services(path):
+        for obj in render_children(owner_of(doc)):
+            if obj["kind"] != "Deployment":
+                continue
+            pod = obj["spec"]["template"]["spec"]
+            component = obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+            assert baseline_violations(pod) == [], obj["metadata"]["name"]
+            allow_root = component == "engine"
+            assert restricted_violations(pod, allow_root=allow_root) == [], obj["metadata"]["name"]
+            assert all(c["resources"]["limits"].get("memory") for c in pod["containers"])
+    broken = {
+        "hostNetwork": True,
+        "containers": [{"name": "x", "securityContext": {"privileged": True}}],
+    }
+    assert len(baseline_violations(broken)) == 2
+    assert any("runAsNonRoot" in v for v in restricted_violations({"containers": [{"name": "x"}]}))

@@ -293,6 +293,13 @@ class LimitsConfig:
         "`memory` (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
     )
+    scope: str = fld(
+        "",
+        "Whose tenants these are, in a shared Redis: gateways of one scope share tenants'"
+        " budgets and limits, other scopes' keys are never read (the operator sets"
+        " <namespace>/<InferenceService>). Empty: unscoped.",
+        pattern=r"^[^{}\s]*$",
+    )
     defaults: Limits = fld(Limits, "Limits of every tenant.")
     tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
     redis_outage: RedisOutage = fld(RedisOutage, "Behaviour while Redis is unreachable.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_gateway.schema import ConfigError, Json, evaluate
-from kvfleet_operator.render.common import ENGINE, GATEWAY, Owner
+from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ENGINE, GATEWAY, Owner
 from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
 from kvfleet_operator.render.gateway import (
     gateway_configmap,
@@ -66,7 +66,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
     return out
 
 
-def owner_of(body: dict[str, Any]) -> Owner:
+def owner_of(body: dict[str, Any], operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE) -> Owner:
     """An InferenceService object (dict) → Owner, parsing its spec (raises ConfigError)."""
     meta = body.get("metadata") or {}
     # The CRD's rule on the name, evaluated here as the API server does (an old server, or
@@ -79,4 +79,5 @@ def owner_of(body: dict[str, Any]) -> Owner:
         uid=meta.get("uid") or "",
         spec=parse_spec(body.get("spec")),
         generation=int(meta.get("generation") or 1),
+        operator_namespace=operator_namespace,
     )

@@ -29,6 +29,11 @@ def selector_string(isvc: str, component: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_of(isvc, component).items())
 
 
+DEFAULT_OPERATOR_NAMESPACE = "kvfleet-system"
+"""The operator's namespace when it is not told (`--operator-namespace`, $OPERATOR_NAMESPACE:
+the downward API in the shipped manifests)."""
+
+
 @dataclass(frozen=True)
 class Owner:
     """The InferenceService the children belong to, as the renderers need it."""
@@ -38,6 +43,8 @@ class Owner:
     uid: str
     spec: InferenceServiceSpec
     generation: int = 1
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where the operator runs: its pods may read the engines' and gateway's /metrics."""
 
     @property
     def engine_name(self) -> str:

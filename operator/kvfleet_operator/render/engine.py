@@ -188,6 +188,9 @@ def engine_pod_spec(owner: Owner) -> Json:
     e = spec.engine
     tp = str(e.tensor_parallel)
     volumes, mounts = _volumes(owner)
+    # A bound on host memory (a runaway engine must not take the node), with room for loading
+    # weights through host memory: twice the default request, or the request a user set.
+    memory_limit = e.resources.requests.get("memory", f"{64 * e.tensor_parallel}Gi")
     resources = merge_resources(
         {
             "requests": {
@@ -195,7 +198,7 @@ def engine_pod_spec(owner: Owner) -> Json:
                 "memory": f"{32 * e.tensor_parallel}Gi",
                 "nvidia.com/gpu": tp,
             },
-            "limits": {"nvidia.com/gpu": tp},
+            "limits": {"memory": memory_limit, "nvidia.com/gpu": tp},
         },
         e.resources.requests,
         e.resources.limits,
@@ -218,7 +221,8 @@ def engine_pod_spec(owner: Owner) -> Json:
         "readinessProbe": _probe("/health", 5, 3, 5),
         "livenessProbe": _probe("/health", 15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
-        # The SGLang image runs as root (Triton/NCCL caches under $HOME): harden what we can.
+        # Pod Security "restricted" but for runAsNonRoot: the SGLang image runs as root
+        # (Triton, NCCL and the model download cache write under /root).
         "securityContext": RESTRICTED_CONTAINER,
     }
     node_selector = dict(spec.scheduling.node_selector)
@@ -230,6 +234,7 @@ def engine_pod_spec(owner: Owner) -> Json:
         "terminationGracePeriodSeconds": e.termination_grace_period_seconds,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "tolerations": [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
             *spec.scheduling.tolerations,

@@ -72,6 +72,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
     }
     if g.limits_store != "memory":
         limits["journal"] = f"{STATE_DIR}/settlements.jsonl"
+        limits["scope"] = g.limits_scope or f"{owner.namespace}/{owner.name}"
     model: Json = {"name": spec.model.name}
     if spec.engine.context_length:
         model["contextLength"] = spec.engine.context_length

@@ -21,7 +21,6 @@ from kvfleet_operator.render.engine import uses_kv_events
 SCRAPER_NAMESPACE_LABEL = "kvfleet.dev/scrape-engines"
 """Namespaces labelled `kvfleet.dev/scrape-engines: "true"` may scrape engine /metrics."""
 MONITORING_NAMESPACE = "monitoring"
-OPERATOR_NAMESPACE = "kvfleet-system"
 """Where `manifests/` installs the operator."""
 OPERATOR_POD_LABELS = {
     "app.kubernetes.io/name": "kvfleet",
@@ -109,13 +108,13 @@ def engine_network_policy(owner: Owner) -> Json:
                     "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
                     "ports": gateway_ports,
                 },
-                {"from": _scrapers(), "ports": port},
+                {"from": _scrapers(owner), "ports": port},
             ],
         },
     }
 
 
-def _scrapers() -> list[Json]:
+def _scrapers(owner: Owner) -> list[Json]:
     """Prometheus (the monitoring namespace, or any namespace labelled as a scraper) and the
     operator's autoscaler (its direct reader)."""
     return [
@@ -127,7 +126,7 @@ def _scrapers() -> list[Json]:
         {"namespaceSelector": {"matchLabels": {SCRAPER_NAMESPACE_LABEL: "true"}}},
         {
             "namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}
+                "matchLabels": {"kubernetes.io/metadata.name": owner.operator_namespace}
             },
             "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
         },
@@ -147,7 +146,7 @@ def gateway_network_policy(owner: Owner) -> Json:
             "ingress": [
                 {"ports": [{"protocol": "TCP", "port": GATEWAY_PORT}]},
                 {
-                    "from": _scrapers(),
+                    "from": _scrapers(owner),
                     "ports": [{"protocol": "TCP", "port": GATEWAY_METRICS_PORT}],
                 },
             ],
