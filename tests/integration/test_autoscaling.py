@@ -158,7 +158,9 @@ def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-async def scale_up_and_down(stack: Stack) -> None:
+async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
+    """`tail_tokens`: the long requests' length, which must outlast the demotion (read from
+    Prometheus, the load's drop shows a scrape and a rate window later than scraped directly)."""
     url = await ready_service(stack)
     pods = await asyncio.to_thread(stack.pods)
     warm = next(p for p in pods if p["metadata"]["labels"]["kvfleet.dev/role"] == "warm")
@@ -199,7 +201,7 @@ async def scale_up_and_down(stack: Stack) -> None:
     # load for 2 replicas (at the 0.85 target), so one is demoted with its request in
     # flight, which completes; a pod goes only once idle.
     down = time.monotonic()
-    tail = asyncio.create_task(burst(url, 3, 2400))
+    tail = asyncio.create_task(burst(url, 3, tail_tokens))
     await until(
         lambda: list(stack.roles().values()).count("active") == 2, 30, "demotion to 2 active"
     )
@@ -294,7 +296,7 @@ async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
     syncer = asyncio.create_task(keep_syncing())
     try:
         await asyncio.to_thread(stack.start_operator, url)
-        await scale_up_and_down(stack)
+        await scale_up_and_down(stack, tail_tokens=4000)
         body = await asyncio.to_thread(stack.body)
         assert body["status"]["autoscaling"]["source"] == "prometheus"
 
