@@ -252,7 +252,7 @@ def docs(out_dir: Path, check: bool) -> None:
     "--stall-after",
     "stall_s",
     type=click.FloatRange(min=1),
-    default=300.0,
+    default=OperatorConfig.stall_s,
     show_default=True,
     help="Seconds without a successful reconcile while work is pending (or without a"
     " completed autoscaler tick) after which the liveness probe fails.",
@@ -260,7 +260,7 @@ def docs(out_dir: Path, check: bool) -> None:
 @click.option(
     "--operator-namespace",
     envvar="OPERATOR_NAMESPACE",
-    default="kvfleet-system",
+    default=OperatorConfig.operator_namespace,
     show_default=True,
     help="The operator's own namespace ($OPERATOR_NAMESPACE: the manifests set it from the"
     " downward API); the NetworkPolicies admit its metrics reads from there.",

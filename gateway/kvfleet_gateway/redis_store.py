@@ -262,6 +262,10 @@ class RedisStore:
     def degraded(self) -> bool:
         return time.monotonic() < self._down_until
 
+    def _keys_of(self, tenant: str) -> dict[str, str]:
+        """`tenant`'s keys in this store's scope."""
+        return _keys(budget_tag(self.scope, tenant))
+
     async def reachable(self) -> bool:
         """Redis answers a PING now (what readiness asks); a failure counts as an outage."""
         if self.degraded:
@@ -286,7 +290,7 @@ class RedisStore:
         lim = ticket.limits
         if not self.degraded:
             budget = lim.token_budget
-            k = _keys(budget_tag(self.scope, ticket.tenant))
+            k = self._keys_of(ticket.tenant)
             argv: list[str | int | float] = [
                 ticket.lease_id,
                 ticket.reserve_tokens,
@@ -400,7 +404,7 @@ class RedisStore:
             return True  # settled locally; written to Redis by the retry loop
 
     async def _write_settlement(self, lease: Lease, used: int) -> bool:
-        k = _keys(budget_tag(self.scope, lease.tenant))
+        k = self._keys_of(lease.tenant)
         keys = [
             k["leases"],
             k["resv"],
@@ -448,7 +452,7 @@ class RedisStore:
             return
         with contextlib.suppress(RedisError):
             await self._heartbeat(
-                keys=[_keys(budget_tag(self.scope, lease.tenant))["leases"]],
+                keys=[self._keys_of(lease.tenant)["leases"]],
                 args=[lease.lease_id, ttl_s],
             )
 
@@ -456,13 +460,11 @@ class RedisStore:
         t = await self.client.time()
         server_now = t[0] + t[1] / 1e6
         return int(
-            await self.client.zcount(
-                _keys(budget_tag(self.scope, tenant))["leases"], f"({server_now}", "+inf"
-            )
+            await self.client.zcount(self._keys_of(tenant)["leases"], f"({server_now}", "+inf")
         )
 
     async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
-        k = _keys(budget_tag(self.scope, tenant))
+        k = self._keys_of(tenant)
         period = math.floor(now / budget.period)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.hget(k["budget"], str(period))

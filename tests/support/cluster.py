@@ -81,7 +81,7 @@ class OperatorThread:
         resync_s: float = 30.0,
         autoscaler: AutoscalerConfig | None = None,
         liveness_endpoint: str | None = None,
-        stall_s: float = 300.0,
+        stall_s: float = OperatorConfig.stall_s,
     ) -> None:
         config = OperatorConfig(
             credentials=credentials,
