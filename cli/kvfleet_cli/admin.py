@@ -20,7 +20,7 @@ import yaml
 
 from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import Json, describe, isvc_table, prefixed
-from kvfleet_operator.kube import ISVC, POD, RESOURCES, Resource
+from kvfleet_operator.kube import ISVC, POD, RESOURCES, Resource, api_status
 from kvfleet_operator.render.common import COMPONENT_LABEL, ISVC_LABEL
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -103,10 +103,7 @@ class Cluster:
 
 
 def _api_error(exc: Any) -> str:
-    try:
-        status = json.loads(exc.body or "{}")
-    except ValueError:
-        status = {}
+    status = api_status(exc)
     message = status.get("message") or exc.reason
     hint = {
         401: "  (your credentials were refused: check the kubeconfig's user)",

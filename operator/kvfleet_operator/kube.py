@@ -96,6 +96,15 @@ FIELD_MANAGER = "kvfleet-operator"
 """How the operator's writes are named in `metadata.managedFields`."""
 
 
+def api_status(exc: ApiException) -> Json:
+    """The Status object an API server sent with an error response ({} when it sent none)."""
+    try:
+        status = json.loads(exc.body or "{}")
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
 class Kube:
     def __init__(
         self,

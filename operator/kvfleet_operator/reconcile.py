@@ -9,7 +9,6 @@ it changed — and post an Event for each condition that flipped.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -17,7 +16,16 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_gateway.schema import ConfigError, Json
 from kvfleet_operator.diff import repair_patch, warm_assignment
-from kvfleet_operator.kube import DEPLOYMENT, EVENT, ISVC, POD, PRUNABLE, Kube, resource_of
+from kvfleet_operator.kube import (
+    DEPLOYMENT,
+    EVENT,
+    ISVC,
+    POD,
+    PRUNABLE,
+    Kube,
+    api_status,
+    resource_of,
+)
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
@@ -70,10 +78,7 @@ Others (409 races, 429, 5xx, timeouts) are retried without a word in status."""
 
 
 def _refusal(desired: Json, exc: ApiException) -> str:
-    try:
-        message = json.loads(exc.body or "{}").get("message") or exc.reason
-    except ValueError:
-        message = exc.reason
+    message = api_status(exc).get("message") or exc.reason
     return f"{desired['kind']} {desired['metadata']['name']}: {exc.status} {message}"
 
 
