@@ -125,14 +125,16 @@ def _body(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+HistoryEntry = tuple[int, str, dict[str, Any], dict[str, Any] | None]
+"""(resourceVersion, event type, object, the object before a MODIFIED event)."""
+
+
 @dataclass
 class Store:
     index: ObjectIndex = field(default_factory=lambda: ObjectIndex())
     """Objects by kind, namespace, name, label pair, uid and owner."""
     rv: int = 0
-    history: dict[tuple[str, str], deque[tuple[int, str, dict[str, Any]]]] = field(
-        default_factory=dict
-    )
+    history: dict[tuple[str, str], deque[HistoryEntry]] = field(default_factory=dict)
     listeners: list[Callable[[Kind, str, dict[str, Any]], None]] = field(default_factory=list)
     kinds: dict[tuple[str, str], Kind] = field(default_factory=dict)
     admission: list[Callable[[Kind, dict[str, Any], str | None], None]] = field(
@@ -148,9 +150,13 @@ class Store:
         self.rv += 1
         return str(self.rv)
 
-    def _emit(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+    def _emit(
+        self, kind: Kind, event: str, obj: dict[str, Any], previous: dict[str, Any] | None = None
+    ) -> None:
+        """Record an event; a MODIFIED one keeps the object before it (`previous`), which a
+        filtered watch needs to see an object enter or leave its selector."""
         self.history.setdefault(kind.key, deque(maxlen=self.history_size)).append(
-            (int(obj["metadata"]["resourceVersion"]), event, copy.deepcopy(obj))
+            (int(obj["metadata"]["resourceVersion"]), event, copy.deepcopy(obj), previous)
         )
         for listener in self.listeners:
             listener(kind, event, obj)
@@ -222,11 +228,19 @@ class Store:
         if log and since < log[0][0] - 1 and len(log) == log.maxlen:
             raise Gone(rv)
         tail = []
-        for r, e, o in reversed(log):  # only what is newer than `since`: a short walk
+        for r, e, o, before in reversed(log):  # only what is newer than `since`: a short walk
             if r <= since:
                 break
-            if wanted(o):
-                tail.append((e, o))
+            now_in = wanted(o)
+            if e != "MODIFIED" or before is None or now_in == wanted(before):
+                if now_in:
+                    tail.append((e, o))
+            elif now_in:  # it entered the selector: new to this watch
+                tail.append(("ADDED", o))
+            else:  # it left: gone for this watch (as it was, at this resourceVersion)
+                left = copy.deepcopy(before)
+                left["metadata"]["resourceVersion"] = str(r)
+                tail.append(("DELETED", left))
         tail.reverse()
         return tail, self.rv
 
@@ -333,7 +347,7 @@ class Store:
             self._collect(new["metadata"]["uid"])
         else:
             self.index.put(key, new)
-            self._emit(kind, "MODIFIED", new)
+            self._emit(kind, "MODIFIED", new, old)
         return copy.deepcopy(new)
 
     def replace(
@@ -447,7 +461,7 @@ class Store:
                     return new
                 new["metadata"]["resourceVersion"] = self._bump()
                 self.index.put(self._key(kind, meta.get("namespace"), name), new)
-                self._emit(kind, "MODIFIED", new)
+                self._emit(kind, "MODIFIED", new, obj)
                 return copy.deepcopy(new)
             return copy.deepcopy(obj)
         if dry_run:

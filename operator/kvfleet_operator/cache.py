@@ -2,23 +2,27 @@
 
 A reconcile reads its InferenceService, each child it renders and the engine pods. Read from
 the API server, that is a dozen GETs per service per resync — 200 requests/s for 1,000
-services at a 60 s resync. The operator already watches every one of those kinds (to react
+services at a 60 s resync. The operator watches every one of those kinds anyway (to react
 to drift), so the watches feed this cache and reads are answered from it; the API server
 only sees the watches and the writes.
 
-* Primed once per kind by one LIST (the operator's label selector) before kopf's watches
-  start, then kept current by every watch event and by the operator's own write responses.
-* Newer wins: an event or response is applied only if its resourceVersion is not older than
-  what the cache holds, so a late event never rolls an object back.
-* A kind that is not primed (not watched here) is read from the API server, as before.
-* A write that finds the object gone (404) evicts it (`Kube` does this), so a deletion the
-  watch has not delivered yet costs one failed reconcile, never a wrong steady state.
+* A LIST (`replace`) sets a kind's contents — in one namespace or the whole cluster — and
+  removes what vanished since (a relist after 410 Gone must not keep deleted objects).
+* Watch events (`observe`) arrive in order, so the latest one is the truth. resourceVersions
+  are opaque: they are compared for equality only, never ordered.
+* The operator's own write responses (`wrote`) are newer than anything its watch delivered
+  before them, so they are held over the watched copy until the watch delivers that very
+  resourceVersion (or the object's deletion, or a relist): a reconcile right after a write
+  reads what it wrote, and a late event never rolls the object back.
+* A kind that is not primed (not watched here) is read from the API server.
 
-Thread-safe: events arrive on kopf's event loop, reads come from the reconcile worker thread.
+Thread-safe: events arrive on the watch threads and kopf's loop, reads come from the
+reconcile worker thread.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import threading
 from collections.abc import Iterable, Mapping
@@ -28,12 +32,13 @@ Json = dict[str, Any]
 Key = tuple[str, str]
 
 
-def _rv(obj: Mapping[str, Any]) -> int | None:
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None  # opaque resourceVersions: order unknown, the latest to arrive wins
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def _rv(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def _selector(selector: str | None) -> dict[str, str]:
@@ -49,7 +54,12 @@ def _selector(selector: str | None) -> dict[str, str]:
 class WatchCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[str, dict[Key, Json]] = {}
+        self._watched: dict[str, dict[Key, Json]] = {}
+        self._written: dict[str, dict[Key, Json]] = {}
+        """Write responses the watch has not delivered yet (they win over `_watched`)."""
+        self._seen: dict[tuple[str, Key], collections.deque[str | None]] = {}
+        """The latest resourceVersions the watch delivered per object: a write response
+        that arrives after its own event (and a later one) must not be held."""
         self._primed: set[str] = set()
         self.hits = 0
         """Reads answered here instead of by the API server."""
@@ -58,58 +68,81 @@ class WatchCache:
         with self._lock:
             return plural in self._primed
 
-    def prime(self, plural: str, items: Iterable[Json]) -> None:
-        """The result of a LIST: from now on `plural` is answered from the cache."""
+    def replace(self, plural: str, namespace: str | None, items: Iterable[Json]) -> list[Json]:
+        """The result of a LIST of `plural` (in `namespace`; None: the cluster): from now on
+        `plural` is answered from the cache. Returns the objects that vanished."""
+        fresh = {_key(obj): copy.deepcopy(obj) for obj in items}
         with self._lock:
-            bucket = self._objects.setdefault(plural, {})
-            for obj in items:
-                self._put_locked(bucket, obj)
+            bucket = self._watched.setdefault(plural, {})
+            written = self._written.setdefault(plural, {})
+            scope = [k for k in bucket if namespace is None or k[0] == namespace]
+            vanished_keys = [k for k in scope if k not in fresh]
+            vanished = [bucket.pop(k) for k in vanished_keys]
+            for k in [k for k in written if namespace is None or k[0] == namespace]:
+                written.pop(k)  # the listing is newer than any write before it
+            for k in vanished_keys:
+                self._seen.pop((plural, k), None)
+            bucket.update(fresh)
+            for k, obj in fresh.items():
+                self._seen.setdefault((plural, k), collections.deque(maxlen=16)).append(_rv(obj))
             self._primed.add(plural)
+        return vanished
+
+    def prime(self, plural: str, items: Iterable[Json]) -> None:
+        self.replace(plural, None, items)
 
     def observe(self, plural: str, event: str | None, obj: Mapping[str, Any]) -> None:
-        """A watch event (kopf's `type`: None for the initial listing) or a write response."""
-        meta = obj.get("metadata") or {}
-        key = (meta.get("namespace") or "", meta.get("name") or "")
+        """A watch event (ADDED, MODIFIED, DELETED; kopf's None: the initial listing)."""
+        key = _key(obj)
         with self._lock:
-            bucket = self._objects.setdefault(plural, {})
+            bucket = self._watched.setdefault(plural, {})
+            written = self._written.setdefault(plural, {})
             if event == "DELETED":
-                held = bucket.get(key)
-                new, old = _rv(obj), _rv(held) if held is not None else None
-                if held is None or new is None or old is None or new >= old:
-                    bucket.pop(key, None)
+                bucket.pop(key, None)
+                written.pop(key, None)
+                self._seen.pop((plural, key), None)
                 return
-            self._put_locked(bucket, copy.deepcopy(dict(obj)))
+            bucket[key] = copy.deepcopy(dict(obj))
+            self._seen.setdefault((plural, key), collections.deque(maxlen=16)).append(_rv(obj))
+            if key in written and _rv(written[key]) == _rv(obj):
+                written.pop(key)  # the watch has caught up with our write
+
+    def wrote(self, plural: str, obj: Mapping[str, Any]) -> None:
+        """The API server's answer to one of our writes (primed kinds only)."""
+        key = _key(obj)
+        with self._lock:
+            if plural not in self._primed:
+                return
+            if _rv(obj) in self._seen.get((plural, key), ()) or _rv(
+                self._watched.get(plural, {}).get(key)
+            ) == _rv(obj):
+                return  # delivered already (or a no-op write: the watched copy is this one)
+            self._written.setdefault(plural, {})[key] = copy.deepcopy(dict(obj))
 
     def forget(self, plural: str, namespace: str, name: str) -> None:
         with self._lock:
-            self._objects.get(plural, {}).pop((namespace, name), None)
+            self._watched.get(plural, {}).pop((namespace, name), None)
+            self._written.get(plural, {}).pop((namespace, name), None)
 
-    @staticmethod
-    def _put_locked(bucket: dict[Key, Json], obj: Json) -> None:
-        meta = obj.get("metadata") or {}
-        key = (meta.get("namespace") or "", meta.get("name") or "")
-        held = bucket.get(key)
-        new, old = _rv(obj), _rv(held) if held is not None else None
-        if held is None or new is None or old is None or new >= old:
-            bucket[key] = obj
+    def _current_locked(self, plural: str) -> dict[Key, Json]:
+        return {**self._watched.get(plural, {}), **self._written.get(plural, {})}
 
     def get(self, plural: str, namespace: str | None, name: str) -> Json | None:
         with self._lock:
-            obj = self._objects.get(plural, {}).get((namespace or "", name))
             self.hits += 1
+            obj = self._current_locked(plural).get((namespace or "", name))
             return copy.deepcopy(obj) if obj is not None else None
 
     def list(self, plural: str, namespace: str | None, selector: str | None) -> list[Json]:
         wanted = _selector(selector)
         with self._lock:
             self.hits += 1
-            out = [
+            return [
                 copy.deepcopy(obj)
-                for (ns, _), obj in sorted(self._objects.get(plural, {}).items())
+                for (ns, _), obj in sorted(self._current_locked(plural).items())
                 if (not namespace or ns == namespace)
                 and all(
                     ((obj.get("metadata") or {}).get("labels") or {}).get(k) == v
                     for k, v in wanted.items()
                 )
             ]
-        return out

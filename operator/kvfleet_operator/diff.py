@@ -1,14 +1,17 @@
 """Pure comparison of what the operator renders with what the cluster holds.
 
-A child needs a write only when some field the operator renders differs from the live
-object. Fields the API server or other controllers add (defaults, status, clusterIP,
-annotations of other tools) are ignored, so a second reconcile of an unchanged world writes
-nothing; lists the operator renders (containers, env, volumes, ports) are compared whole,
-so a container edited or added by hand is put back.
+Children are written by server-side apply (the API server merges, removes and arbitrates);
+this module only decides whether an apply is due, so a steady state sends nothing. One is
+due when a field the operator renders differs from the live object (fields the API server
+or other controllers add — defaults, status, clusterIP, other tools' annotations — are not
+compared; lists the operator renders are compared whole, so a container edited by hand is
+put back), or when the live object's `managedFields` say the operator owns a field it no
+longer renders (applying again removes it), or when the operator has never applied it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvfleet_gateway.schema import Json
@@ -47,13 +50,61 @@ def owned_part(obj: Json) -> Json:
     return out
 
 
-def repair_patch(desired: Json, live: Json | None) -> Json | None:
-    """The merge patch that makes `live` hold `desired` (None: nothing to do; live None:
-    create instead)."""
-    want = owned_part(desired)
-    if live is not None and covers(live, want):
-        return None
-    return want
+FieldPath = tuple[str, ...]
+
+
+def _leaf_paths(node: Any, path: FieldPath, out: list[FieldPath]) -> None:
+    children = {k: v for k, v in node.items() if k != "."} if isinstance(node, dict) else {}
+    if path and (not children or "." in node):
+        out.append(path)  # a leaf, or a keyed item owned as a whole (".")
+    for step, sub in children.items():
+        _leaf_paths(sub, (*path, step), out)
+
+
+def applied_fields(live: Json, manager: str) -> list[FieldPath] | None:
+    """The paths `manager` owns by apply in `live`'s `managedFields` (the `fieldsV1` steps:
+    `f:<field>`, `k:<json key>`, `v:<json value>`, `i:<index>`); None: it never applied
+    this object."""
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        mine = (entry.get("manager"), entry.get("operation")) == (manager, "Apply")
+        if mine and not entry.get("subresource"):
+            out: list[FieldPath] = []
+            _leaf_paths(entry.get("fieldsV1") or {}, (), out)
+            return out
+    return None
+
+
+def _item_matches(item: Any, key: Json) -> bool:
+    return isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())
+
+
+def renders(desired: Json, path: FieldPath) -> bool:
+    """Whether `desired` holds the field a `fieldsV1` path names."""
+    node: Any = desired
+    for step in path:
+        kind, _, rest = step.partition(":")
+        if kind == "f" and isinstance(node, dict) and rest in node:
+            node = node[rest]
+        elif kind == "k" and isinstance(node, list):
+            key = json.loads(rest)
+            node = next((i for i in node if _item_matches(i, key)), None)
+            if node is None:
+                return False
+        elif kind == "v" and isinstance(node, list):
+            return json.loads(rest) in node
+        elif kind == "i" and isinstance(node, list) and rest.isdigit() and int(rest) < len(node):
+            node = node[int(rest)]
+        else:
+            return False
+    return True
+
+
+def needs_apply(desired: Json, live: Json | None, manager: str) -> bool:
+    """Whether applying `desired` could change `live` (None: it does not exist)."""
+    if live is None or not covers(live, owned_part(desired)):
+        return True
+    owned = applied_fields(live, manager)
+    return owned is None or not all(renders(desired, path) for path in owned)
 
 
 def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> dict[str, str]:

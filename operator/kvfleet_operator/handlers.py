@@ -1,11 +1,14 @@
 """kopf wiring: watch InferenceServices and their children, reconcile through a work queue.
 
-Only watching handlers (`@kopf.on.event`) are registered, so kopf itself never writes to the
-objects (no finalizers, no progress annotations): an operator restart costs reads, not
-writes. Every event — of an InferenceService or of anything labelled as one of its children
-— queues that InferenceService; a single worker reconciles queued keys one at a time (a key
-queued twice while waiting is reconciled once), retries failures with backoff, and resyncs
-every known object periodically so drift is repaired even if an event is missed.
+kopf watches the InferenceServices with a watching handler only (`@kopf.on.event`), so it
+never writes to them (no finalizers, no progress annotations): an operator restart costs
+reads, not writes. The children are watched by the operator's own informers (`informer.py`),
+which ask the API server to filter by the operator's labels — kopf's label filters run in
+the client, after every pod of the cluster has been sent. Every event — of an
+InferenceService or of one of its children — queues that InferenceService; a single worker
+reconciles queued keys one at a time (a key queued twice while waiting is reconciled once),
+retries failures with backoff, and resyncs every known object periodically so drift is
+repaired even if an event is missed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +27,7 @@ from aiohttp import web
 
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.cache import WatchCache
+from kvfleet_operator.informer import Informer
 from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
 from kvfleet_operator.liveness import Progress, stalled
 from kvfleet_operator.login import Credentials, kopf_login
@@ -91,6 +96,8 @@ class Controller:
     """The latest InferenceService of each key, as watched (the autoscaler reads specs here)."""
     autoscaler: Autoscaler | None = None
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    informers: list[tuple[Informer, threading.Thread]] = field(default_factory=list)
+    """The child kinds' list-watches (`informer.py`), started with the operator."""
     _queued: set[tuple[str, str]] = field(default_factory=set)
     _queue: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -123,6 +130,44 @@ class Controller:
             lambda: dict(self.kube.calls),
             lambda: self.kube.cache.hits if self.kube.cache is not None else 0,
         )
+
+    async def start_informers(self, kinds: list[tuple[str, str, str]]) -> None:
+        """One informer per child kind (and watched namespace), each listed before the
+        worker starts so the first reconciles read a full cache; then one watch thread each."""
+        assert self.kube.cache is not None
+        cache, loop = self.kube.cache, asyncio.get_running_loop()
+        for ns in self.config.namespaces or (None,):  # the InferenceServices: kopf watches them
+            cache.replace(PLURAL, ns, await asyncio.to_thread(self.kube.list, ISVC, ns))
+
+        def changed(obj: Json) -> None:  # on an informer's thread
+            meta = obj.get("metadata") or {}
+            owner, ns = (meta.get("labels") or {}).get(ISVC_LABEL), meta.get("namespace")
+            if owner and ns:
+                loop.call_soon_threadsafe(self.child_changed, ns, owner)
+
+        selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+        for _, _, plural in kinds:
+            for ns in self.config.namespaces or (None,):
+                informer = Informer(
+                    self.kube, resource_by_plural(plural), ns, selector, cache, changed
+                )
+                rv = await asyncio.to_thread(informer.relist)
+                thread = threading.Thread(
+                    target=informer.run, args=(rv,), name=f"watch-{plural}", daemon=True
+                )
+                thread.start()
+                self.informers.append((informer, thread))
+
+    def stop_informers(self) -> None:
+        for informer, _ in self.informers:
+            informer.stop()
+        for _, thread in self.informers:
+            thread.join(timeout=5)
+        self.informers.clear()
+
+    def child_changed(self, namespace: str, owner: str) -> None:
+        if (namespace, owner) in self.known:
+            self.enqueue(namespace, owner)
 
     def forget(self, namespace: str, name: str) -> None:
         self.known.discard((namespace, name))
@@ -239,14 +284,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
             # Reconciles read what the watches delivered (one LIST per kind at start), not
             # GETs: a steady state costs the API server watches and writes only.
             controller.kube.cache = WatchCache()
-            # Before kopf's watches start (startup handlers run first): their events are
-            # newer than this listing, and the cache keeps the newer of the two.
-            await asyncio.to_thread(
-                controller.kube.prime,
-                [ISVC, *(resource_by_plural(p) for _, _, p in watched)],
-                controller.config.namespaces,
-                ",".join(f"{k}={v}" for k, v in MANAGED_BY.items()),
-            )
+            await controller.start_informers(watched)
         if controller.config.metrics_port is not None:
             runner = web.AppRunner(controller.metrics.app(), access_log=None)
             await runner.setup()
@@ -262,6 +300,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
 
     @kopf.on.cleanup(registry=registry)
     async def _stop(**_: Any) -> None:
+        await asyncio.to_thread(controller.stop_informers)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -295,20 +334,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         controller.bodies[(namespace, name)] = dict(body)
         controller.enqueue(namespace, name)
 
-    def child_handler(group: str, version: str, plural: str) -> None:
-        @kopf.on.event(group, version, plural, labels=MANAGED_BY, registry=registry)
-        async def _child(
-            *, type: str, body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
-        ) -> None:
-            if controller.kube.cache is not None:
-                controller.kube.cache.observe(plural, type, body)
-            owner = labels.get(ISVC_LABEL)
-            if owner and namespace and (namespace, owner) in controller.known:
-                controller.enqueue(namespace, owner)
-
     watched = [*CHILD_KINDS, *(MONITORING_KINDS if pod_monitors else [])]
-    for group, version, plural in watched:
-        child_handler(group, version, plural)
     return registry
 
 

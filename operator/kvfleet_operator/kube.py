@@ -152,25 +152,32 @@ class Kube:
         parsed: Json = json.loads(data) if data else {}
         return parsed
 
+    def open_stream(self, path: str, query: dict[str, str], read_timeout_s: float) -> Any:
+        """A streaming GET (a watch): the open urllib3 response, to read line by line and to
+        `shutdown()` from another thread. Counted as a WATCH, not a read."""
+        self.calls["WATCH"] += 1
+        headers = {"Accept": "application/json"}
+        params = self.api.param_serialize(
+            method="GET",
+            resource_path=f"{path}?{urlencode(query)}",
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*params, _request_timeout=(self.timeout_s, read_timeout_s))
+        if response.status != 200:
+            data = response.read()  # type: ignore[no-untyped-call]
+            exc = ApiException(status=response.status, reason=response.reason)
+            exc.body = data.decode(errors="replace") if data else ""
+            raise exc
+        return response.response
+
     def _cached(self, res: Resource) -> WatchCache | None:
         return self.cache if self.cache is not None and self.cache.primed(res.plural) else None
 
     def _observed(self, res: Resource, obj: Json) -> Json:
         if self.cache is not None and obj.get("metadata"):
-            self.cache.observe(res.plural, None, obj)
+            self.cache.wrote(res.plural, obj)
         return obj
-
-    def prime(self, resources: list[Resource], namespaces: tuple[str, ...], selector: str) -> None:
-        """One LIST per kind (per namespace, when the operator watches some) fills the cache;
-        the watches keep it current from then on."""
-        if self.cache is None:
-            return
-        for res in resources:
-            items: list[Json] = []
-            for ns in namespaces or (None,):
-                query = {"labelSelector": selector} if selector and res is not ISVC else None
-                items += self.request("GET", res.path(ns), query=query).get("items") or []
-            self.cache.prime(res.plural, items)
 
     def get(
         self, res: Resource, namespace: str | None, name: str, fresh: bool = False
@@ -206,22 +213,32 @@ class Kube:
         return items
 
     def create(self, obj: Json) -> Json:
+        """POST (Events; children are applied)."""
         res = resource_of(obj)
-        namespace = obj["metadata"].get("namespace")
-        try:
-            created = self.request(
-                "POST", res.path(namespace), obj, query={"fieldManager": self.field_manager}
-            )
-        except ApiException as exc:
-            if exc.status == 409 and self._cached(res):
-                # It exists but the cache missed it: learn it (with the list verb the cache
-                # needs anyway, not a get), so the retry patches instead.
-                query = {"fieldSelector": f"metadata.name={obj['metadata']['name']}"}
-                found = self.request("GET", res.path(namespace), query=query).get("items")
-                for live in found or []:
-                    self._observed(res, live)
-            raise
+        created = self.request(
+            "POST",
+            res.path(obj["metadata"].get("namespace")),
+            obj,
+            query={"fieldManager": self.field_manager},
+        )
         return self._observed(res, created)
+
+    def apply(self, obj: Json) -> Json:
+        """Server-side apply of the whole desired object, taking over conflicting fields
+        (`force`, the controller idiom): the API server creates it when missing, removes
+        fields this manager applied before and no longer sends, leaves fields other
+        managers own alone, and changes nothing (no new resourceVersion) when nothing
+        differs."""
+        res = resource_of(obj)
+        meta = obj["metadata"]
+        applied = self.request(
+            "PATCH",
+            res.path(meta.get("namespace"), meta["name"]),
+            obj,
+            "application/apply-patch+yaml",  # JSON is YAML
+            query={"fieldManager": self.field_manager, "force": "true"},
+        )
+        return self._observed(res, applied)
 
     def patch(
         self, res: Resource, namespace: str | None, name: str, patch: Json, sub: str | None = None

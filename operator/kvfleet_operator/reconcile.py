@@ -2,9 +2,10 @@
 
 Synchronous (the `kubernetes` client is); the handlers call it from a worker thread, one
 reconcile at a time per object. Steps: parse the spec (a bad one becomes `Ready=False` with
-the field's name), apply each child (create when missing, merge-patch when a rendered field
-differs), assign warm/active roles to ready engine pods, then write the status — only when
-it changed — and post an Event for each condition that flipped.
+the field's name), apply each child (server-side apply, sent only when a rendered field
+differs or the operator owns a field it no longer renders), assign warm/active roles to
+ready engine pods, then write the status — only when it changed — and post an Event for
+each condition that flipped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet_gateway.schema import ConfigError, Json
-from kvfleet_operator.diff import repair_patch, warm_assignment
+from kvfleet_operator.diff import needs_apply, warm_assignment
 from kvfleet_operator.kube import (
     DEPLOYMENT,
     EVENT,
@@ -187,42 +188,35 @@ def may_manage(live: Json, owner_uid: str, owner_name: str) -> bool:
 def _apply(
     kube: Kube, desired: Json, out: Outcome, known: dict[tuple[str, str], Json | None]
 ) -> Json | None:
-    """Create or repair one child; returns it as the API server now holds it (None: its name
-    is taken by an object we may not touch). `known` holds children already read in this
-    reconcile (no second GET)."""
+    """Create or repair one child by server-side apply; returns it as the API server now
+    holds it (None: its name is taken by an object we may not touch). `known` holds
+    children already read in this reconcile (no second GET)."""
     res = resource_of(desired)
     meta = desired["metadata"]
     key = (desired["kind"], meta["name"])
     ref = meta["ownerReferences"][0]
     live = known[key] if key in known else kube.get(res, meta["namespace"], meta["name"])
-    if live is not None and not may_manage(live, ref["uid"], ref["name"]):
-        # Not ours: what the API server holds now (the cache's watches see only labelled
-        # objects, so an adopt annotation added since would go unseen).
+    if live is None or not may_manage(live, ref["uid"], ref["name"]):
+        # Ask the API server: the cache's watches see only labelled objects, so a foreign
+        # object of this name (or an adopt annotation added since) would go unseen — and an
+        # apply would merge into it. (An object created between this read and the apply
+        # is merged into: the window is one round trip, as for any SSA controller.)
         live = kube.get(res, meta["namespace"], meta["name"], fresh=True)
-    if live is None:
-        out.created.append(_key(desired))
-        try:
-            return kube.create(desired)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            out.created.remove(_key(desired))
-            live = kube.get(res, meta["namespace"], meta["name"], fresh=True)  # whose?
-            if live is None:
-                raise
-    if not may_manage(live, ref["uid"], ref["name"]):
+    if live is not None and not may_manage(live, ref["uid"], ref["name"]):
         out.conflicts.append(
             f"{desired['kind']} {meta['name']} exists and is not controlled by this "
             f"InferenceService: left untouched (annotate it {ADOPT_ANNOTATION}="
             f"{ref['name']} to let the operator take it over)"
         )
         return None
-    patch = repair_patch(desired, live)
-    if patch is None:
+    if not needs_apply(desired, live, kube.field_manager):
         return live
-    repaired = kube.patch(res, meta["namespace"], meta["name"], patch)  # 422: refused
-    out.patched.append(_key(desired))
-    return repaired
+    result = kube.apply(desired)  # 4xx: refused
+    if live is None:
+        out.created.append(_key(desired))
+    elif result["metadata"].get("resourceVersion") != live["metadata"].get("resourceVersion"):
+        out.patched.append(_key(desired))  # else the server found nothing to change
+    return result
 
 
 def _prune(

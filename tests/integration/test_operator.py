@@ -6,6 +6,7 @@ warm pool is labelled, and a steady state — or an operator restart — writes 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 import pytest
@@ -408,18 +409,18 @@ async def test_a_child_the_api_server_refuses_is_reported_in_status(
     retry forever with nothing in status or Events.)"""
     from kvfleet_operator.kube import Kube
 
-    real_create = Kube.create
+    real_apply = Kube.apply
     refusing = {"on": True}
 
-    def create(self: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self: Kube, obj: dict[str, Any]) -> dict[str, Any]:
         if refusing["on"] and obj["kind"] == "ConfigMap":
             body = '{"kind":"Status","message":"admission webhook denied: no ConfigMaps here"}'
             exc = ApiException(status=422, reason="Unprocessable Entity")
             exc.body = body
             raise exc
-        return real_create(self, obj)
+        return real_apply(self, obj)
 
-    monkeypatch.setattr(Kube, "create", create)
+    monkeypatch.setattr(Kube, "apply", apply)
     k = local_cluster.kube
     await operator_factory()
     await asyncio.to_thread(k.create, isvc("llama", replicas=1))
@@ -504,3 +505,122 @@ async def test_a_hung_api_server_turns_the_liveness_probe_unhealthy(
         server.close()
         for w in held:
             w.close()
+
+
+async def test_fields_a_spec_stops_rendering_leave_the_children_and_others_stay(
+    local_cluster: Env, operator_factory: OperatorFactory
+) -> None:
+    """Children are server-side applied: a field the spec no longer asks for (a node
+    selector, tolerations, a priority class) disappears from the Deployment, while what
+    another manager set (an annotation a user or a mesh added) stays; the operator's
+    ownership is recorded as an Apply in managedFields. (With superset comparison and merge
+    patches the old values stayed forever.)"""
+    k = local_cluster.kube
+    op = await operator_factory()
+    scheduling = {
+        "nodeSelector": {"pool": "gpu-a"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "inference",
+    }
+    await asyncio.to_thread(k.create, isvc("llama", replicas=0, scheduling=scheduling))
+
+    def pod_spec() -> dict[str, Any]:
+        engine = k.get(DEPLOYMENT, NS, "llama-engine") or {}
+        return engine.get("spec", {}).get("template", {}).get("spec", {})  # type: ignore[no-any-return]
+
+    await until(lambda: pod_spec().get("priorityClassName") == "inference", what="the engine")
+    assert (await asyncio.to_thread(pod_spec))["nodeSelector"]["pool"] == "gpu-a"
+    engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    managers = {(m["manager"], m["operation"]) for m in engine["metadata"]["managedFields"]}
+    assert ("kvfleet-operator", "Apply") in managers, managers
+    mesh = {"metadata": {"annotations": {"mesh.example/inject": "true"}}}
+    await asyncio.to_thread(k.patch, DEPLOYMENT, NS, "llama-engine", mesh)
+
+    body = await asyncio.to_thread(k.get, ISVC, NS, "llama")
+    body["spec"].pop("scheduling")
+    await asyncio.to_thread(k.request, "PUT", ISVC.path(NS, "llama"), body)
+    await until(lambda: "priorityClassName" not in pod_spec(), what="the priority class gone")
+    spec = await asyncio.to_thread(pod_spec)
+    assert "pool" not in (spec.get("nodeSelector") or {}), spec.get("nodeSelector")
+    assert not any(t.get("key") == "gpu" for t in spec.get("tolerations") or []), spec
+    engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    assert engine["metadata"]["annotations"]["mesh.example/inject"] == "true"
+    # And the new steady state writes nothing.
+    await settle(local_cluster, op)
+    before, done = op.kube.writes, len(op.outcomes)
+    op.controller.enqueue(NS, "llama")
+    await until(lambda: len(op.outcomes) > done, what="a reconcile")
+    assert op.kube.writes == before
+
+
+async def test_the_api_server_sends_the_operator_only_its_children(
+    local_cluster: Env, llama: OperatorThread
+) -> None:
+    """The child watches carry the operator's label selector, so the API server filters: a
+    cluster's other ConfigMaps and Services never reach the operator (kopf's `labels=` filter
+    ran in the client, after the API server had streamed every one of them). A child whose
+    labels are removed leaves the selector — the watch reports it gone — and the operator
+    reads it from the API server and applies the labels back."""
+    k, op = local_cluster.kube, llama
+    await settle(local_cluster, op)
+    configmaps = next(i for i, _ in op.controller.informers if i.resource.plural == "configmaps")
+    services = next(i for i, _ in op.controller.informers if i.resource.plural == "services")
+    before = configmaps.events + services.events
+    for i in range(20):
+        other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"other-{i}"}}
+        await asyncio.to_thread(k.request, "POST", CONFIGMAP.path(NS), other)
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "someone-else"},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": "x"}},
+    }
+    await asyncio.to_thread(k.request, "POST", RESOURCES[("v1", "Service")].path(NS), svc)
+    await asyncio.sleep(1.0)
+    assert configmaps.events + services.events == before  # nothing of theirs was sent
+    assert op.kube.cache is not None
+    assert op.kube.cache.get("configmaps", NS, "other-0") is None
+
+    unlabel = [{"op": "remove", "path": "/metadata/labels/app.kubernetes.io~1managed-by"}]
+    path = CONFIGMAP.path(NS, "llama-gateway")
+    await asyncio.to_thread(k.request, "PATCH", path, unlabel, "application/json-patch+json")
+
+    def relabelled() -> bool:
+        labels = (k.get(CONFIGMAP, NS, "llama-gateway") or {})["metadata"].get("labels") or {}
+        return labels.get("app.kubernetes.io/managed-by") == "kvfleet"
+
+    await until(relabelled, what="the operator's labels applied back")
+
+
+async def test_a_relist_after_410_drops_what_vanished(local_cluster: Env) -> None:
+    """An informer whose watch resumes from a resourceVersion the server no longer holds
+    (410 Gone) relists, and the relist replaces the cache's contents: an object deleted
+    while it was away is gone from the cache, and its owner is told."""
+    from kvfleet_operator.cache import WatchCache
+    from kvfleet_operator.informer import Gone, Informer
+
+    k = local_cluster.kube
+    labels = {"app.kubernetes.io/managed-by": "kvfleet", "kvfleet.dev/inferenceservice": "a"}
+    for name in ("keep", "goes"):
+        cm = {"metadata": {"name": name, "labels": labels}}
+        await asyncio.to_thread(k.request, "POST", CONFIGMAP.path(NS), cm)
+    cache, changed = WatchCache(), []
+    informer = Informer(
+        k, CONFIGMAP, NS, "app.kubernetes.io/managed-by=kvfleet", cache, changed.append
+    )
+    rv = await asyncio.to_thread(informer.relist)
+    assert {o["metadata"]["name"] for o in cache.list("configmaps", NS, None)} == {"keep", "goes"}
+    store = local_cluster.cluster.api.store
+    for key, log in store.history.items():  # keep only the last 3 events of each kind
+        store.history[key] = collections.deque(log, maxlen=3)
+    informer.watch_s = 2  # if it did not end with 410, this test would fail, not hang
+    await asyncio.to_thread(k.request, "DELETE", CONFIGMAP.path(NS, "goes"))
+    for i in range(6):  # the history moves past `rv`
+        await asyncio.to_thread(
+            k.request, "POST", CONFIGMAP.path(NS), {"metadata": {"name": f"x{i}"}}
+        )
+    with pytest.raises(Gone):
+        await asyncio.to_thread(informer.watch, rv)
+    await asyncio.to_thread(informer.relist)
+    assert [o["metadata"]["name"] for o in cache.list("configmaps", NS, None)] == ["keep"]
+    assert [o["metadata"]["name"] for o in changed] == ["goes"]

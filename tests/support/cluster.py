@@ -68,7 +68,7 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[Env]:
     async with LocalCluster(cluster_config(tmp_path)) as cluster:
         client = api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))
         client.user_agent = TEST_AGENT
-        yield Env(cluster, Kube(client))
+        yield Env(cluster, Kube(client, field_manager="kvfleet-tests"))
 
 
 class OperatorThread:

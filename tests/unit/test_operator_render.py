@@ -3,6 +3,7 @@ each child says what a production SGLang fleet needs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from pathlib import Path
@@ -15,7 +16,13 @@ from click.testing import CliRunner
 
 from kvfleet_cli.main import cli
 from kvfleet_gateway.config import ConfigError, GatewayConfig
-from kvfleet_operator.diff import covers, repair_patch, warm_assignment
+from kvfleet_operator.diff import (
+    applied_fields,
+    covers,
+    needs_apply,
+    renders,
+    warm_assignment,
+)
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.gateway import CONFIG_KEY
 
@@ -233,25 +240,75 @@ def test_warm_assignment_prefers_traffic_then_stability() -> None:
     assert warm_assignment([_pod("x", False)], 1, 0) == {}
 
 
-def test_diff_ignores_server_fields_but_repairs_ours() -> None:
+def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_one() -> None:
     want = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "s", "labels": {"a": "1"}},
         "spec": {"ports": [{"port": 1}], "selector": {"x": "y"}},
     }
+    ours = {
+        "manager": "op",
+        "operation": "Apply",
+        "fieldsV1": {
+            "f:metadata": {"f:labels": {"f:a": {}}},
+            "f:spec": {"f:ports": {}, "f:selector": {"f:x": {}}},
+        },
+    }
+    theirs = {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {"f:zz": {}}}}
     live = {
-        "metadata": {"name": "s", "labels": {"a": "1", "other": "2"}, "resourceVersion": "9"},
+        "metadata": {
+            "name": "s",
+            "labels": {"a": "1", "other": "2"},
+            "resourceVersion": "9",
+            "managedFields": [theirs, ours],
+        },
         "spec": {
             "ports": [{"port": 1, "protocol": "TCP"}],
             "selector": {"x": "y"},
             "clusterIP": "10.0.0.1",
+            "zz": 1,
         },
     }
-    assert repair_patch(want, live) is None
-    live["spec"]["ports"].append({"port": 2})
-    assert repair_patch(want, live) == {"metadata": {"labels": {"a": "1"}}, "spec": want["spec"]}
+    assert not needs_apply(want, live, "op")  # defaults and other managers' fields ignored
+    assert needs_apply(want, None, "op")
+    assert needs_apply(want, live, "another-manager")  # never applied by it
+    changed = copy.deepcopy(live)
+    changed["spec"]["ports"].append({"port": 2})
+    assert needs_apply(want, changed, "op")
+    # We stop rendering the selector's x: we own it, so an apply must remove it.
+    dropped = copy.deepcopy(want)
+    dropped["spec"]["selector"] = {}
+    assert needs_apply(dropped, live, "op")
     assert covers({"cpu": 4}, {"cpu": "4"})
+
+
+def test_managed_fields_paths_follow_keyed_lists_and_sets() -> None:
+    entry = {
+        "manager": "op",
+        "operation": "Apply",
+        "fieldsV1": {
+            "f:spec": {
+                "f:containers": {
+                    'k:{"name":"a"}': {".": {}, "f:image": {}},
+                },
+                "f:finalizers": {'v:"x"': {}},
+            }
+        },
+    }
+    live = {"metadata": {"managedFields": [entry]}}
+    paths = applied_fields(live, "op")
+    assert paths is not None and sorted(paths) == [
+        ("f:spec", "f:containers", 'k:{"name":"a"}'),
+        ("f:spec", "f:containers", 'k:{"name":"a"}', "f:image"),
+        ("f:spec", "f:finalizers", 'v:"x"'),
+    ]
+    doc = {"spec": {"containers": [{"name": "a", "image": "i"}], "finalizers": ["x"]}}
+    assert all(renders(doc, p) for p in paths)
+    doc["spec"]["containers"] = [{"name": "b", "image": "i"}]
+    doc["spec"]["finalizers"] = []
+    assert [renders(doc, p) for p in sorted(paths)] == [False, False, False]
+    assert applied_fields({"metadata": {}}, "op") is None
 
 
 def test_render_command_prints_yaml_and_rejects_bad_specs(tmp_path: Path) -> None:
