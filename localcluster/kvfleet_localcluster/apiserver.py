@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import time
@@ -185,6 +186,17 @@ class ClusterAPI(kmock.KubernetesEmulator):
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def _absent(self, attrs: Attributes) -> bool:
+        """Whether the object a resource request names does not exist (yet)."""
+        if not attrs.resource_request or not attrs.name or attrs.subresource:
+            return False
+        try:
+            kind = self.kind(attrs.group, attrs.version, attrs.resource)
+            self.store.get(kind, attrs.namespace or None, attrs.name)
+        except ApiError:
+            return True
+        return False
+
     def kind(self, group: str, version: str, plural: str) -> Kind:
         res = kmock.resource(group, version, plural)
         # (`.get` would widen the type to kmock's ResourceDict union)
@@ -318,21 +330,27 @@ class ClusterAPI(kmock.KubernetesEmulator):
             # there; kmock's parser and ours read it back).
             raw._read_bytes = json.dumps(obj).encode()
         if user is not None:
-            allowed, _ = authorize(user, attrs, access.policy(self.store))
-            if not allowed:
-                return _status(ApiError(403, "Forbidden", forbidden_message(user, attrs)))
-            self.audit.append(
-                AuditRecord(
-                    user.name,
-                    attrs.verb,
-                    attrs.group,
-                    attrs.resource,
-                    attrs.subresource,
-                    attrs.namespace,
-                    attrs.name,
-                    agent,
+            checks = [attrs]
+            if attrs.verb == "patch" and "apply-patch" in ctype and self._absent(attrs):
+                # An apply that creates is also authorized as a create (kube-apiserver's
+                # patch handler): `patch` alone cannot make objects.
+                checks.append(dataclasses.replace(attrs, verb="create"))
+            for check in checks:
+                allowed, _ = authorize(user, check, access.policy(self.store))
+                if not allowed:
+                    return _status(ApiError(403, "Forbidden", forbidden_message(user, check)))
+                self.audit.append(
+                    AuditRecord(
+                        user.name,
+                        check.verb,
+                        check.group,
+                        check.resource,
+                        check.subresource,
+                        check.namespace,
+                        check.name,
+                        agent,
+                    )
                 )
-            )
             special = await self._special(user, attrs, raw)
             if special is not None:
                 return special

@@ -184,8 +184,13 @@ class Kube:
     ) -> Json | None:
         """The object (None: not found); `fresh` asks the API server, not the cache (whose
         watches see only labelled objects: a foreign one it learnt of can be stale)."""
-        if not fresh and (cache := self._cached(res)):
-            return cache.get(res.plural, namespace, name)
+        if cache := self._cached(res):
+            if not fresh:
+                return cache.get(res.plural, namespace, name)
+            # A LIST by name: the operator's RBAC grants what its informers need (list,
+            # watch), not get.
+            found = self.list(res, namespace, fields=f"metadata.name={name}")
+            return found[0] if found else None
         try:
             return self.request("GET", res.path(namespace, name))
         except ApiException as exc:
