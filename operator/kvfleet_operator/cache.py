@@ -75,21 +75,17 @@ class WatchCache:
         with self._lock:
             bucket = self._watched.setdefault(plural, {})
             written = self._written.setdefault(plural, {})
-            scope = [k for k in bucket if namespace is None or k[0] == namespace]
-            vanished_keys = [k for k in scope if k not in fresh]
-            vanished = [bucket.pop(k) for k in vanished_keys]
-            for k in [k for k in written if namespace is None or k[0] == namespace]:
+            gone = [k for k in bucket if namespace in (None, k[0]) and k not in fresh]
+            vanished = [bucket.pop(k) for k in gone]
+            for k in [k for k in written if namespace in (None, k[0])]:
                 written.pop(k)  # the listing is newer than any write before it
-            for k in vanished_keys:
+            for k in gone:
                 self._seen.pop((plural, k), None)
             bucket.update(fresh)
             for k, obj in fresh.items():
                 self._seen.setdefault((plural, k), collections.deque(maxlen=16)).append(_rv(obj))
             self._primed.add(plural)
         return vanished
-
-    def prime(self, plural: str, items: Iterable[Json]) -> None:
-        self.replace(plural, None, items)
 
     def observe(self, plural: str, event: str | None, obj: Mapping[str, Any]) -> None:
         """A watch event (ADDED, MODIFIED, DELETED; kopf's None: the initial listing)."""
@@ -113,9 +109,7 @@ class WatchCache:
         with self._lock:
             if plural not in self._primed:
                 return
-            if _rv(obj) in self._seen.get((plural, key), ()) or _rv(
-                self._watched.get(plural, {}).get(key)
-            ) == _rv(obj):
+            if _rv(obj) in self._seen.get((plural, key), ()):
                 return  # delivered already (or a no-op write: the watched copy is this one)
             self._written.setdefault(plural, {})[key] = copy.deepcopy(dict(obj))
 

@@ -12,9 +12,10 @@ the whole stream arrived). Each informer
 * relists on 410 Gone (the server no longer holds history that old) and after an error,
   with backoff — resourceVersions are passed back to the server, never compared.
 
-An object whose labels are removed leaves the selector: the watch reports it DELETED, and
-the periodic resync's reconcile finds it missing, reads it from the API server and applies
-the labels back. Runs in its own thread (the `kubernetes` client is synchronous).
+An object whose labels are removed leaves the selector: the watch reports it DELETED (with
+the labels it had, so its owner is reconciled), and that reconcile finds it missing from
+the cache, reads it from the API server and applies the labels back. Runs in its own
+thread (the `kubernetes` client is synchronous).
 """
 
 from __future__ import annotations

@@ -126,15 +126,17 @@ class Kube:
     def writes(self) -> int:
         return sum(n for verb, n in self.calls.items() if verb in WRITES)
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
-        body: Any = None,
-        content_type: str = "application/json",
-        query: dict[str, str] | None = None,
-    ) -> Json:
-        self.calls[method] += 1
+        body: Any,
+        content_type: str,
+        query: dict[str, str] | None,
+        timeout: float | tuple[float, float],
+    ) -> Any:
+        """One request through the client's transport and auth; the response (raises
+        ApiException for a status outside 2xx, with the server's body)."""
         if query:
             path = f"{path}?{urlencode(query)}"
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -145,10 +147,23 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*params, _request_timeout=self.timeout_s)
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        response = self.api.call_api(*params, _request_timeout=timeout)
         if not 200 <= response.status < 300:
+            response.read()  # type: ignore[no-untyped-call]
             raise ApiException(status=response.status, reason=response.reason, http_resp=response)
+        return response
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: dict[str, str] | None = None,
+    ) -> Json:
+        self.calls[method] += 1
+        response = self._send(method, path, body, content_type, query, self.timeout_s)
+        data: bytes = response.read()
         parsed: Json = json.loads(data) if data else {}
         return parsed
 
@@ -156,20 +171,8 @@ class Kube:
         """A streaming GET (a watch): the open urllib3 response, to read line by line and to
         `shutdown()` from another thread. Counted as a WATCH, not a read."""
         self.calls["WATCH"] += 1
-        headers = {"Accept": "application/json"}
-        params = self.api.param_serialize(
-            method="GET",
-            resource_path=f"{path}?{urlencode(query)}",
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*params, _request_timeout=(self.timeout_s, read_timeout_s))
-        if response.status != 200:
-            data = response.read()  # type: ignore[no-untyped-call]
-            exc = ApiException(status=response.status, reason=response.reason)
-            exc.body = data.decode(errors="replace") if data else ""
-            raise exc
-        return response.response
+        timeout = (self.timeout_s, read_timeout_s)
+        return self._send("GET", path, None, "application/json", query, timeout).response
 
     def _cached(self, res: Resource) -> WatchCache | None:
         return self.cache if self.cache is not None and self.cache.primed(res.plural) else None
