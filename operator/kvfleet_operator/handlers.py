@@ -137,7 +137,10 @@ class Controller:
         assert self.kube.cache is not None
         cache, loop = self.kube.cache, asyncio.get_running_loop()
         for ns in self.config.namespaces or (None,):  # the InferenceServices: kopf watches them
-            cache.replace(PLURAL, ns, await asyncio.to_thread(self.kube.list, ISVC, ns))
+            # From the API server each time (`kube.list` answers from the cache once the
+            # kind is primed, which the first namespace's listing does).
+            listed = await asyncio.to_thread(self.kube.request, "GET", ISVC.path(ns))
+            cache.replace(PLURAL, ns, listed.get("items") or [])
 
         def changed(obj: Json) -> None:  # on an informer's thread
             meta = obj.get("metadata") or {}
