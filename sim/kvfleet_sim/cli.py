@@ -180,9 +180,16 @@ def serve(**kw: Any) -> None:
     show_default=True,
 )
 @click.option("--seed", type=int, default=default_of(OfflineSpec, "seed"), show_default=True)
+@click.option(
+    "--request-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=default_of(OfflineSpec, "request_rate"),
+    help="Poisson arrivals at this many requests/s, as bench_serving; default: all at once.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
 def offline(**kw: Any) -> None:
-    """Offline throughput, like sglang.bench_offline_throughput (all prompts at once)."""
+    """Throughput, like sglang.bench_offline_throughput (all prompts at once) or
+    bench_serving at a request rate."""
     as_json = kw.pop("as_json")
     profile = kw.pop("profile")
     engine = build_engine_config(kw)
@@ -193,6 +200,7 @@ def offline(**kw: Any) -> None:
         output_len=kw["output_len"],
         range_ratio=kw["random_range_ratio"],
         seed=kw["seed"],
+        request_rate=kw["request_rate"],
     )
     try:
         result = run_offline(engine, spec, profile)

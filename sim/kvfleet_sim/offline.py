@@ -1,8 +1,10 @@
-"""Offline throughput: every prompt submitted at once, as `sglang.bench_offline_throughput`."""
+"""Offline throughput: every prompt submitted at once, as `sglang.bench_offline_throughput`,
+or at a Poisson rate, as `sglang.bench_serving --request-rate R` measures it."""
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -24,6 +26,8 @@ class OfflineSpec:
     range_ratio: float = 1.0
     """`--random-range-ratio`: lengths uniform in [len × R, len]; 1.0 = fixed lengths."""
     seed: int = 1
+    request_rate: float | None = None
+    """`--request-rate`: Poisson arrivals at this many requests/s; None = all at once."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +66,19 @@ def run_offline(
     clock = VirtualClock()
     engine = Engine(config, clock, profile=profile)
     vocab = config.model.vocab_size
-    for i, pair in enumerate(lengths):
-        # Random ids: no two prompts share a prefix, as with SGLang's random dataset.
-        engine.submit(
-            Request(
-                rid=f"offline-{i}",
-                prompt_ids=random_token_ids(rng, pair.input_len, vocab),
-                max_new_tokens=pair.output_len,
-                arrival_time=0.0,
-                seed=i,
-            )
+    arrivals = _arrival_times(rng, len(lengths), spec.request_rate)
+    # Random ids: no two prompts share a prefix, as with SGLang's random dataset.
+    pending = deque(
+        Request(
+            rid=f"offline-{i}",
+            prompt_ids=random_token_ids(rng, pair.input_len, vocab),
+            max_new_tokens=pair.output_len,
+            arrival_time=arrivals[i],
+            seed=i,
         )
-    duration = engine.run_until_idle(clock)
+        for i, pair in enumerate(lengths)
+    )
+    duration = _run(engine, clock, pending)
     inp = sum(p.input_len for p in lengths)
     outp = sum(p.output_len for p in lengths)
     return OfflineResult(
@@ -90,3 +95,32 @@ def run_offline(
         retractions=engine.scheduler.retracted_total,
         steps=engine.counters.steps,
     )
+
+
+def _arrival_times(rng: random.Random, n: int, rate: float | None) -> list[float]:
+    """bench_serving's schedule: exponential gaps at `rate`, or every request at time 0."""
+    if rate is None:
+        return [0.0] * n
+    if rate <= 0:
+        raise ValueError("request_rate must be > 0")
+    times, t = [], 0.0
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def _run(engine: Engine, clock: VirtualClock, pending: deque[Request]) -> float:
+    """Drive the engine in virtual time, submitting each request when it arrives; the
+    duration ends with the last completion, as bench_serving's does."""
+    while True:
+        while pending and pending[0].arrival_time <= clock.t:
+            engine.submit(pending.popleft())
+        step = engine.begin_step()
+        if step is None:
+            if not pending:
+                return clock.t
+            clock.t = pending[0].arrival_time  # idle until the next arrival
+            continue
+        clock.t = step.start + step.duration
+        engine.end_step(step)
