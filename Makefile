@@ -11,12 +11,17 @@ help:  ## this list of targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):[^#]*## /\1\t/' \
 		| awk -F'\t' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# uv resolves and installs the dev extras in seconds where pip takes minutes (the venv is the
+# same: `pip` still works in it); a user installing the product runs plain pip (.ci/runtime_only.py).
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(BIN)/uv: $(BIN)/python
+	$(BIN)/pip install --quiet uv
+
+$(VENV)/.installed: $(BIN)/uv pyproject.toml
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed  ## .venv + editable install with dev extras (idempotent)
@@ -44,10 +49,18 @@ integration: setup  ## the integration tests only
 demo: setup  ## the whole stack on one machine, no GPU, no cluster
 	$(BIN)/kvfleet demo
 
-bench: setup  ## all benchmarks; writes bench/results/*.md and *.png
+# LiteLLM, the peer `kvfleet bench gateway` also measures, in a virtualenv of its own: its
+# dependency tree is large and pins its own versions. One version, declared in the bench.
+LITELLM := .venv-litellm/bin/litellm
+LITELLM_VERSION := $(shell sed -n 's/^LITELLM_VERSION = "\(.*\)"/\1/p' bench/kvfleet_bench/litellm_peer.py)
+$(LITELLM): $(BIN)/uv bench/kvfleet_bench/litellm_peer.py
+	$(PY) -m venv .venv-litellm
+	$(BIN)/uv pip install --quiet --python .venv-litellm/bin/python 'litellm[proxy]==$(LITELLM_VERSION)'
+
+bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	KVFLEET_PROPERTY_EXAMPLES=1000 $(BIN)/pytest -q -p no:cacheprovider --timeout 0 tests/unit/test_scheduler.py -k over_committed
 	$(BIN)/kvfleet bench sim
-	$(BIN)/kvfleet bench gateway
+	$(BIN)/kvfleet bench gateway --litellm $(LITELLM)
 	$(BIN)/kvfleet bench reliability
 	$(BIN)/kvfleet bench cluster
 	$(BIN)/kvfleet bench routing
@@ -60,4 +73,4 @@ docs: setup  ## regenerate the CRD and gateway-config references in docs/ from t
 	$(BIN)/kvfleet docs --out docs
 
 clean:  ## remove .venv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-litellm .mypy_cache .ruff_cache .pytest_cache build *.egg-info

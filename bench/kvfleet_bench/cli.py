@@ -53,10 +53,18 @@ def sim_bench(des_requests: int, out_dir: Path, as_json: bool) -> None:
 @click.option(
     "--seconds", type=float, default=5.0, show_default=True, help="Duration of each throughput run."
 )
+@click.option(
+    "--litellm",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="LiteLLM's `litellm` command, to measure its proxy too (make bench builds "
+    ".venv-litellm/bin/litellm); without it LiteLLM is left out of the report.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
-def gateway_bench(out_dir: Path, seconds: float, as_json: bool) -> None:
-    """Gateway overhead vs direct calls, and throughput vs sglang-router."""
-    result = run_gateway_bench(out_dir, lambda m: click.echo(m, err=as_json), seconds)
+def gateway_bench(out_dir: Path, seconds: float, litellm: Path | None, as_json: bool) -> None:
+    """Gateway overhead vs direct calls; throughput and CPU per request vs sglang-router
+    and LiteLLM."""
+    result = run_gateway_bench(out_dir, lambda m: click.echo(m, err=as_json), seconds, litellm)
     met = sum(g["met"] for g in result["goals"])
     click.echo(
         f"goals met: {met} of {len(result['goals'])}; wrote {out_dir / 'gateway.md'} and "

@@ -73,7 +73,7 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def run_gateway_bench(
-    out_dir: Path, log: Callable[[str], None], rps_seconds: float = 5.0
+    out_dir: Path, log: Callable[[str], None], rps_seconds: float = 5.0, litellm: Path | None = None
 ) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / ".gateway-bench"
@@ -124,7 +124,7 @@ def run_gateway_bench(
         )
         result["rps"]["direct_one_engine"] = rps
         log("what one request costs each proxy (3 runs)")
-        result["rows"] = measure_costs(urls, work, STREAM_BODY, SMALL_BODY, log)
+        result["rows"] = measure_costs(urls, work, STREAM_BODY, SMALL_BODY, log, litellm)
         result["goals"] = cost_goals(result["rows"])
     result["rps"]["ratio_kvfleet_vs_router"] = result["rps"]["kvfleet"] / max(
         1e-9, result["rps"]["sglang_router"]
@@ -176,8 +176,9 @@ def _report(result: dict[str, Any], seconds: float) -> str:
         "# Gateway overhead",
         "",
         "Produced by `kvfleet bench gateway`: two simulated "
-        "Llama-3.1-8B/H100 engines (processes), a kvfleet gateway process, and the real "
-        "`sglang-router==0.3.2`, all on this 2-core machine with the load generator.",
+        "Llama-3.1-8B/H100 engines (processes), a kvfleet gateway process, the real "
+        "`sglang-router==0.3.2` and (last section) the real LiteLLM proxy, all on this 2-core "
+        "machine with the load generator.",
         "",
         "## Added time to first token (streaming chat, 32 tokens)",
         "",
