@@ -2,6 +2,9 @@
 
 * custom resources: their CRD's structural schema (defaults, pruning, types, CEL rules), with
   `fieldValidation` Strict (unknown fields are a 400) or Warn (a Warning header each);
+* built-in kinds: the same unknown-field check at every depth, against the structs of the
+  Kubernetes version the cluster reports (`builtin_fields`), as the strict decoder does, and
+  zero values of `omitempty` fields left out, as the encoder leaves them out;
 * pods: the ServiceAccount admission plugin (a new pod runs as an account that exists; every
   namespace gets its `default` account, as the ServiceAccount controller makes it);
 * RBAC objects: escalation prevention — no one grants, by a role or a binding, more than they
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet_localcluster import access
+from kvfleet_localcluster import access, builtin_fields
 from kvfleet_localcluster.auth import RBAC_GROUP, Attributes, User, authorize, escalations
 from kvfleet_localcluster.store import ApiError, Kind, Store
 from kvfleet_localcluster.validation import apply_defaults, causes, validate
@@ -35,6 +38,17 @@ class WriteContext:
 
 WRITE: contextvars.ContextVar[WriteContext] = contextvars.ContextVar("write")
 USER: contextvars.ContextVar[User | None] = contextvars.ContextVar("user")
+
+
+def _strict_decoding_error(kind: Kind, unknown: list[str]) -> ApiError:
+    """What kube-apiserver answers a Strict write with fields its decoder does not know."""
+    fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+    return ApiError(
+        400,
+        "BadRequest",
+        f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+        f"strict decoding error: {fields}",
+    )
 
 
 @dataclass
@@ -67,13 +81,7 @@ class Admission:
             rules = {"x-kubernetes-validations": schema["x-kubernetes-validations"]}
             errors += [e.lstrip(".") for e in validate(rules, root, "")]
         if unknown and write.validation == "Strict":
-            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise ApiError(
-                400,
-                "BadRequest",
-                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
-                f"strict decoding error: {fields}",
-            )
+            raise _strict_decoding_error(kind, unknown)
         write.unknown += unknown
         if errors:
             raise ApiError(
@@ -82,6 +90,28 @@ class Admission:
                 f'{kind.kind}.{kind.group} "{name}" is invalid: ' + ", ".join(errors),
                 {"name": name, "group": kind.group, "kind": kind.kind, "causes": causes(errors)},
             )
+
+    def builtin_kind(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        """Unknown fields of a built-in kind written by a client: dropped, and a 400 under
+        Strict, a Warning under Warn, nothing under Ignore (the cluster's own controllers
+        write through the store directly)."""
+        write = WRITE.get(None)
+        if write is None or subresource not in (None, "status"):
+            return
+        if (kind.group, kind.version, kind.plural) in self.schemas:
+            return  # a custom resource: its CRD's schema decides
+        unknown = builtin_fields.drop_unknown_fields(kind.group, kind.version, kind.kind, obj)
+        if unknown and write.validation == "Strict":
+            raise _strict_decoding_error(kind, unknown)
+        write.unknown += unknown
+
+    def encode_builtin(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        """What the server stores and returns of a built-in kind: without the zero values of
+        `omitempty` fields, whoever wrote them (its encoder drops them on every write)."""
+        if subresource not in (None, "status"):
+            return
+        if (kind.group, kind.version, kind.plural) not in self.schemas:
+            builtin_fields.drop_omitted(kind.group, kind.version, kind.kind, obj)
 
     def ensure_default_service_account(self, namespace: str) -> None:
         """The ServiceAccount controller's job: every namespace has a `default` account."""

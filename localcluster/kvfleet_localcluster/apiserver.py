@@ -119,9 +119,11 @@ class ClusterAPI(kmock.KubernetesEmulator):
         )
         self.store.admission += [
             self.admission.custom_resource,
+            self.admission.builtin_kind,
             self.admission.pod,
             self.admission.rbac,
             default_statefulset,
+            self.admission.encode_builtin,  # last: what the encoder writes of the result
         ]
         self.validate_custom_resources = True
         """Apply CRD schemas (defaults, pruning, types, CEL) on writes, as a real API server

@@ -230,6 +230,54 @@ async def test_field_validation_strict_warn_ignore(cluster: LocalCluster) -> Non
     assert "replicass" not in (await get(cluster, "kis", "typo2"))["spec"]  # pruned
 
 
+async def test_field_validation_of_built_in_kinds_at_every_depth(cluster: LocalCluster) -> None:
+    """A typo deep in a Deployment's pod template fails `kubectl apply` as kube-apiserver's
+    strict decoder fails it; under --validate=warn it is applied without the field (the
+    decoder drops it); a map's keys (labels, resource limits) are never unknown fields."""
+    doc = deployment("typo", 0, ["sleep", "60"], tier="web")
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    container["imagePullPolicyy"] = "Always"
+    container["resources"] = {"limits": {"cpu": "1", "memory": "64Mi"}}
+    text = yaml.safe_dump(doc)
+    err = await k_err(cluster, "apply", "-f", "-", stdin=text)
+    assert (
+        'Deployment in version "v1" cannot be handled as a Deployment: strict decoding error: '
+        'unknown field "spec.template.spec.containers[0].imagePullPolicyy"'
+    ) in err
+    assert "NotFound" in await k_err(cluster, "get", "deployment", "typo")
+    code, _, err = await run_kubectl(
+        cluster.kubeconfig, "apply", "--validate=warn", "-f", "-", stdin=text
+    )
+    assert code == 0, err
+    assert 'unknown field "spec.template.spec.containers[0].imagePullPolicyy"' in err
+    stored = (await get(cluster, "deployment", "typo"))["spec"]["template"]["spec"]
+    assert "imagePullPolicyy" not in stored["containers"][0]
+    assert stored["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "64Mi"}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "typo"},
+           "spec": {"ports": [{"port": 80, "targetPortt": 8080}]}}  # fmt: skip
+    err = await k_err(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(svc))
+    assert 'unknown field "spec.ports[0].targetPortt"' in err
+
+
+async def test_zero_values_of_omitempty_fields_are_not_stored(cluster: LocalCluster) -> None:
+    """What a real API server returns has no `publishNotReadyAddresses: false`, `env: []` or
+    `value: ""`: its encoder leaves zero values of omitempty fields out, so a controller
+    that renders them sees a difference on every read. `replicas: 0` (a pointer) stays."""
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "zeros"},
+           "spec": {"ports": [{"port": 80}], "publishNotReadyAddresses": False}}  # fmt: skip
+    doc = deployment("zeros", 0, ["sleep", "60"])
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "EMPTY", "value": ""}]
+    container["args"] = []
+    text = yaml.safe_dump_all([svc, doc])
+    await k(cluster, "apply", "--server-side", "-f", "-", stdin=text)
+    assert "publishNotReadyAddresses" not in (await get(cluster, "service", "zeros"))["spec"]
+    stored = (await get(cluster, "deployment", "zeros"))["spec"]
+    assert stored["replicas"] == 0
+    c = stored["template"]["spec"]["containers"][0]
+    assert c["env"] == [{"name": "EMPTY"}] and "args" not in c
+
+
 # ---- identity and RBAC -------------------------------------------------------------------------
 async def test_authentication_and_rbac(cluster: LocalCluster) -> None:
     assert (await k(cluster, "auth", "can-i", "create", "pods")).strip() == "yes"
