@@ -72,6 +72,12 @@ from kvfleet_gateway.kv_events.hub import fetch_tokenizer as fetch_from_hub
     show_default=True,
     help="Quick mode: limits.store, 'memory' or a redis:// URL.",
 )
+@click.option(
+    "--engine-api-key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Quick mode: backends.engineApiKeyFile, the engines' --api-key.",
+)
 @click.option("--insecure-no-auth", is_flag=True, help="Serve without API keys (testing only).")
 @click.option("--log-level", default="info", show_default=True)
 def gateway(
@@ -83,6 +89,7 @@ def gateway(
     policy: str,
     keys_file: Path | None,
     store: str,
+    engine_api_key_file: Path | None,
     insecure_no_auth: bool,
     log_level: str,
 ) -> None:
@@ -100,9 +107,13 @@ def gateway(
                     "for local testing only, --insecure-no-auth"
                 )
             auth = {"keysFile": str(keys_file)} if keys_file else {"insecureNoAuth": True}
+            engine_key = {"engineApiKeyFile": str(engine_api_key_file)}
             config = GatewayConfig.from_dict(
                 {
-                    "backends": {"static": list(backends)},
+                    "backends": {
+                        "static": list(backends),
+                        **(engine_key if engine_api_key_file else {}),
+                    },
                     "routing": {"policy": policy},
                     "auth": auth,
                     "limits": {"store": store},

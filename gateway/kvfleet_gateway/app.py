@@ -27,7 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kvfleet_gateway import inbound, isolation
 from kvfleet_gateway.accounting import Admitted
-from kvfleet_gateway.backends import BackendPool
+from kvfleet_gateway.backends import BackendPool, engine_auth_headers
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import ClientGone, GatewayError
@@ -403,6 +403,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         raise ConfigError("routing.tuning.modelConfig", str(e)) from None
     log.info("routing priors: %s", priors)
     policy = make_policy(config.routing.policy, t, events, priors)
+    engine_headers = engine_auth_headers(config.backends.engine_api_key_file)
     gw = Gateway(
         config=config,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
@@ -428,7 +429,9 @@ def make_app(config: GatewayConfig) -> web.Application:
             limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S
         )
         timeout = aiohttp.ClientTimeout(total=None, connect=t.connect)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=engine_headers
+        ) as session:
             gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold)
             async with gw.pool.running(session):
                 yield
@@ -477,7 +480,10 @@ def make_app(config: GatewayConfig) -> web.Application:
             gw.metrics,
             lambda: [b.url for b in gw.pool.backends.values() if b.healthy and not b.draining],
         )
-        async with aiohttp.ClientSession() as session, streams.running(session):
+        async with (
+            aiohttp.ClientSession(headers=engine_headers) as session,
+            streams.running(session),
+        ):
             yield
 
     app.cleanup_ctx.extend(

@@ -14,10 +14,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
 from kvfleet_gateway.breaker import Breaker
+from kvfleet_gateway.config import ConfigError
 from kvfleet_gateway.routing import Candidate, EngineSignals
 from kvfleet_gateway.signals import parse_metrics
 from kvfleet_gateway.tasks import every
@@ -168,3 +170,19 @@ class BackendPool:
             every(self.scrape_interval_s, lambda: self.scrape_all(session), "backend-metrics"),
         ):
             yield self
+
+
+def engine_auth_headers(key_file: str | None) -> dict[str, str]:
+    """What every request to an engine carries: its API key, when the engines have one
+    (SGLang checks it on all but /health*, /ready* and /metrics*)."""
+    if key_file is None:
+        return {}
+    try:
+        key = Path(key_file).read_text().strip()
+    except OSError as e:
+        raise ConfigError("backends.engineApiKeyFile", f"cannot read {key_file}: {e}") from None
+    if not key or any(c.isspace() or ord(c) < 0x21 for c in key):
+        raise ConfigError(
+            "backends.engineApiKeyFile", f"{key_file} must hold one key: no spaces or controls"
+        )
+    return {"Authorization": f"Bearer {key}"}

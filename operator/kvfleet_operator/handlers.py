@@ -43,6 +43,7 @@ CHILD_KINDS = [
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
     ("", "v1", "configmaps"),
+    ("", "v1", "secrets"),
     ("", "v1", "serviceaccounts"),
     ("", "v1", "pods"),
     ("policy", "v1", "poddisruptionbudgets"),

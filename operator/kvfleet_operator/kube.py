@@ -47,6 +47,7 @@ _KNOWN = [
     Resource("v1", "Pod", "pods"),
     Resource("v1", "Service", "services"),
     Resource("v1", "ConfigMap", "configmaps"),
+    Resource("v1", "Secret", "secrets"),
     Resource("v1", "ServiceAccount", "serviceaccounts"),
     Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
     Resource("v1", "Event", "events"),
@@ -67,6 +68,7 @@ def resource_by_plural(plural: str) -> Resource:
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
+SECRET = RESOURCES[("v1", "Secret")]
 EVENT = RESOURCES[("v1", "Event")]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 PRUNABLE = [

@@ -10,6 +10,8 @@ each condition that flipped.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -23,6 +25,7 @@ from kvfleet_operator.kube import (
     ISVC,
     POD,
     PRUNABLE,
+    SECRET,
     Kube,
     api_status,
     resource_of,
@@ -31,6 +34,7 @@ from kvfleet_operator.render import desired_engine_replicas, owner_of, render_ch
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
     ENGINE,
+    ENGINE_KEY_KEY,
     GATEWAY,
     ISVC_LABEL,
     ROLE_LABEL,
@@ -96,7 +100,7 @@ def reconcile(
     if body is None or body["metadata"].get("deletionTimestamp"):
         return out  # children go with it through their ownerReferences
     try:
-        owner = owner_of(body, options.operator_namespace)
+        owner = _with_engine_key(kube, owner_of(body, options.operator_namespace))
         engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
         if owner.spec.autoscaling is None:
@@ -133,6 +137,25 @@ def reconcile(
     if out.refused:
         raise ChildrenRefused("; ".join(out.refused))
     return out
+
+
+def _with_engine_key(kube: Kube, owner: Owner) -> Owner:
+    """The owner with the engines' API key its Secret already holds, so a reconcile renders
+    the same key again (and writes nothing); a fresh key when there is none yet."""
+    name = owner.engine_key_secret
+    if name is None:
+        return owner
+    live = kube.get(SECRET, owner.namespace, name) or kube.get(
+        SECRET, owner.namespace, name, fresh=True
+    )
+    if live is None or not may_manage(live, owner.uid, owner.name):
+        return owner
+    encoded = (live.get("data") or {}).get(ENGINE_KEY_KEY)
+    try:
+        key = base64.b64decode(encoded, validate=True).decode() if encoded else ""
+    except (ValueError, UnicodeDecodeError):
+        key = ""
+    return dataclasses.replace(owner, engine_key=key) if key else owner
 
 
 def _scaled_replicas(

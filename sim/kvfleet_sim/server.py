@@ -428,20 +428,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 # ---- app ---------------------------------------------------------------------------------
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+"""Paths SGLang 0.5.23 serves without the key (`utils/auth.py`, by prefix): probes and
+scrapers never hold it."""
 
 
 def _auth_middleware(api_key: str) -> Any:
     import hmac
 
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if request.method == "OPTIONS" or request.path.startswith(OPEN_PREFIXES):
             return await handler(request)  # type: ignore[no-any-return]
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected):
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)  # type: ignore[no-any-return]
 

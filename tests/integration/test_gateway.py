@@ -14,6 +14,7 @@ import pytest
 from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import (
     Backends,
+    ConfigError,
     CostConfig,
     Duration,
     GatewayConfig,
@@ -390,3 +391,38 @@ async def test_a_cancelled_handler_counts_as_a_client_disconnect(
     assert state.metrics.requests.labels("team-a", "llama-3.1-8b", "499")._value.get() == 1
     assert state.metrics.requests.labels("team-a", "llama-3.1-8b", "200")._value.get() == 0
     assert await state.store.active_leases("team-a", time.time()) == 0
+
+
+async def test_a_keyed_engine_serves_only_a_gateway_that_presents_its_key(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """An engine started with --api-key answers /health and /metrics to anyone (probes and
+    scrapers, as SGLang does) and its API only with the key; the gateway presents the key
+    from `backends.engineApiKeyFile` on every call (probes, signals, requests), and its own
+    clients never see or send it."""
+    engine = await sim_server(api_key="engine-secret-1")
+    async with aiohttp.ClientSession() as s:
+        for path in ("/health", "/metrics", "/health_generate"):
+            async with s.get(engine + path) as r:
+                assert r.status == 200, path
+        async with s.post(engine + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 401
+        async with s.get(engine + "/v1/models", headers={"Authorization": "bearer x"}) as r:
+            assert r.status == 401
+    key_file = tmp_path / "engine-key"
+    key_file.write_text("engine-secret-1\n")  # a mounted Secret's file may end in a newline
+    base = config([engine], keys_file(tmp_path))
+    keyed = dataclasses.replace(
+        base, backends=dataclasses.replace(base.backends, engine_api_key_file=str(key_file))
+    )
+    gw = await gateway_server(keyed)
+    status, _, body = await call(gw, "/v1/chat/completions", CHAT)
+    assert status == 200 and body["usage"]["completion_tokens"] == 8
+    status, _, body = await call(gw, "/v1/chat/completions", {**CHAT, "stream": True})
+    assert status == 200 and "data: [DONE]" in body
+    bad = tmp_path / "bad-key"
+    bad.write_text("two words\n")
+    with pytest.raises(ConfigError, match="engineApiKeyFile"):
+        make_app(dataclasses.replace(
+            base, backends=dataclasses.replace(base.backends, engine_api_key_file=str(bad))
+        ))  # fmt: skip

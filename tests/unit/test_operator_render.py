@@ -574,3 +574,59 @@ def test_pods_meet_the_pod_security_standards(path: Path) -> None:
     }
     assert len(baseline_violations(broken)) == 2
     assert any("runAsNonRoot" in v for v in restricted_violations({"containers": [{"name": "x"}]}))
+
+
+def test_engines_answer_only_their_gateway_with_a_key_from_a_secret() -> None:
+    """SGLang's --api-key from the <isvc>-engine-key Secret (expanded by the kubelet from the
+    container's env, never written into the spec); the gateway reads the same Secret as a
+    file its config names; both pod templates carry the key's digest, so a new key rolls
+    both. Without a gateway, engines keep no key (whatever fronts them has none)."""
+    import base64
+    import dataclasses
+
+    (doc,) = services(ROOT / "examples" / "mistral-7b-manual.yaml")
+    owner = owner_of(doc)
+    objs = by_kind(render_children(owner))
+    (secret,) = objs["Secret"]
+    assert secret["metadata"]["name"] == "mistral-engine-key"
+    assert base64.b64decode(secret["data"]["key"]).decode() == owner.engine_key
+    assert len(owner.engine_key) >= 43 and owner.engine_key not in json.dumps(objs["Deployment"])
+    engine, gateway = (
+        next(d for d in objs["Deployment"] if d["metadata"]["name"].endswith(suffix))
+        for suffix in ("-engine", "-gateway")
+    )
+    container = engine["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--api-key") + 1] == "$(KVFLEET_ENGINE_API_KEY)"
+    (env,) = [e for e in container["env"] if e["name"] == "KVFLEET_ENGINE_API_KEY"]
+    assert env["valueFrom"] == {"secretKeyRef": {"name": "mistral-engine-key", "key": "key"}}
+    config = GatewayConfig.from_dict(yaml.safe_load(objs["ConfigMap"][0]["data"][CONFIG_KEY]))
+    key_file = Path(str(config.backends.engine_api_key_file))
+    pod = gateway["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "engine-key"]
+    assert mount["mountPath"] == str(key_file.parent) and mount["readOnly"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "engine-key"]
+    assert volume["secret"]["secretName"] == "mistral-engine-key" and key_file.name == "key"
+
+    def digest(o: Any, key: str) -> str:
+        d = next(
+            x for x in by_kind(render_children(o))["Deployment"] if x["metadata"]["name"] == key
+        )
+        return str(
+            d["spec"]["template"]["metadata"]["annotations"]["kvfleet.dev/engine-key-sha256"]
+        )
+
+    same = dataclasses.replace(owner)
+    assert digest(same, "mistral-engine") == digest(same, "mistral-gateway")
+    assert digest(owner, "mistral-engine") == digest(same, "mistral-engine")
+    rotated = dataclasses.replace(owner, engine_key="another-key")
+    assert digest(rotated, "mistral-engine") != digest(owner, "mistral-engine")
+    assert digest(rotated, "mistral-gateway") == digest(rotated, "mistral-engine")
+
+    doc["spec"]["gateway"] = {"enabled": False}
+    bare = by_kind(render_children(owner_of(doc)))
+    assert "Secret" not in bare
+    assert (
+        "--api-key"
+        not in bare["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    )

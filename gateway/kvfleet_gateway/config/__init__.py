@@ -195,6 +195,12 @@ class Backends:
     )
     static: tuple[str, ...] = fld((), "Engine base URLs.", pattern=r"^https?://[^/\s]+")
     kubernetes: KubernetesBackends | None = fld(None, "Engine pods found by label selector.")
+    engine_api_key_file: str | None = fld(
+        None,
+        "A file holding the engines' API key (SGLang's --api-key), sent to every engine as"
+        " 'Authorization: Bearer'; read at start. The operator mounts it from the"
+        " InferenceService's <name>-engine-key Secret. Unset: engines without a key.",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static", tuple(u.rstrip("/") for u in self.static))

@@ -53,6 +53,9 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         engine_network_policy(owner),
         pod_monitor(owner, ENGINE),
     ]
+    key = owner.engine_key_secret_object()
+    if key is not None:
+        out.insert(0, key)  # before the pods that read it
     if owner.spec.gateway.enabled:
         config = gateway_configmap(owner)
         out += [

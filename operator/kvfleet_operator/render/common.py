@@ -3,7 +3,10 @@ README's "How it works" lists)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass, field
 
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
@@ -29,6 +32,17 @@ def selector_string(isvc: str, component: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_of(isvc, component).items())
 
 
+ENGINE_KEY_KEY = "key"
+"""The key in the `<isvc>-engine-key` Secret that holds the engines' API key."""
+ENGINE_KEY_ANNOTATION = "kvfleet.dev/engine-key-sha256"
+"""On engine and gateway pod templates: a new key rolls both, so they never disagree."""
+
+
+def new_engine_key() -> str:
+    """A fresh engines' API key: 256 random bits, URL-safe (no spaces, no quotes)."""
+    return secrets.token_urlsafe(32)
+
+
 DEFAULT_OPERATOR_NAMESPACE = "kvfleet-system"
 """The operator's namespace when it is not told (`--operator-namespace`, $OPERATOR_NAMESPACE:
 the downward API in the shipped manifests)."""
@@ -45,6 +59,34 @@ class Owner:
     generation: int = 1
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator runs: its pods may read the engines' and gateway's /metrics."""
+    engine_key: str = field(default_factory=new_engine_key, repr=False)
+    """The engines' API key (SGLang's --api-key), which only their gateway presents: the
+    operator passes the one its Secret already holds; a new Owner gets a fresh one."""
+
+    @property
+    def engine_key_secret(self) -> str | None:
+        """The Secret holding the engines' key; None without a gateway (engines then answer
+        whatever fronts them, unauthenticated, as before)."""
+        return f"{self.name}-engine-key" if self.spec.gateway.enabled else None
+
+    def engine_key_secret_object(self) -> Json | None:
+        name = self.engine_key_secret
+        if name is None:
+            return None
+        value = base64.b64encode(self.engine_key.encode()).decode()
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.metadata(name, ENGINE),
+            "type": "Opaque",
+            "data": {ENGINE_KEY_KEY: value},
+        }
+
+    def engine_key_annotations(self) -> dict[str, str]:
+        if self.engine_key_secret is None:
+            return {}
+        digest = hashlib.sha256(self.engine_key.encode()).hexdigest()[:16]
+        return {ENGINE_KEY_ANNOTATION: digest}
 
     @property
     def engine_name(self) -> str:

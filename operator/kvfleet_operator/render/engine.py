@@ -13,6 +13,7 @@ import math
 from kvfleet_gateway.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
+    ENGINE_KEY_KEY,
     ENGINE_PORT,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
@@ -31,6 +32,7 @@ from kvfleet_operator.spec import (
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
+ENGINE_KEY_ENV = "KVFLEET_ENGINE_API_KEY"
 """Hugging Face cache (HF_HOME): the shared model-cache PVC, or a per-pod emptyDir."""
 STARTUP_PERIOD_S = 10
 PRE_STOP_S = 10
@@ -115,6 +117,8 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         args += ["--kv-events-config", kv_events_config()]
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
+    if spec.gateway.enabled:  # the kubelet expands $(VAR) from the container's env
+        args += ["--api-key", f"$({ENGINE_KEY_ENV})"]
     return args + list(e.extra_args)
 
 
@@ -134,6 +138,15 @@ def hf_token_env(spec: InferenceServiceSpec) -> list[Json]:
     if ref is None:
         return []
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _engine_key_env(owner: Owner) -> list[Json]:
+    """The engines' API key from its Secret, for `--api-key $(KVFLEET_ENGINE_API_KEY)`."""
+    name = owner.engine_key_secret
+    if name is None:
+        return []
+    ref = {"secretKeyRef": {"name": name, "key": ENGINE_KEY_KEY}}
+    return [{"name": ENGINE_KEY_ENV, "valueFrom": ref}]
 
 
 def _env(spec: InferenceServiceSpec) -> list[Json]:
@@ -212,7 +225,7 @@ def engine_pod_spec(owner: Owner) -> Json:
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": engine_args(spec),
         "ports": _ports(spec),
-        "env": _env(spec),
+        "env": [*_engine_key_env(owner), *_env(spec)],
         "resources": resources,
         "volumeMounts": mounts,
         "startupProbe": _probe(
@@ -284,6 +297,7 @@ def engine_deployment(owner: Owner, replicas: int) -> Json:
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(ENGINE_PORT),
                         "prometheus.io/path": "/metrics",
+                        **owner.engine_key_annotations(),
                     },
                 },
                 "spec": engine_pod_spec(owner),

@@ -15,6 +15,7 @@ from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.schema import Json, to_json
 from kvfleet_operator.render.common import (
     ENGINE,
+    ENGINE_KEY_KEY,
     ENGINE_PORT,
     GATEWAY,
     GATEWAY_METRICS_PORT,
@@ -34,6 +35,7 @@ from kvfleet_operator.render.engine import (
 from kvfleet_operator.spec import KVFLEET_IMAGE, InferenceServiceSpec
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
+ENGINE_KEY_DIR = "/etc/kvfleet/engine-key"
 STATE_DIR = "/var/lib/kvfleet"
 """An emptyDir: the settlement journal survives a container restart (not a pod's deletion)."""
 CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
@@ -87,7 +89,8 @@ def gateway_config(owner: Owner) -> GatewayConfig:
                 "namespace": owner.namespace,
                 "selector": f"{owner.selector_string(ENGINE)},{ROLE_LABEL}=active",
                 "port": ENGINE_PORT,
-            }
+            },
+            "engineApiKeyFile": f"{ENGINE_KEY_DIR}/{ENGINE_KEY_KEY}",
         },
         "routing": {
             "policy": g.routing_policy,
@@ -135,6 +138,10 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
         # The gateway polls the file: a rotated Secret takes effect without a restart.
         volumes.append({"name": "keys", "secret": {"secretName": g.api_keys_secret}})
         mounts.append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+    # The engines' key, read at start; a new key changes the template's annotation and rolls
+    # the gateway with the engines.
+    volumes.append({"name": "engine-key", "secret": {"secretName": owner.engine_key_secret}})
+    mounts.append({"name": "engine-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True})
     init = _tokenizer_volumes(owner, volumes, mounts)
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     container: Json = {
@@ -181,6 +188,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
                     # A new config rolls the gateway (it reads its config once at start).
                     "annotations": {
                         CONFIG_HASH: config_hash,
+                        **owner.engine_key_annotations(),
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(GATEWAY_METRICS_PORT),
                         "prometheus.io/path": "/metrics",
