@@ -6,6 +6,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 # The product alone: no stand-in (sim/, localcluster/, bench/) and no extra is in the image.
 # .ci/run builds the same install (.ci/runtime_only.py) and runs it against the local cluster.
+COPY kernel kernel
 COPY operator operator
 COPY gateway gateway
 COPY cli cli

@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PACKAGES := operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
+PACKAGES := kernel/kvfleet_kernel operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
 .PHONY: help setup test lint unit integration demo bench crds docs clean
 .DEFAULT_GOAL := help

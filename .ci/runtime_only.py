@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("operator", "gateway", "cli")
-PRODUCT_PACKAGES = ("kvfleet_operator", "kvfleet_gateway", "kvfleet_cli")
+PRODUCT = ("kernel", "operator", "gateway", "cli")
+PRODUCT_PACKAGES = ("kvfleet_kernel", "kvfleet_operator", "kvfleet_gateway", "kvfleet_cli")
 STAND_INS = ("kvfleet_sim", "kvfleet_localcluster", "kvfleet_bench")
 DEV_ONLY = ("kmock", "matplotlib", "sglang_router", "openai", "pytest", "transformers")
 DEV_BIN = Path(sys.executable).parent
@@ -207,10 +207,16 @@ def end_to_end(venv: Path, work: Path) -> None:
         import base64
 
         keys.write_bytes(base64.b64decode(keys.read_text()))
+        # The engines answer only a gateway holding their key (the operator's Secret).
+        engine_key = work / "engine-key"
+        engine_key.write_bytes(base64.b64decode(run(
+            [*kubectl, "get", "secret", "mistral-engine-key", "-n", "ai", "-o",
+             "jsonpath={.data.key}"], env=env).stdout))  # fmt: skip
         gw_port = free_port()
         spawn(
             [str(venv / "bin" / "kvfleet"), "gateway", "--backend", f"http://{engine}:30000",
-             "--port", str(gw_port), "--host", "127.0.0.1", "--keys", str(keys)],
+             "--port", str(gw_port), "--host", "127.0.0.1", "--keys", str(keys),
+             "--engine-api-key-file", str(engine_key)],
             "gateway.log",
         )  # fmt: skip
         gw = f"http://127.0.0.1:{gw_port}"

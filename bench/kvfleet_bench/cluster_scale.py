@@ -37,6 +37,10 @@ from kvfleet_sim.procs import free_port, running_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_USER = "system:serviceaccount:kvfleet-system:kvfleet-operator"
+OPERATOR_DEFAULT_RESYNC_S = 60.0
+"""`kvfleet operator --resync`'s default (OperatorConfig.resync_s)."""
+RESYNC_SERVICES, RESYNC_S = 100, 1.0
+"""The acceptance run: 100 services resynced every second (60 per minute: an hour's worth)."""
 CLIENTS = 16
 
 
@@ -200,6 +204,17 @@ class ScaleRun:
     steady_window_s: float
     steady_operator_requests: int
     """The operator's requests (watches excluded) in the steady window."""
+    resync_s: float = 20.0
+    gateways: int = 0
+    """Services with a gateway (Secret, ConfigMap, RBAC, gateway Deployment and Service...)."""
+    steady_operator_writes: int = 0
+    """Of those, writes: POST, PUT, PATCH, DELETE."""
+    steady_events: int = 0
+    """Events created in the services' namespace in the steady window."""
+
+    @property
+    def resyncs(self) -> float:
+        return self.steady_window_s / self.resync_s
 
     @property
     def rps(self) -> float:
@@ -210,7 +225,7 @@ class ScaleRun:
         return self.steady_operator_requests / self.services / (self.steady_window_s / 3600)
 
 
-def _isvc(i: int) -> dict[str, Any]:
+def _isvc(i: int, gateway: bool = False) -> dict[str, Any]:
     return {
         "apiVersion": "kvfleet.dev/v1alpha1",
         "kind": "InferenceService",
@@ -222,7 +237,7 @@ def _isvc(i: int) -> dict[str, Any]:
             },
             "engine": {"gpuType": "h100"},
             "replicas": 1,
-            "gateway": {"enabled": False},
+            "gateway": {"insecureNoAuth": True} if gateway else {"enabled": False},
         },
     }
 
@@ -237,7 +252,14 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-def _requests(samples: list[tuple[str, dict[str, str], float]], user: str | None = None) -> float:
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "CREATE", "UPDATE"})
+
+
+def _requests(
+    samples: list[tuple[str, dict[str, str], float]],
+    user: str | None = None,
+    writes_only: bool = False,
+) -> float:
     if user is None:
         return sum(
             v for n, lab, v in samples if n == "apiserver_request_total" and lab["verb"] != "WATCH"
@@ -248,6 +270,7 @@ def _requests(samples: list[tuple[str, dict[str, str], float]], user: str | None
         if n == "kvfleet_local_apiserver_requests_by_user_total"
         and lab["user"] == user
         and lab["verb"] != "WATCH"
+        and (not writes_only or lab["verb"].upper() in WRITE_VERBS)
     )
 
 
@@ -269,7 +292,16 @@ def _quantile(before: dict[float, float], after: dict[float, float], q: float) -
     return float("inf")
 
 
-def scale_run(work: Path, services: int, steady_s: float, say: Callable[[str], None]) -> ScaleRun:
+def scale_run(
+    work: Path,
+    services: int,
+    steady_s: float,
+    say: Callable[[str], None],
+    resync_s: float = 20.0,
+    gateways: int = 0,
+) -> ScaleRun:
+    """`services` InferenceServices (the first `gateways` with a gateway) applied at once,
+    until all are Ready, then a steady window with the operator resyncing every `resync_s`."""
     kubectl_bin = _kubectl()
     port = free_port()
     kubeconfig = work / "kubeconfig"
@@ -303,11 +335,11 @@ def scale_run(work: Path, services: int, steady_s: float, say: Callable[[str], N
         op_kubeconfig.write_text(yaml.safe_dump(op_config))
         with running_process(
             [sys.executable, "-m", "kvfleet_cli", "operator", "--kubeconfig", str(op_kubeconfig),
-             "--resync", "20", "--log-level", "warning"],
+             "--resync", f"{resync_s:g}", "--log-level", "warning"],
             log_path=work / "operator.log",
         ):  # fmt: skip
             time.sleep(3.0)  # kopf starts its watches
-            docs = "\n---\n".join(yaml.safe_dump(_isvc(i)) for i in range(services))
+            docs = "\n---\n".join(yaml.safe_dump(_isvc(i, i < gateways)) for i in range(services))
             before = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
             t0 = time.perf_counter()
             kubectl("apply", "-f", "-", stdin=docs)
@@ -328,11 +360,13 @@ def scale_run(work: Path, services: int, steady_s: float, say: Callable[[str], N
             ready_s = time.perf_counter() - t0
             after = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
             say(f"all {services} Ready {ready_s:.1f}s after the apply started")
-            steady0 = _requests(after, OPERATOR_USER)
+            events_url = f"{base}/api/v1/namespaces/scale/events"
+            time.sleep(1.0)
+            steady0 = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
+            events0 = len(json.loads(asyncio.run(_get_text(events_url, headers, ctx)))["items"])
             time.sleep(steady_s)
-            steady1 = _requests(
-                _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx))), OPERATOR_USER
-            )
+            steady1 = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
+            events1 = len(json.loads(asyncio.run(_get_text(events_url, headers, ctx)))["items"])
     b0, b1 = _buckets(before), _buckets(after)
     return ScaleRun(
         services=services,
@@ -342,7 +376,15 @@ def scale_run(work: Path, services: int, steady_s: float, say: Callable[[str], N
         p50_ms=_quantile(b0, b1, 0.5) * 1000,
         p99_ms=_quantile(b0, b1, 0.99) * 1000,
         steady_window_s=steady_s,
-        steady_operator_requests=int(steady1 - steady0),
+        steady_operator_requests=int(
+            _requests(steady1, OPERATOR_USER) - _requests(steady0, OPERATOR_USER)
+        ),
+        resync_s=resync_s,
+        gateways=gateways,
+        steady_operator_writes=int(
+            _requests(steady1, OPERATOR_USER, True) - _requests(steady0, OPERATOR_USER, True)
+        ),
+        steady_events=events1 - events0,
     )
 
 
@@ -373,60 +415,6 @@ def _kubectl() -> str:
 
 
 # ---- report ------------------------------------------------------------------------------------
-def _spread(values: list[float], fmt: str) -> str:
-    mid = sorted(values)[len(values) // 2]
-    return f"{fmt.format(mid)} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
-
-
-def report(tp: dict[str, list[Throughput]], scale: ScaleRun) -> str:
-    api, base = tp["apiserver"], tp["baseline"]
-    ratio = [a.rps / b.rps for a, b in zip(api, base, strict=True)]
-
-    def row(name: str, runs: list[Throughput]) -> str:
-        cells = [
-            _spread([r.rps for r in runs], "{:,.0f}"),
-            _spread([r.per_cpu_s for r in runs], "{:,.0f}"),
-            _spread([r.p50_ms for r in runs], "{:.1f}"),
-            _spread([r.p99_ms for r in runs], "{:.1f}"),
-        ]
-        return f"| {name} | " + " | ".join(cells) + " |"
-
-    rows = [
-        "# The local cluster at scale",
-        "",
-        "`make bench` → `kvfleet bench cluster` on this 2-core machine. Medians over "
-        f"{len(api)} runs, [min–max].",
-        "",
-        f"## API throughput: GET one object, {CLIENTS} keep-alive clients, TLS + token + RBAC",
-        "",
-        "| server | req/s | req per CPU-second | p50 ms | p99 ms |",
-        "|---|---|---|---|---|",
-        row("emulated API server", api),
-        row("baseline: bare aiohttp, same TLS", base),
-        "",
-        f"The API server reaches {_spread(ratio, '{:.2f}')}× the bare HTTP stack's rate.",
-        "",
-        f"## {scale.services:,} InferenceServices applied at once",
-        "",
-        "Gateway disabled, pods without processes; the operator in its own process under its "
-        "ServiceAccount (manifests/rbac.yaml), resync 20 s.",
-        "",
-        "| measure | value |",
-        "|---|---|",
-        f"| `kubectl apply -f` of all | {scale.apply_s:.1f} s |",
-        f"| apply start → all Ready | {scale.ready_s:.1f} s |",
-        f"| API requests in that time (watches excluded) | {scale.requests:,} "
-        f"({scale.rps:,.0f}/s) |",
-        f"| request latency p50 / p99 (bucket upper bound) | ≤ {scale.p50_ms:g} ms / "
-        f"≤ {scale.p99_ms:g} ms |",
-        f"| operator requests in a {scale.steady_window_s:.0f} s steady window | "
-        f"{scale.steady_operator_requests} |",
-        f"| … per service per hour | {scale.per_service_hour:.2f} |",
-        "",
-    ]
-    return "\n".join(rows)
-
-
 def run_cluster_bench(
     out_dir: Path,
     services: int,
@@ -434,13 +422,20 @@ def run_cluster_bench(
     seconds: float,
     steady_s: float,
     say: Callable[[str], None],
-) -> tuple[dict[str, list[Throughput]], ScaleRun]:
+) -> tuple[dict[str, list[Throughput]], ScaleRun, ScaleRun]:
     with tempfile.TemporaryDirectory(prefix="kvfleet-cluster-bench-") as tmp:
         work = Path(tmp)
         tp = throughput_runs(work, runs, seconds, say)
-        scale_dir = work / "scale"
+        scale_dir, resync_dir = work / "scale", work / "resync"
         scale_dir.mkdir()
+        resync_dir.mkdir()
         scale = scale_run(scale_dir, services, steady_s, say)
+        say(f"{RESYNC_SERVICES} services, resync every {RESYNC_S:g} s for {steady_s:g} s")
+        resync = scale_run(
+            resync_dir, RESYNC_SERVICES, steady_s, say, RESYNC_S, RESYNC_SERVICES // 2
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "cluster.md").write_text(report(tp, scale))
-    return tp, scale
+    from kvfleet_bench.cluster_report import report
+
+    (out_dir / "cluster.md").write_text(report(tp, scale, resync))
+    return tp, scale, resync

@@ -21,6 +21,9 @@ class RedisServer:
     docs require. Without it a restart comes back empty."""
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    password: str | None = None
+    """`--requirepass`: clients must AUTH (redis.conf's, not the command line's, in
+    production; here the process is ours and on loopback)."""
 
     @property
     def url(self) -> str:
@@ -30,6 +33,8 @@ class RedisServer:
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         argv += ["--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
         argv += ["--dir", str(self.workdir)]
+        if self.password is not None:
+            argv += ["--requirepass", self.password]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
         wait_tcp("127.0.0.1", self.port)
 
@@ -44,4 +49,4 @@ class RedisServer:
             stop_process(self.proc)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
+        return redis.Redis(port=self.port, password=self.password)

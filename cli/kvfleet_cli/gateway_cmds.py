@@ -185,18 +185,30 @@ def budgets() -> None:
     help="The gateways' limits.scope (an InferenceService's: <namespace>/<name>); default:"
     " every scope.",
 )
-def budgets_reset(store: str, tenant: str | None, scope: str) -> None:
+@click.option(
+    "--password-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the Redis password (the gateways' limits.passwordFile).",
+)
+def budgets_reset(store: str, tenant: str | None, scope: str, password_file: Path | None) -> None:
     """Accept a lost budget store: after Redis restarted without its data, gateways refuse
     budgeted requests (503) until its data is restored, or until this command starts the
     lost tenants' budgets again from zero."""
     from redis.exceptions import RedisError
 
+    from kvfleet_gateway.backends import read_secret_file
     from kvfleet_gateway.redis_store import reset_lost_budgets
 
     if not store.startswith(("redis://", "rediss://", "unix://")):
         raise click.UsageError("--store must be a redis:// URL")
     try:
-        reset = asyncio.run(reset_lost_budgets(store, tenant, scope))
+        password = read_secret_file(
+            str(password_file) if password_file else None, "--password-file"
+        )
+        reset = asyncio.run(reset_lost_budgets(store, tenant, scope, password))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     except RedisError as exc:
         raise click.ClickException(f"cannot reach {store}: {exc.__class__.__name__}") from None
     if not reset:

@@ -29,7 +29,7 @@ from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.gateway_cmds import keys
 from kvfleet_cli.views import table
 from kvfleet_gateway.keys import KeyRing, hash_key, new_key
-from kvfleet_gateway.schema import ConfigError
+from kvfleet_kernel.schema import ConfigError
 
 KEYS_KEY = "keys.yaml"
 KEYS_MANAGER = "kvfleet-keys"

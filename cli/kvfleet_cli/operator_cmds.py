@@ -10,7 +10,7 @@ from typing import Any
 import click
 import yaml
 
-from kvfleet_gateway.schema import ConfigError, yaml_position
+from kvfleet_kernel.schema import ConfigError, yaml_position
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.render import owner_of, render_children
@@ -142,7 +142,7 @@ REFERENCES = {
 
 def references() -> dict[str, str]:
     from kvfleet_gateway.config import GatewayConfig
-    from kvfleet_gateway.schema import reference
+    from kvfleet_kernel.schema import reference
     from kvfleet_operator.spec import InferenceServiceSpec
 
     models = {

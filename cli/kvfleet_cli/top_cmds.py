@@ -20,13 +20,14 @@ import click
 
 from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.completion import isvc_names
-from kvfleet_cli.usage_cmds import Sample, parse_exposition
 from kvfleet_cli.views import table
+from kvfleet_kernel.sglang_metrics import promql, read_gauges
 from kvfleet_operator.kube import POD
 from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE_PORT, ISVC_LABEL, ROLE_LABEL
 from kvfleet_operator.status import pod_ready
 
-GAUGES = ("num_queue_reqs", "num_running_reqs", "token_usage", "cache_hit_rate", "gen_throughput")
+SHOWN = ("num_queue_reqs", "num_running_reqs", "token_usage", "cache_hit_rate", "gen_throughput")
+"""The gauges a row shows (read and combined as the gateway and the operator read them)."""
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,6 @@ class Replica:
     ready: bool
     values: dict[str, float]
     """Gauge name (without the `sglang:` prefix) → value; missing: not scraped."""
-
-
-def gauges(samples: list[Sample]) -> dict[str, float]:
-    """SGLang's gauges from one engine's samples, whichever separator its version uses."""
-    out: dict[str, float] = {}
-    for name, _, value in samples:
-        for prefix in ("sglang:", "sglang_"):
-            if name.startswith(prefix) and name[len(prefix) :] in GAUGES:
-                key = name[len(prefix) :]
-                out[key] = out.get(key, 0.0) + value  # one sample per engine (tp ranks: sum)
-    return out
 
 
 def top_table(replicas: list[Replica]) -> str:
@@ -85,11 +75,9 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
         from prometheus_api_client import PrometheusConnect
 
         prom = PrometheusConnect(url=prometheus_url, disable_ssl=True)
-        for gauge in GAUGES:
-            query = (
-                f'sum by (pod) ({{__name__=~"sglang[:_]{gauge}", namespace="{cluster.namespace}",'
-                f' inferenceservice="{name}"}})'
-            )
+        matchers = f'namespace="{cluster.namespace}", inferenceservice="{name}"'
+        for gauge in SHOWN:
+            query = promql(gauge, "pod", matchers)
             try:
                 result = prom.custom_query(query)
             except Exception as exc:  # unreachable, bad URL: say which
@@ -105,7 +93,7 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
             try:
                 url = f"http://{ip}:{_pod_port(pod)}/metrics"
                 with urllib.request.urlopen(url, timeout=3) as r:
-                    by_pod[pod["metadata"]["name"]] = gauges(parse_exposition(r.read().decode()))
+                    by_pod[pod["metadata"]["name"]] = read_gauges(r.read().decode())
             except OSError:
                 continue  # shown with "-": a replica that does not answer is news too
     return [

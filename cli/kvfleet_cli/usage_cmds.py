@@ -18,6 +18,13 @@ import click
 from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import table
+from kvfleet_kernel.sglang_metrics import (
+    BUDGET_REMAINING,
+    BUDGET_RESERVED,
+    COST,
+    REQUESTS,
+    TOKENS,
+)
 from kvfleet_operator.kube import POD
 from kvfleet_operator.render.common import COMPONENT_LABEL, GATEWAY_METRICS_PORT, ISVC_LABEL
 
@@ -53,18 +60,18 @@ def aggregate(samples: Iterable[Sample], tenant: str | None = None) -> dict[str,
         if who is None or (tenant is not None and who != tenant):
             continue
         u = out.setdefault(who, TenantUsage())
-        if name == "kvfleet_gateway_requests_total":
+        if name == f"{REQUESTS}_total":
             status = labels.get("status", "?")
             u.requests[status] = u.requests.get(status, 0.0) + value
-        elif name == "kvfleet_gateway_tokens_total":
+        elif name == f"{TOKENS}_total":
             kind = labels.get("kind", "?")
             u.tokens[kind] = u.tokens.get(kind, 0.0) + value
-        elif name == "kvfleet_gateway_cost_total":
+        elif name == f"{COST}_total":
             u.cost += value
-        elif name == "kvfleet_gateway_budget_remaining_tokens":
+        elif name == BUDGET_REMAINING:
             # Every gateway reports the shared budget: the smallest is the freshest.
             u.budget_left = value if u.budget_left is None else min(u.budget_left, value)
-        elif name == "kvfleet_gateway_budget_reserved_tokens":
+        elif name == BUDGET_RESERVED:
             # Each gateway reports the shared total it last saw; settled gateways see less.
             u.budget_reserved = (
                 value if u.budget_reserved is None else min(u.budget_reserved, value)
@@ -138,17 +145,11 @@ def _from_prometheus(url: str, namespace: str, name: str, since: str) -> tuple[l
         return f"sum by ({by}) (increase({metric}{{{where}}}[{since}]))"
 
     queries = {
-        "kvfleet_gateway_requests_total": increase(
-            "kvfleet_gateway_requests_total", "tenant, status"
-        ),
-        "kvfleet_gateway_tokens_total": increase("kvfleet_gateway_tokens_total", "tenant, kind"),
-        "kvfleet_gateway_cost_total": increase("kvfleet_gateway_cost_total", "tenant"),
-        "kvfleet_gateway_budget_remaining_tokens": (
-            f"min by (tenant) (kvfleet_gateway_budget_remaining_tokens{{{where}}})"
-        ),
-        "kvfleet_gateway_budget_reserved_tokens": (
-            f"min by (tenant) (kvfleet_gateway_budget_reserved_tokens{{{where}}})"
-        ),
+        f"{REQUESTS}_total": increase(f"{REQUESTS}_total", "tenant, status"),
+        f"{TOKENS}_total": increase(f"{TOKENS}_total", "tenant, kind"),
+        f"{COST}_total": increase(f"{COST}_total", "tenant"),
+        BUDGET_REMAINING: f"min by (tenant) ({BUDGET_REMAINING}{{{where}}})",
+        BUDGET_RESERVED: f"min by (tenant) ({BUDGET_RESERVED}{{{where}}})",
     }
     samples: list[Sample] = []
     try:

@@ -27,7 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kvfleet_gateway import inbound, isolation
 from kvfleet_gateway.accounting import Admitted
-from kvfleet_gateway.backends import BackendPool, engine_auth_headers
+from kvfleet_gateway.backends import BackendPool, engine_auth_headers, read_secret_file
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import ClientGone, GatewayError
@@ -381,6 +381,7 @@ def make_store(config: GatewayConfig) -> LimitStore:
         settle_grace_s=lim.settle_grace,
         journal=Path(lim.journal) if lim.journal else None,
         scope=lim.scope,
+        password=read_secret_file(lim.password_file, "limits.passwordFile"),
     )
 
 

@@ -126,6 +126,14 @@ class BackendPool:
                 ok = r.status == 200
             if ok and not b.models:
                 async with session.get(f"{b.url}/v1/models", timeout=timeout) as r:
+                    if r.status in (401, 403):  # /health needs no key; the API does
+                        if not b.probed or b.healthy:
+                            log.warning(
+                                "backend %s refused the gateway's engine key (%d): set "
+                                "backends.engineApiKeyFile to the engines' --api-key",
+                                b.url, r.status,
+                            )  # fmt: skip
+                        raise ValueError("engine key refused")
                     data = await r.json()
                 b.models = {m["id"]: m.get("max_model_len") for m in data.get("data", [])}
         except aiohttp.ClientConnectorError:
@@ -172,17 +180,22 @@ class BackendPool:
             yield self
 
 
+def read_secret_file(path: str | None, field: str) -> str | None:
+    """One secret from a file (a mounted Secret's key may end in a newline); `field` names
+    the config setting in errors. None when no file is configured."""
+    if path is None:
+        return None
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path}: {e}") from None
+    if not value or any(c.isspace() or ord(c) < 0x21 for c in value):
+        raise ConfigError(field, f"{path} must hold one value: no spaces or controls")
+    return value
+
+
 def engine_auth_headers(key_file: str | None) -> dict[str, str]:
     """What every request to an engine carries: its API key, when the engines have one
     (SGLang checks it on all but /health*, /ready* and /metrics*)."""
-    if key_file is None:
-        return {}
-    try:
-        key = Path(key_file).read_text().strip()
-    except OSError as e:
-        raise ConfigError("backends.engineApiKeyFile", f"cannot read {key_file}: {e}") from None
-    if not key or any(c.isspace() or ord(c) < 0x21 for c in key):
-        raise ConfigError(
-            "backends.engineApiKeyFile", f"{key_file} must hold one key: no spaces or controls"
-        )
-    return {"Authorization": f"Bearer {key}"}
+    key = read_secret_file(key_file, "backends.engineApiKeyFile")
+    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 
 from kvfleet_gateway.config import ConfigError, Limits
-from kvfleet_gateway.schema import fld, parse, yaml_position
 from kvfleet_gateway.tasks import every
+from kvfleet_kernel.schema import fld, parse, yaml_position
 
 log = logging.getLogger("kvfleet.gateway.keys")
 

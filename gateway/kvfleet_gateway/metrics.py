@@ -13,6 +13,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvfleet_gateway.config import CostConfig
 from kvfleet_gateway.limiter import BudgetState
+from kvfleet_kernel.sglang_metrics import (
+    BUDGET_REMAINING,
+    BUDGET_RESERVED,
+    COST,
+    GATEWAY_PREFIX,
+    HELD_REQUESTS,
+    REQUESTS,
+    TOKENS,
+)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
@@ -48,9 +57,9 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         tm = ("tenant", "model")
-        p = "kvfleet_gateway_"
+        p = GATEWAY_PREFIX
         self.requests = Counter(
-            f"{p}requests", "Requests by final HTTP status.", (*tm, "status"), registry=r
+            REQUESTS, "Requests by final HTTP status.", (*tm, "status"), registry=r
         )
         self.ttft = Histogram(
             f"{p}time_to_first_token_seconds",
@@ -73,9 +82,7 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.tokens = Counter(
-            f"{p}tokens", "Tokens reported by the engine.", (*tm, "kind"), registry=r
-        )
+        self.tokens = Counter(TOKENS, "Tokens reported by the engine.", (*tm, "kind"), registry=r)
         self.rejections = Counter(
             f"{p}rejections",
             "Requests refused before reaching an engine.",
@@ -83,14 +90,14 @@ class GatewayMetrics:
             registry=r,
         )
         self.budget_remaining = Gauge(
-            f"{p}budget_remaining_tokens",
+            BUDGET_REMAINING,
             "Tokens left in the tenant's budget period: the budget less what was spent "
             "(set at each admission and settlement).",
             ("tenant",),
             registry=r,
         )
         self.budget_reserved = Gauge(
-            f"{p}budget_reserved_tokens",
+            BUDGET_RESERVED,
             "Tokens of the tenant's budget reserved by requests in flight (each holds its "
             "upper bound until it settles).",
             ("tenant",),
@@ -98,7 +105,7 @@ class GatewayMetrics:
         )
         self.inflight = Gauge(f"{p}inflight_requests", "Requests in flight.", tm, registry=r)
         self.held = Gauge(
-            f"{p}held_requests",
+            HELD_REQUESTS,
             "Requests waiting for a replica of their model (none can take them yet).",
             ("model",),
             registry=r,
@@ -163,7 +170,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.cost = Counter(
-            f"{p}cost", "Money attributed to requests (gpuHourlyPrice units).", tm, registry=r
+            COST, "Money attributed to requests (gpuHourlyPrice units).", tm, registry=r
         )
 
     def record_usage(self, tenant: str, model: str, usage: Usage, cost: CostConfig) -> float:

@@ -235,6 +235,7 @@ class RedisStore:
         settle_grace_s: float = 10.0,
         journal: Path | None = None,
         scope: str = "",
+        password: str | None = None,
     ) -> None:
         self.url = url
         self.scope = scope
@@ -243,7 +244,7 @@ class RedisStore:
         self.retry_after_s = retry_after_s
         self.settle_grace_s = settle_grace_s
         self.journal = journal
-        self.client = connect(url)
+        self.client = connect(url, password)
         self._admit = self.client.register_script(ADMIT)
         self._settle = self.client.register_script(SETTLE)
         self._seen: dict[str, BudgetState] = {}
@@ -539,11 +540,14 @@ def pool_busy(exc: Exception) -> bool:
     return isinstance(exc, RedisConnectionError) and "No connection available" in str(exc)
 
 
-def connect(url: str) -> aioredis.Redis:
+def connect(url: str, password: str | None = None) -> aioredis.Redis:
     """A client whose commands retry on a fresh connection: after a Redis restart every
-    pooled connection is dead, and each must be replaced, not reported as an outage."""
+    pooled connection is dead, and each must be replaced, not reported as an outage.
+    `password`: Redis AUTH, kept out of the URL (which config files and logs show)."""
+    extra = {"password": password} if password is not None else {}
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        **extra,
         max_connections=64,
         # A command that waits longer for a pooled connection fails closed (503) but does not
         # mark the store down: this gateway is busy, Redis may be fine (pool_busy).
@@ -557,11 +561,13 @@ def connect(url: str) -> aioredis.Redis:
     return aioredis.Redis(connection_pool=pool)
 
 
-async def reset_lost_budgets(url: str, tenant: str | None = None, scope: str = "") -> list[str]:
+async def reset_lost_budgets(
+    url: str, tenant: str | None = None, scope: str = "", password: str | None = None
+) -> list[str]:
     """Accept a data loss: give each tombstoned tenant (or `tenant`) of `scope` a new
     generation, so gateways serve its budget again, counted from zero. Returns the tenants
     reset, as `<scope>/<tenant>` for a scoped one."""
-    client = connect(url)
+    client = connect(url, password)
     reset: list[str] = []
     try:
         pattern = f"kvf:{{{budget_tag(scope, tenant or '*')}}}:gen"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from kvfleet_gateway.schema import Json, openapi
+from kvfleet_kernel.schema import Json, openapi
 from kvfleet_operator.spec import GROUP, KIND, NAME_RULE, PLURAL, VERSION, InferenceServiceSpec
 from kvfleet_operator.status import InferenceServiceStatus
 

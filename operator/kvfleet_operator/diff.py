@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.render.common import ROLE_LABEL
 from kvfleet_operator.status import pod_ready
 

@@ -25,7 +25,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.informer import Informer
 from kvfleet_operator.kube import ISVC, Kube, resource_by_plural

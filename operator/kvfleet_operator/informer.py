@@ -29,7 +29,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.kube import Kube, Resource
 

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
 from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_gateway.schema import ConfigError, Json
+from kvfleet_kernel.schema import ConfigError, Json
 from kvfleet_operator.diff import needs_apply, warm_assignment
 from kvfleet_operator.kube import (
     DEPLOYMENT,
@@ -143,8 +143,6 @@ def _with_engine_key(kube: Kube, owner: Owner) -> Owner:
     """The owner with the engines' API key its Secret already holds, so a reconcile renders
     the same key again (and writes nothing); a fresh key when there is none yet."""
     name = owner.engine_key_secret
-    if name is None:
-        return owner
     live = kube.get(SECRET, owner.namespace, name) or kube.get(
         SECRET, owner.namespace, name, fresh=True
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from kvfleet_gateway.config import DEFAULT_POLICY, POLICY_NAMES, Limits, TenantLimits
-from kvfleet_gateway.schema import Json, Rule, fld, parse
+from kvfleet_kernel.schema import Json, Rule, fld, parse
 
 GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
 ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
@@ -309,6 +309,12 @@ class GatewaySpec:
             "prefixIndex: events is read by the kvfleet routing policy only",
             ".prefixIndex",
         ),
+        Rule(
+            "!self.limitsStore.matches('^rediss?://[^/@]*:[^/@]*@')",
+            "limitsStore may not carry a password (it would be readable in the spec and the"
+            " gateway's ConfigMap): give it as limitsStorePassword, a Secret key",
+            ".limitsStore",
+        ),
     )
     enabled: bool = fld(True, "Deploy the routing gateway.")
     replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)
@@ -333,6 +339,11 @@ class GatewaySpec:
         "memory",
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+    )
+    limits_store_password: SecretKey | None = fld(
+        None,
+        "The Redis password (AUTH) of limitsStore, from a Secret key: mounted into the gateway"
+        " pods as a file, never written into the spec or the gateway's ConfigMap.",
     )
     limits_scope: str | None = fld(
         None,

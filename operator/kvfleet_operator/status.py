@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kvfleet_gateway.schema import Json, fld, json_name
+from kvfleet_kernel.schema import Json, fld, json_name
 from kvfleet_operator.render.common import ROLE_LABEL
 
 

@@ -25,6 +25,7 @@ from kvfleet_gateway.config import (
 from kvfleet_gateway.keys import hash_key
 from kvfleet_sim.faults import FaultPlan
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
+from tests.support.waiting import until
 
 KEY_A, KEY_B = "kvf-test-key-a", "kvf-test-key-b"
 
@@ -420,6 +421,13 @@ async def test_a_keyed_engine_serves_only_a_gateway_that_presents_its_key(
     assert status == 200 and body["usage"]["completion_tokens"] == 8
     status, _, body = await call(gw, "/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200 and "data: [DONE]" in body
+    # Without the key the engine is probed unhealthy (its /health answers, its API does
+    # not) and the client hears that no engine replica is available, never a 401 that
+    # would look like its own key's fault.
+    unkeyed = await gateway_server(config([engine], keys_file(tmp_path)))
+    await until(lambda: gateway_server.state(unkeyed).pool.backends[engine].probed, what="a probe")
+    status, _, body = await call(unkeyed, "/v1/chat/completions", CHAT)
+    assert status == 503 and "no engine replica is available" in body["error"]["message"]
     bad = tmp_path / "bad-key"
     bad.write_text("two words\n")
     with pytest.raises(ConfigError, match="engineApiKeyFile"):

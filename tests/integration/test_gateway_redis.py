@@ -377,7 +377,7 @@ async def test_two_services_sharing_a_redis_share_no_tenant_budget(redis_proc: A
     from kvfleet_gateway.config import Limits, TokenBudget
     from kvfleet_gateway.limiter import Ticket
     from kvfleet_gateway.redis_store import RedisStore
-    from kvfleet_gateway.schema import Duration
+    from kvfleet_kernel.schema import Duration
 
     limits = Limits(token_budget=TokenBudget(tokens=1_000, period=Duration(86_400)))
     stores = {
@@ -405,3 +405,34 @@ async def test_two_services_sharing_a_redis_share_no_tenant_budget(redis_proc: A
     finally:
         for store in stores.values():
             await store.client.aclose()
+
+
+async def test_a_redis_with_a_password_is_reached_with_the_password_file(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """The Redis password comes from `limits.passwordFile` (a mounted Secret), never from the
+    store URL a ConfigMap shows: with it budgets are kept in Redis; without it Redis refuses
+    every command and budgeted requests fail closed (503), nothing is billed."""
+    from ..conftest import redis_server
+
+    rp = dataclasses.replace(redis_server(tmp_path), password="s3cret-for-tests")
+    rp.start()
+    try:
+        engines = [await sim_server(time_scale=0.02, simulate_eos=False)]
+        password = tmp_path / "redis-password"
+        password.write_text("s3cret-for-tests\n")
+        base = gw_config(engines, keys(tmp_path, 400), rp.url)
+        config = dataclasses.replace(
+            base, limits=dataclasses.replace(base.limits, password_file=str(password))
+        )
+        gw = await gateway_server(config)
+        anonymous = await gateway_server(gw_config(engines, keys(tmp_path, 400), rp.url))
+        async with aiohttp.ClientSession() as s:
+            status, body = await chat(s, gw, KEY_BUDGET)
+            assert status == 200, body
+            status, refused = await chat(s, anonymous, KEY_BUDGET)
+        assert status == 503, refused
+        held = rp.client().hget("kvf:{budgeted}:budget", str(int(time.time() // 86400)))
+        assert int(held or 0) == body["usage"]["total_tokens"]  # the anonymous one billed none
+    finally:
+        rp.stop()

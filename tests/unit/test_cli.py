@@ -74,7 +74,7 @@ def test_stand_in_commands_load_lazily() -> None:
         "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('kvfleet_')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['kvfleet_cli', 'kvfleet_gateway']"
+    assert out.stdout.strip() == "['kvfleet_cli', 'kvfleet_gateway', 'kvfleet_kernel']"
 
 
 def test_usage_aggregates_gateways_per_tenant() -> None:

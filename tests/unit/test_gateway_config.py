@@ -105,7 +105,7 @@ def test_durations() -> None:
 def test_the_crd_limits_are_the_gateway_limits() -> None:
     """One model: what the CRD accepts in spec.gateway.defaultLimits is what the gateway reads."""
     from kvfleet_gateway.config import Limits
-    from kvfleet_gateway.schema import openapi
+    from kvfleet_kernel.schema import openapi
     from kvfleet_operator.crd import crd
 
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

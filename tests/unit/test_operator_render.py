@@ -580,7 +580,8 @@ def test_engines_answer_only_their_gateway_with_a_key_from_a_secret() -> None:
     """SGLang's --api-key from the <isvc>-engine-key Secret (expanded by the kubelet from the
     container's env, never written into the spec); the gateway reads the same Secret as a
     file its config names; both pod templates carry the key's digest, so a new key rolls
-    both. Without a gateway, engines keep no key (whatever fronts them has none)."""
+    both. With the gateway turned off the engines keep their key and are not restarted
+    (minutes of model load): whatever fronts them reads it from the Secret."""
     import base64
     import dataclasses
 
@@ -624,9 +625,36 @@ def test_engines_answer_only_their_gateway_with_a_key_from_a_secret() -> None:
     assert digest(rotated, "mistral-gateway") == digest(rotated, "mistral-engine")
 
     doc["spec"]["gateway"] = {"enabled": False}
-    bare = by_kind(render_children(owner_of(doc)))
-    assert "Secret" not in bare
-    assert (
-        "--api-key"
-        not in bare["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    )
+    bare = dataclasses.replace(owner_of(doc), engine_key=owner.engine_key)
+    (alone,) = by_kind(render_children(bare))["Deployment"]
+    assert [o["kind"] for o in render_children(bare)].count("Secret") == 1
+    assert alone["spec"]["template"] == engine["spec"]["template"]  # no restart
+
+
+def test_the_redis_password_comes_from_a_secret_never_the_spec(tmp_path: Path) -> None:
+    """limitsStorePassword (a Secret key) is mounted into the gateway and named by the config
+    as a file; a password in the limitsStore URL is refused (the spec and the gateway's
+    ConfigMap are readable by more people than the Secret), in kvfleet render as by the CRD."""
+    (doc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    doc["spec"]["gateway"]["limitsStorePassword"] = {"name": "redis-auth", "key": "password"}
+    objs = by_kind(render_children(owner_of(doc)))
+    config = GatewayConfig.from_dict(yaml.safe_load(objs["ConfigMap"][0]["data"][CONFIG_KEY]))
+    password_file = Path(str(config.limits.password_file))
+    gateway = next(d for d in objs["Deployment"] if d["metadata"]["name"].endswith("-gateway"))
+    pod = gateway["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "redis-password"]
+    assert volume["secret"] == {
+        "secretName": "redis-auth",
+        "items": [{"key": "password", "path": password_file.name}],
+    }
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "redis-password"]
+    assert mount["mountPath"] == str(password_file.parent)
+    assert "redis-auth" not in objs["ConfigMap"][0]["data"][CONFIG_KEY]
+    leaky = copy.deepcopy(doc)
+    store = leaky["spec"]["gateway"]["limitsStore"]
+    leaky["spec"]["gateway"]["limitsStore"] = store.replace("redis://", "redis://:hunter2@")
+    bad = tmp_path / "leaky.yaml"
+    bad.write_text(yaml.safe_dump(leaky))
+    result = CliRunner().invoke(cli, ["render", "-f", str(bad)])
+    assert result.exit_code == 1
+    assert "limitsStore may not carry a password" in result.stderr

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvfleet_gateway.schema import ConfigError, evaluate
+from kvfleet_kernel.schema import ConfigError, evaluate
 from kvfleet_operator.crd import CRD_FILE, crd, crd_yaml, stale_files
 from kvfleet_operator.spec import parse_spec
 

@@ -187,8 +187,12 @@ def test_kv_accounting_never_drifts(seed: int, policy: str, radix_off: bool) -> 
     assert s.used_tokens == 0
 
 
-# `make bench` runs this property with many more examples (KVFLEET_PROPERTY_EXAMPLES).
+# `make bench` runs this property with many more examples (KVFLEET_PROPERTY_EXAMPLES), drawn
+# afresh each run; `make test` runs a fixed set (derandomized), so its time does not depend on
+# the draw: one random draw (40 prompts of up to 20,000 tokens, 64-token chunks, lpm reordering
+# the queue every step) once ran past the suite's 120 s timeout.
 POOL_EXAMPLES = int(os.environ.get("KVFLEET_PROPERTY_EXAMPLES", "40"))
+POOL_DERANDOMIZED = "KVFLEET_PROPERTY_EXAMPLES" not in os.environ
 
 
 @st.composite
@@ -224,6 +228,7 @@ def pool_workloads(draw: st.DrawFn) -> tuple[dict[str, object], list[Request], l
 @settings(
     max_examples=POOL_EXAMPLES,
     deadline=None,
+    derandomize=POOL_DERANDOMIZED,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(pool_workloads())

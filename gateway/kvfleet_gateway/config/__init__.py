@@ -1,7 +1,7 @@
 """The gateway's configuration: one YAML/JSON document, the contract the operator renders.
 
 Declared once, here, in the same schema language as the InferenceService spec
-(`kvfleet_gateway.schema`): each setting has one type, one default and one description, from
+(`kvfleet_kernel.schema`): each setting has one type, one default and one description, from
 which come the parser (errors name the field path, e.g. `limits.tenants[1].limits.maxTokens`),
 `to_dict` (the operator's ConfigMap round-trips through it), the CLI's defaults, and the
 reference in `docs/`. The tenant `Limits` are the very model the CRD's
@@ -35,7 +35,7 @@ import yaml
 
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
-from kvfleet_gateway.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
+from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -298,6 +298,11 @@ class LimitsConfig:
         "memory",
         "`memory` (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+    )
+    password_file: str | None = fld(
+        None,
+        "A file holding the Redis password (AUTH) of a redis:// store, read at start; the"
+        " operator mounts it from gateway.limitsStorePassword's Secret.",
     )
     scope: str = fld(
         "",

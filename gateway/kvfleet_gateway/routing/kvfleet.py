@@ -27,7 +27,7 @@ from kvfleet_gateway.routing.base import Candidate, RouteRequest
 from kvfleet_gateway.routing.event_index import EventIndex
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
 from kvfleet_gateway.routing.priors import DEFAULT_EFFICIENCY, GpuName, Priors, priors_for
-from kvfleet_gateway.schema import fld
+from kvfleet_kernel.schema import fld
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfleet_gateway.schema import ConfigError, Json, evaluate
+from kvfleet_kernel.schema import ConfigError, Json, evaluate
 from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ENGINE, GATEWAY, Owner
 from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
 from kvfleet_operator.render.gateway import (
@@ -53,9 +53,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         engine_network_policy(owner),
         pod_monitor(owner, ENGINE),
     ]
-    key = owner.engine_key_secret_object()
-    if key is not None:
-        out.insert(0, key)  # before the pods that read it
+    out.insert(0, owner.engine_key_secret_object())  # before the pods that read it
     if owner.spec.gateway.enabled:
         config = gateway_configmap(owner)
         out += [

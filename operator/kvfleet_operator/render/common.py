@@ -8,7 +8,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass, field
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 ENGINE, GATEWAY = "engine", "gateway"
@@ -64,15 +64,14 @@ class Owner:
     operator passes the one its Secret already holds; a new Owner gets a fresh one."""
 
     @property
-    def engine_key_secret(self) -> str | None:
-        """The Secret holding the engines' key; None without a gateway (engines then answer
-        whatever fronts them, unauthenticated, as before)."""
-        return f"{self.name}-engine-key" if self.spec.gateway.enabled else None
+    def engine_key_secret(self) -> str:
+        """The Secret holding the engines' key. Kept with the gateway disabled too: turning
+        the gateway off or on must not restart engines (minutes of model load); whatever
+        fronts them then reads the key from this Secret."""
+        return f"{self.name}-engine-key"
 
-    def engine_key_secret_object(self) -> Json | None:
+    def engine_key_secret_object(self) -> Json:
         name = self.engine_key_secret
-        if name is None:
-            return None
         value = base64.b64encode(self.engine_key.encode()).decode()
         return {
             "apiVersion": "v1",
@@ -83,8 +82,6 @@ class Owner:
         }
 
     def engine_key_annotations(self) -> dict[str, str]:
-        if self.engine_key_secret is None:
-            return {}
         digest = hashlib.sha256(self.engine_key.encode()).hexdigest()[:16]
         return {ENGINE_KEY_ANNOTATION: digest}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_KEY_KEY,
@@ -117,8 +117,7 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         args += ["--kv-events-config", kv_events_config()]
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
-    if spec.gateway.enabled:  # the kubelet expands $(VAR) from the container's env
-        args += ["--api-key", f"$({ENGINE_KEY_ENV})"]
+    args += ["--api-key", f"$({ENGINE_KEY_ENV})"]  # the kubelet expands it from the env
     return args + list(e.extra_args)
 
 
@@ -142,10 +141,7 @@ def hf_token_env(spec: InferenceServiceSpec) -> list[Json]:
 
 def _engine_key_env(owner: Owner) -> list[Json]:
     """The engines' API key from its Secret, for `--api-key $(KVFLEET_ENGINE_API_KEY)`."""
-    name = owner.engine_key_secret
-    if name is None:
-        return []
-    ref = {"secretKeyRef": {"name": name, "key": ENGINE_KEY_KEY}}
+    ref = {"secretKeyRef": {"name": owner.engine_key_secret, "key": ENGINE_KEY_KEY}}
     return [{"name": ENGINE_KEY_ENV, "valueFrom": ref}]
 
 

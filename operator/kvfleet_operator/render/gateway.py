@@ -12,7 +12,7 @@ import hashlib
 import yaml
 
 from kvfleet_gateway.config import GatewayConfig
-from kvfleet_gateway.schema import Json, to_json
+from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_KEY_KEY,
@@ -36,6 +36,7 @@ from kvfleet_operator.spec import KVFLEET_IMAGE, InferenceServiceSpec
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
 ENGINE_KEY_DIR = "/etc/kvfleet/engine-key"
+REDIS_PASSWORD_DIR, REDIS_PASSWORD_KEY = "/etc/kvfleet/redis", "password"
 STATE_DIR = "/var/lib/kvfleet"
 """An emptyDir: the settlement journal survives a container restart (not a pod's deletion)."""
 CONFIG_KEY, KEYS_KEY = "gateway.yaml", "keys.yaml"
@@ -75,6 +76,8 @@ def gateway_config(owner: Owner) -> GatewayConfig:
     if g.limits_store != "memory":
         limits["journal"] = f"{STATE_DIR}/settlements.jsonl"
         limits["scope"] = g.limits_scope or f"{owner.namespace}/{owner.name}"
+        if g.limits_store_password is not None:
+            limits["passwordFile"] = f"{REDIS_PASSWORD_DIR}/{REDIS_PASSWORD_KEY}"
     model: Json = {"name": spec.model.name}
     if spec.engine.context_length:
         model["contextLength"] = spec.engine.context_length
@@ -138,6 +141,13 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
         # The gateway polls the file: a rotated Secret takes effect without a restart.
         volumes.append({"name": "keys", "secret": {"secretName": g.api_keys_secret}})
         mounts.append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+    if g.limits_store_password is not None:  # read at start: rotate, then restart the pods
+        ref = g.limits_store_password
+        items = [{"key": ref.key, "path": REDIS_PASSWORD_KEY}]
+        volumes.append(
+            {"name": "redis-password", "secret": {"secretName": ref.name, "items": items}}
+        )
+        mounts.append({"name": "redis-password", "mountPath": REDIS_PASSWORD_DIR, "readOnly": True})
     # The engines' key, read at start; a new key changes the template's annotation and rolls
     # the gateway with the engines.
     volumes.append({"name": "engine-key", "secret": {"secretName": owner.engine_key_secret}})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_PORT,

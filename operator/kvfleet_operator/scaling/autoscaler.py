@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
 from kvfleet_operator.kube import POD, Kube
 from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL
 from kvfleet_operator.scaling.observe import (

@@ -22,15 +22,18 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
 from urllib3.util.retry import Retry
 
-from kvfleet_gateway.schema import Json
+from kvfleet_kernel.schema import Json
+from kvfleet_kernel.sglang_metrics import (
+    COST,
+    HELD_REQUESTS,
+    TOKENS,
+    promql,
+    read_gauges,
+    selector,
+)
 from kvfleet_operator.render.common import ENGINE_PORT, GATEWAY_METRICS_PORT, ROLE_LABEL
 from kvfleet_operator.scaling.policy import ReplicaSignals, Signals
 from kvfleet_operator.status import pod_ready
-
-HELD_METRIC = "kvfleet_gateway_held_requests"
-"""The gateway's gauge of requests waiting for a replica (scale from zero)."""
-COST_METRIC, TOKENS_METRIC = "kvfleet_gateway_cost", "kvfleet_gateway_tokens"
-"""The gateway's counters of money attributed to requests and of tokens billed."""
 
 Key = tuple[str, str]
 """(namespace, name)"""
@@ -108,8 +111,8 @@ def signals_for(
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
-def _sglang(name: str) -> str:
-    return f'{{__name__=~"sglang[:_]{name}", inferenceservice!=""}}'
+SERVED = 'inferenceservice!=""'
+"""Series the PodMonitor labelled as an InferenceService's."""
 
 
 class PrometheusReader:
@@ -141,22 +144,23 @@ class PrometheusReader:
         pod = ("namespace", "pod")
         svc = ("namespace", "inferenceservice")
         try:
-            queue = self._vector(f"sum by (namespace, pod) ({_sglang('num_queue_reqs')})", pod)
-            running = self._vector(f"sum by (namespace, pod) ({_sglang('num_running_reqs')})", pod)
-            usage = self._vector(f"avg by (namespace, pod) ({_sglang('token_usage')})", pod)
+            by = "namespace, pod"
+            queue = self._vector(promql("num_queue_reqs", by, SERVED), pod)
+            running = self._vector(promql("num_running_reqs", by, SERVED), pod)
+            usage = self._vector(promql("token_usage", by, SERVED), pod)
             at = self._vector(
-                f"max by (namespace, pod) (timestamp({_sglang('num_queue_reqs')}))", pod
+                f"max by ({by}) (timestamp({selector('num_queue_reqs', SERVED)}))", pod
             )
-            held = self._vector(f"sum by (namespace, inferenceservice) ({HELD_METRIC})", svc)
+            held = self._vector(f"sum by (namespace, inferenceservice) ({HELD_REQUESTS})", svc)
             ttft = self._vector(
                 "histogram_quantile(0.99, sum by (namespace, inferenceservice, le) "
-                f"(rate({_sglang('time_to_first_token_seconds_bucket')}[5m])))",
+                f"(rate({selector('time_to_first_token_seconds_bucket', SERVED)}[5m])))",
                 svc,
             )
             cost = self._vector(
-                f"1000 * sum by (namespace, inferenceservice) (rate({COST_METRIC}_total[5m]))"
+                f"1000 * sum by (namespace, inferenceservice) (rate({COST}_total[5m]))"
                 " / sum by (namespace, inferenceservice)"
-                f' (rate({TOKENS_METRIC}_total{{kind!="cached"}}[5m]))',  # cached ⊂ prompt
+                f' (rate({TOKENS}_total{{kind!="cached"}}[5m]))',  # cached ⊂ prompt
                 svc,
             )
         except Exception as exc:  # any failure of the reader: the policy holds and says why
@@ -179,17 +183,11 @@ class PrometheusReader:
 
 # ---- direct scrape ------------------------------------------------------------------------------
 def parse_engine(text: str, at: float) -> PodMetrics | None:
-    values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        name = family.name.replace("sglang:", "sglang_")
-        for sample in family.samples:
-            values.setdefault(name, []).append(sample.value)
-    queue = values.get("sglang_num_queue_reqs")
-    if queue is None:
+    g = read_gauges(text)
+    if "num_queue_reqs" not in g:
         return None
-    usage = values.get("sglang_token_usage") or [0.0]
     return PodMetrics(
-        sum(queue), sum(values.get("sglang_num_running_reqs") or [0.0]), sum(usage) / len(usage), at
+        g["num_queue_reqs"], g.get("num_running_reqs", 0.0), g.get("token_usage", 0.0), at
     )
 
 
@@ -215,11 +213,11 @@ def parse_gateway(text: str) -> GatewayTotals:
             # cached tokens are counted among the prompt's already
             if not s.name.endswith("_created") and s.labels.get("kind") != "cached"
         )
-        if family.name == HELD_METRIC:
+        if family.name == HELD_REQUESTS:
             held += total
-        elif family.name == COST_METRIC:
+        elif family.name == COST:
             cost += total
-        elif family.name == TOKENS_METRIC:
+        elif family.name == TOKENS:
             tokens += total
     return GatewayTotals(held, cost, tokens)
 

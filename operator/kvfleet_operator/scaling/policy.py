@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvfleet_gateway.schema import fld
+from kvfleet_kernel.schema import fld
 
 DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
