@@ -73,7 +73,7 @@ def report(tp: dict[str, list[Throughput]], scale: ScaleRun, resync: ScaleRun) -
         f"## {scale.services:,} InferenceServices applied at once",
         "",
         "Gateway disabled, pods without processes; the operator in its own process under its "
-        "ServiceAccount (manifests/rbac.yaml), resync 20 s.",
+        "ServiceAccount (manifests/base/rbac.yaml), resync 20 s.",
         "",
         "| measure | value |",
         "|---|---|",

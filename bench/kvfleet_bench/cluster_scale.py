@@ -7,7 +7,7 @@
    CPU-second of the server process (its one core), over 3 runs with the spread.
 2. **1,000 InferenceServices** applied at once with `kubectl apply -f` (gateway disabled, no
    pod processes) while the operator runs in its own process under its ServiceAccount (a
-   token from the TokenRequest API, the ClusterRole of manifests/rbac.yaml): time until all
+   token from the TokenRequest API, the ClusterRole of manifests/base/rbac.yaml): time until all
    are Ready, the API server's request rate and latency (its /metrics) over that time, then
    the operator's requests in a steady window (all Ready, resync every 20 s), per service and
    hour.

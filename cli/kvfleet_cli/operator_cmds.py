@@ -13,6 +13,7 @@ import yaml
 from kvfleet_kernel.schema import ConfigError, yaml_position
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
+from kvfleet_operator.policy import Policy
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
@@ -178,6 +179,13 @@ def docs(out_dir: Path, check: bool) -> None:
         click.echo(f"{out_dir} is current")
 
 
+def _allow_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
+    """A repeatable allow-list flag: not given, any; `-`, none; else the values given."""
+    if not values:
+        return None
+    return tuple(v for v in values if v != "-")
+
+
 @click.command("operator")
 @click.option(
     "--namespace",
@@ -265,6 +273,40 @@ def docs(out_dir: Path, check: bool) -> None:
     help="The operator's own namespace ($OPERATOR_NAMESPACE: the manifests set it from the"
     " downward API); the NetworkPolicies admit its metrics reads from there.",
 )
+@click.option(
+    "--allowed-image-prefix",
+    "image_prefixes",
+    multiple=True,
+    help="Policy: engine and gateway images a spec sets must come from this registry or"
+    " repository, or be this exact reference (repeatable; default: any).",
+)
+@click.option(
+    "--require-image-digest",
+    is_flag=True,
+    help="Policy: images a spec sets must be pinned by digest (@sha256:...).",
+)
+@click.option(
+    "--allowed-toleration-key",
+    "toleration_keys",
+    multiple=True,
+    help="Policy: taint keys tolerations may name (repeatable; default: any). `-` allows none.",
+)
+@click.option(
+    "--allowed-priority-class",
+    "priority_classes",
+    multiple=True,
+    help="Policy: PriorityClasses engine pods may use (repeatable; default: any). `-` allows none.",
+)
+@click.option(
+    "--forbid-insecure-no-auth",
+    is_flag=True,
+    help="Policy: refuse gateways that serve without API keys (gateway.insecureNoAuth).",
+)
+@click.option(
+    "--forbid-external-services",
+    is_flag=True,
+    help="Policy: refuse LoadBalancer and NodePort gateway Services.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def operator(
     namespaces: tuple[str, ...],
@@ -280,6 +322,12 @@ def operator(
     liveness: str | None,
     stall_s: float,
     operator_namespace: str,
+    image_prefixes: tuple[str, ...],
+    require_image_digest: bool,
+    toleration_keys: tuple[str, ...],
+    priority_classes: tuple[str, ...],
+    forbid_insecure_no_auth: bool,
+    forbid_external_services: bool,
     log_level: str,
 ) -> None:
     """Run the operator: reconcile InferenceServices into SGLang fleets and gateways, and
@@ -300,6 +348,14 @@ def operator(
         metrics_port=metrics_port or None,
         namespaces=namespaces,
         resync_s=resync_s,
+        policy=Policy(
+            allowed_image_prefixes=image_prefixes,
+            require_image_digest=require_image_digest,
+            allowed_toleration_keys=_allow_list(toleration_keys),
+            allowed_priority_classes=_allow_list(priority_classes),
+            allow_insecure_no_auth=not forbid_insecure_no_auth,
+            allow_external_service=not forbid_external_services,
+        ),
         credentials=credentials,
         autoscaler=AutoscalerConfig(
             prometheus_url=prometheus_url,

@@ -37,6 +37,8 @@ from kvfleet_localcluster.auth import (
     User,
     authorize,
     forbidden_message,
+    impersonated,
+    impersonation_checks,
     request_attributes,
 )
 from kvfleet_localcluster.logs import LogSource, serve_logs
@@ -67,7 +69,7 @@ FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """One authorized request: who did what (what `kubectl auth can-i` would be asked)."""
+    """One request RBAC decided: who did what (what `kubectl auth can-i` would be asked)."""
 
     user: str
     verb: str
@@ -137,6 +139,8 @@ class ClusterAPI(kmock.KubernetesEmulator):
         )
         self.audit: list[AuditRecord] = []
         """Every authorized request, with its user: what a client actually used."""
+        self.denied: list[AuditRecord] = []
+        """Every request RBAC refused (403), with its user."""
         self.metrics = ApiServerMetrics()
         self.logs: LogSource | None = None
         """The node's container logs (`pods/log`); None: no kubelet runs."""
@@ -321,6 +325,13 @@ class ClusterAPI(kmock.KubernetesEmulator):
             return aiohttp.web.Response(text="ok")
         if user is None and raw.path not in PUBLIC_PATHS:
             return _status(ApiError(401, "Unauthorized", "Unauthorized"))
+        if user is not None and "Impersonate-User" in raw.headers:
+            as_user = raw.headers["Impersonate-User"]
+            as_groups = tuple(raw.headers.getall("Impersonate-Group", []))
+            for check in impersonation_checks(as_user, as_groups):
+                if not authorize(user, check, access.policy(self.store))[0]:
+                    return _status(ApiError(403, "Forbidden", forbidden_message(user, check)))
+            user = impersonated(as_user, as_groups)
         ctype = raw.headers.get("Content-Type", "")
         if raw.method in ("POST", "PUT", "PATCH") and "protobuf" in ctype:
             try:
@@ -339,20 +350,20 @@ class ClusterAPI(kmock.KubernetesEmulator):
                 checks.append(dataclasses.replace(attrs, verb="create"))
             for check in checks:
                 allowed, _ = authorize(user, check, access.policy(self.store))
-                if not allowed:
-                    return _status(ApiError(403, "Forbidden", forbidden_message(user, check)))
-                self.audit.append(
-                    AuditRecord(
-                        user.name,
-                        check.verb,
-                        check.group,
-                        check.resource,
-                        check.subresource,
-                        check.namespace,
-                        check.name,
-                        agent,
-                    )
+                record = AuditRecord(
+                    user.name,
+                    check.verb,
+                    check.group,
+                    check.resource,
+                    check.subresource,
+                    check.namespace,
+                    check.name,
+                    agent,
                 )
+                if not allowed:
+                    self.denied.append(record)
+                    return _status(ApiError(403, "Forbidden", forbidden_message(user, check)))
+                self.audit.append(record)
             special = await self._special(user, attrs, raw)
             if special is not None:
                 return special

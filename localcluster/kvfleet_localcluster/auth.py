@@ -306,3 +306,30 @@ def escalations(user: User, policy: Policy, rules: list[Json], namespace: str) -
             what = wanted.path or wanted.qualified
             missing.append(f"{wanted.verb} {what}" + (f" {wanted.name}" if wanted.name else ""))
     return missing
+
+
+# ---- impersonation ------------------------------------------------------------------------
+def impersonation_checks(user_name: str, groups: tuple[str, ...]) -> list[Attributes]:
+    """What the requester must be allowed before acting as `user_name` (kubectl `--as`,
+    `--as-group`): `impersonate` on the user (a ServiceAccount by its namespace and name) and
+    on each group, as kube-apiserver's impersonation filter asks."""
+    prefix = "system:serviceaccount:"
+    if user_name.startswith(prefix) and user_name.count(":") == 3:
+        ns, name = user_name[len(prefix) :].split(":")
+        checks = [Attributes("impersonate", "", True, "", "v1", "serviceaccounts", "", ns, name)]
+    else:
+        checks = [Attributes("impersonate", "", True, "", "v1", "users", "", "", user_name)]
+    return checks + [
+        Attributes("impersonate", "", True, "", "v1", "groups", "", "", g) for g in groups
+    ]
+
+
+def impersonated(user_name: str, groups: tuple[str, ...]) -> User:
+    """The user a request acts as once impersonation is allowed: a ServiceAccount gets its
+    groups; everyone is `system:authenticated`."""
+    prefix = "system:serviceaccount:"
+    if user_name.startswith(prefix) and user_name.count(":") == 3:
+        ns, name = user_name[len(prefix) :].split(":")
+        base = service_account_user(ns, name)
+        return User(base.name, tuple(dict.fromkeys(base.groups + groups)))
+    return User(user_name, tuple(dict.fromkeys((*groups, AUTHENTICATED))))

@@ -32,6 +32,7 @@ from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
 from kvfleet_operator.liveness import Progress, stalled
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.metrics import OperatorMetrics
+from kvfleet_operator.policy import Policy
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
 from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ISVC_LABEL, MANAGED_BY
 from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Scaled
@@ -77,6 +78,8 @@ class OperatorConfig:
     """How both the client and kopf's watches log in (in-cluster, kubeconfig)."""
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     """Where the autoscaler reads its signals, and how often it decides."""
+    policy: Policy = field(default_factory=Policy)
+    """What an InferenceService may set: images, tolerations, priority classes, exposure."""
     metrics_port: int | None = None
     """Serve the operator's Prometheus metrics on this port (`kvfleet operator` default:
     8081); None: not served."""
@@ -282,7 +285,9 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         settings.watching.server_timeout = 300
         settings.scanning.disabled = True  # watch the resources named here only
         controller.options = ReconcileOptions(
-            pod_monitors=pod_monitors, operator_namespace=controller.config.operator_namespace
+            pod_monitors=pod_monitors,
+            operator_namespace=controller.config.operator_namespace,
+            policy=controller.config.policy,
         )
         if controller.kube.cache is None:
             # Reconciles read what the watches delivered (one LIST per kind at start), not

@@ -30,6 +30,7 @@ from kvfleet_operator.kube import (
     api_status,
     resource_of,
 )
+from kvfleet_operator.policy import Policy, PolicyViolation, check_policy
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
@@ -58,6 +59,8 @@ class ReconcileOptions:
     """Event source name."""
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator runs (the NetworkPolicies admit its metrics reads from there)."""
+    policy: Policy = field(default_factory=Policy)
+    """What a spec may set (images, tolerations, ...): the platform team's bounds."""
 
 
 @dataclass
@@ -71,6 +74,8 @@ class Outcome:
     refused: list[str] = field(default_factory=list)
     """Children the API server refused to create or repair (kind, name, its message)."""
     error: str | None = None
+    error_reason: str = "InvalidSpec"
+    """The Ready condition's reason when `error` is set (PolicyViolation: the policy refused)."""
 
 
 class ChildrenRefused(RuntimeError):
@@ -100,7 +105,9 @@ def reconcile(
     if body is None or body["metadata"].get("deletionTimestamp"):
         return out  # children go with it through their ownerReferences
     try:
-        owner = _with_engine_key(kube, owner_of(body, options.operator_namespace))
+        owner = owner_of(body, options.operator_namespace)
+        check_policy(owner.spec, options.policy)
+        owner = _with_engine_key(kube, owner)
         engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
         if owner.spec.autoscaling is None:
@@ -112,6 +119,8 @@ def reconcile(
         children = render_children(owner, replicas)
     except ConfigError as exc:
         out.error = str(exc)
+        if isinstance(exc, PolicyViolation):
+            out.error_reason = "PolicyViolation"
         _write_status(kube, body, None, out, options)
         return out
     children = [c for c in children if c["kind"] != "PodMonitor" or options.pod_monitors]
@@ -330,7 +339,9 @@ def _write_status(
     selector = selector_string(name, ENGINE)
     old = body.get("status") or {}
     if world is None:
-        status = compute_status(body, 0, selector, None, Observed(None, [], None), out.error)
+        status = compute_status(
+            body, 0, selector, None, Observed(None, [], None), out.error, out.error_reason
+        )
     else:
         owner, replicas, pods, applied = world
         engine = applied.get(("Deployment", owner.engine_name))
@@ -377,7 +388,7 @@ def _write_status(
             post_event(kube, body, kind, cond["reason"], cond["message"], options)
 
 
-FIRST_EVENT_REASONS = ("InvalidSpec", "NameConflict", "ReconcileError")
+FIRST_EVENT_REASONS = ("InvalidSpec", "PolicyViolation", "NameConflict", "ReconcileError")
 """Conditions wrong from the first reconcile, worth an Event then (others: on transitions)."""
 
 

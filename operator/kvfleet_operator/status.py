@@ -154,10 +154,12 @@ def compute_status(
     gateway_url: str | None,
     observed: Observed,
     error: str | None = None,
+    error_reason: str = "InvalidSpec",
     scaling: ScalingReport | None = None,
     keep_scaling: bool = False,
 ) -> Json:
-    """The status document for `body`, given its children; `error` is a spec problem;
+    """The status document for `body`, given its children; `error` is a spec problem
+    (`error_reason` its conditions' reason);
     `scaling` the autoscaler's report (autoscaled services only)."""
     old = dict(body.get("status") or {})
     previous = list(old.get("conditions") or [])
@@ -178,9 +180,9 @@ def compute_status(
     )
     if error is not None:
         conds = [
-            condition(previous, "Ready", False, "InvalidSpec", error, generation),
-            condition(previous, "Progressing", False, "InvalidSpec", error, generation),
-            condition(previous, "Degraded", True, "InvalidSpec", error, generation),
+            condition(previous, "Ready", False, error_reason, error, generation),
+            condition(previous, "Progressing", False, error_reason, error, generation),
+            condition(previous, "Degraded", True, error_reason, error, generation),
         ]
     else:
         serving = active >= 1 and gw_ready

@@ -63,6 +63,54 @@ def test_the_chart_renders_the_objects_of_the_kustomize_base() -> None:
     assert ("CustomResourceDefinition", "inferenceservices.kvfleet.dev") in chart
 
 
+def test_namespaced_mode_renders_the_objects_of_manifests_namespaced() -> None:
+    chart = helm("--include-crds", "--set", "rbac.scope=namespace", "--set", "rbac.namespaces={ai}")
+    overlay = kustomize("manifests/namespaced")
+    assert sorted(chart) == sorted(overlay)
+    for key in overlay:
+        assert chart[key] == overlay[key], key
+    assert ("ClusterRoleBinding", "kvfleet-operator") not in chart
+    binding = chart["RoleBinding", "kvfleet-operator"]
+    assert binding["metadata"]["namespace"] == "ai"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "kvfleet-operator"}  # fmt: skip
+    # Without a list: the release's own namespace.
+    own = helm("--set", "rbac.scope=namespace")
+    assert own["RoleBinding", "kvfleet-operator"]["metadata"]["namespace"] == "kvfleet-system"
+    args = own["Deployment", "kvfleet-operator"]["spec"]["template"]["spec"]["containers"][0]
+    assert args["args"][:3] == ["operator", "--namespace", "kvfleet-system"]
+
+
+def test_the_policy_values_become_the_operators_flags(tmp_path: Path) -> None:
+    values = tmp_path / "policy.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "policy": {
+                    "allowedImagePrefixes": ["registry.corp/"],
+                    "requireImageDigest": True,
+                    "allowedTolerationKeys": [],
+                    "allowedPriorityClasses": ["gpu-high"],
+                    "allowInsecureNoAuth": False,
+                    "allowExternalServices": False,
+                }
+            }
+        )
+    )
+    objects = helm("-f", str(values))
+    args = objects["Deployment", "kvfleet-operator"]["spec"]["template"]["spec"]["containers"][0]
+    assert args["args"][:11] == [
+        "operator", "--allowed-image-prefix", "registry.corp/", "--require-image-digest",
+        "--allowed-toleration-key", "-", "--allowed-priority-class", "gpu-high",
+        "--forbid-insecure-no-auth", "--forbid-external-services", "--liveness",
+    ]  # fmt: skip
+    # The operator's own parser takes them.
+    from kvfleet_cli.operator_cmds import operator
+
+    ctx = operator.make_context("operator", list(args["args"][1:]))
+    assert ctx.params["toleration_keys"] == ("-",) and ctx.params["forbid_external_services"]
+
+
 def test_with_monitoring_the_chart_adds_the_objects_of_manifests_monitoring() -> None:
     plain, monitored = helm(), helm("--set", "monitoring.enabled=true")
     added = {k: v for k, v in monitored.items() if k not in plain}
@@ -123,6 +171,8 @@ def test_what_the_chart_renders_is_valid_for_kubernetes() -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.logLevel=verbose", "logLevel"),
         ("monitoring.enable=true", "enable"),  # a typo is not silently ignored
+        ("rbac.scope=namespaces", "scope"),
+        ("rbac.namespaces={Team_A}", "namespaces"),
     ],
 )
 def test_bad_values_fail_with_the_field_named(bad: str, says: str) -> None:

@@ -146,7 +146,7 @@ def test_engine_network_policy_admits_the_operator_as_installed() -> None:
     from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE
     from kvfleet_operator.render.network import OPERATOR_POD_LABELS
 
-    docs = list(yaml.safe_load_all((ROOT / "manifests" / "operator.yaml").read_text()))
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "base" / "operator.yaml").read_text()))
     dep = next(d for d in docs if d and d["kind"] == "Deployment")
     assert dep["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE
     env = dep["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -26,7 +26,7 @@ OPERATOR_POD_LABELS = {
     "app.kubernetes.io/name": "kvfleet",
     "app.kubernetes.io/component": "operator",
 }
-"""The operator Deployment's pod labels (manifests/operator.yaml)."""
+"""The operator Deployment's pod labels (manifests/base/operator.yaml)."""
 
 
 def _prom(label: str) -> str:
