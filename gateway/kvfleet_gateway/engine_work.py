@@ -29,6 +29,13 @@ def _over(field: str, what: str, n: int, bound: int, setting: str) -> Exception:
     )
 
 
+def _utf8_len(text: str) -> int:
+    """Bytes of `text` in UTF-8, counting a lone surrogate (which JSON's `\\ud800` escape can
+    carry) as its 3 bytes: the bound is checked here, the body refused as invalid Unicode
+    when it is encoded (`inbound`), never a 500 in between."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _count(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -75,8 +82,8 @@ def _sampling(body: dict[str, Any], where: str, max_tokens: int, bounds: WorkBou
         if len(values) > bounds.stop:
             raise _over(where + name, "has", len(values), bounds.stop, "stop")
         for v in values:
-            if isinstance(v, str) and len(v.encode()) > bounds.stop_bytes:
-                raise _over(where + name, "has a string of bytes", len(v.encode()),
+            if isinstance(v, str) and _utf8_len(v) > bounds.stop_bytes:
+                raise _over(where + name, "has a string of bytes", _utf8_len(v),
                             bounds.stop_bytes, "stopBytes")  # fmt: skip
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and len(bias) > bounds.logit_bias:
@@ -94,7 +101,7 @@ def _sampling(body: dict[str, Any], where: str, max_tokens: int, bounds: WorkBou
 
 
 def _grammar(field: str, value: Any, bounds: WorkBounds) -> None:
-    size = len(value.encode()) if isinstance(value, str) else len(json.dumps(value).encode())
+    size = _utf8_len(value) if isinstance(value, str) else len(json.dumps(value).encode())
     if size > bounds.grammar_bytes:
         raise _over(field, "is bytes long:", size, bounds.grammar_bytes, "grammarBytes")
 

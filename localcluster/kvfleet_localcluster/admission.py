@@ -22,6 +22,7 @@ from typing import Any
 
 from kvfleet_localcluster import access, builtin_fields
 from kvfleet_localcluster.auth import RBAC_GROUP, Attributes, User, authorize, escalations
+from kvfleet_localcluster.defaults import default_builtin
 from kvfleet_localcluster.store import ApiError, Kind, Store
 from kvfleet_localcluster.validation import apply_defaults, causes, validate
 
@@ -104,6 +105,13 @@ class Admission:
         if unknown and write.validation == "Strict":
             raise _strict_decoding_error(kind, unknown)
         write.unknown += unknown
+
+    def defaults(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        """A built-in kind's API defaults, filled in on every write (`defaults.py`)."""
+        if subresource in (None, "status") and (kind.group, kind.version, kind.plural) not in (
+            self.schemas
+        ):
+            default_builtin(kind.group, kind.plural, obj)
 
     def encode_builtin(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
         """What the server stores and returns of a built-in kind: without the zero values of

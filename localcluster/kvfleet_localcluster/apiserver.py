@@ -125,6 +125,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
             self.admission.pod,
             self.admission.rbac,
             default_statefulset,
+            self.admission.defaults,
             self.admission.encode_builtin,  # last: what the encoder writes of the result
         ]
         self.validate_custom_resources = True

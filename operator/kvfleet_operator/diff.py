@@ -4,9 +4,11 @@ Children are written by server-side apply (the API server merges, removes and ar
 this module only decides whether an apply is due, so a steady state sends nothing. One is
 due when a field the operator renders differs from the live object (fields the API server
 or other controllers add — defaults, status, clusterIP, other tools' annotations — are not
-compared; lists the operator renders are compared whole, so a container edited by hand is
-put back), or when the live object's `managedFields` say the operator owns a field it no
-longer renders (applying again removes it), or when the operator has never applied it.
+compared; keyed lists — containers, env, volumes, ports — item by item as server-side apply
+merges them, other lists whole, so a container edited by hand is put back and a webhook's
+extra env var is left alone), or when the live object's `managedFields` say the operator
+owns a field it no longer renders (applying again removes it), or when the operator has
+never applied it.
 """
 
 from __future__ import annotations
@@ -26,19 +28,53 @@ def _quantity_equal(want: Any, have: Any) -> bool:
     return isinstance(want, str | int) and isinstance(have, str | int) and str(want) == str(have)
 
 
-def covers(have: Any, want: Any) -> bool:
-    """True when `have` holds everything `want` says (dicts: a superset; lists: same length,
-    element by element)."""
+MAP_LIST_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "ports": ("containerPort", "port"),
+    "imagePullSecrets": ("name",),
+    "ownerReferences": ("uid",),
+}
+"""Lists the API server merges item by item under server-side apply (`listType: map` in
+Kubernetes' OpenAPI, keyed by these fields): another manager's items beside ours (a webhook's
+env var or sidecar, a mesh's volume) are theirs, not drift. Every other list is atomic."""
+
+
+def _item_key(item: Any, keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    if isinstance(item, dict):
+        for key in keys:
+            if key in item:
+                return key, item[key]
+    return None
+
+
+def _covers_map_list(have: list[Any], want: list[Any], keys: tuple[str, ...]) -> bool:
+    by_key = {k: h for h in have if (k := _item_key(h, keys)) is not None}
+    for w in want:
+        key = _item_key(w, keys)
+        if key is None or key not in by_key or not covers(by_key[key], w):
+            return False
+    return True
+
+
+def covers(have: Any, want: Any, field: str = "") -> bool:
+    """True when `have` holds everything `want` says (dicts: a superset; keyed lists — see
+    `MAP_LIST_KEYS` — each wanted item present and covered; other lists: same length,
+    element by element). `field` is the name `want` is found under."""
     if isinstance(want, dict):
         return isinstance(have, dict) and all(
-            k in have and covers(have[k], v) for k, v in want.items()
+            k in have and covers(have[k], v, k) for k, v in want.items()
         )
     if isinstance(want, list):
-        return (
-            isinstance(have, list)
-            and len(have) == len(want)
-            and all(covers(h, w) for h, w in zip(have, want, strict=True))
-        )
+        if not isinstance(have, list):
+            return False
+        keys = MAP_LIST_KEYS.get(field)
+        if keys is not None and all(_item_key(w, keys) is not None for w in want):
+            return _covers_map_list(have, want, keys)
+        return len(have) == len(want) and all(covers(h, w) for h, w in zip(have, want, strict=True))
     return want == have or (type(want) is not type(have) and _quantity_equal(want, have))
 
 

@@ -4,6 +4,7 @@ describe, explain, scale, label, delete — for built-in kinds and for Inference
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -86,6 +87,17 @@ async def test_kubectl_builtin_kinds(kubeconfig: Path) -> None:
     await until_lines(kubeconfig, 2, "get", "pods", "-l", "app=web", "-o", "name")
     yaml_out = await kubectl(kubeconfig, "get", "deployments", "web", "-o", "yaml")
     assert "readyReplicas: 2" in yaml_out and "resourceVersion:" in yaml_out
+    # What a real API server fills in, as kubectl 1.31+ prints it back.
+    live = yaml.safe_load(yaml_out)["spec"]
+    assert live["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}
+    }  # fmt: skip
+    assert (live["revisionHistoryLimit"], live["progressDeadlineSeconds"]) == (10, 600)
+    pod_spec = live["template"]["spec"]
+    assert (pod_spec["restartPolicy"], pod_spec["dnsPolicy"]) == ("Always", "ClusterFirst")
+    container = pod_spec["containers"][0]
+    assert container["imagePullPolicy"] == "IfNotPresent"  # tagged, not :latest
+    assert container["terminationMessagePath"] == "/dev/termination-log"
     table = await kubectl(kubeconfig, "get", "deployments")
     assert table.split("\n")[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
     assert table.split("\n")[1].split()[:2] == ["web", "2/2"]
@@ -100,7 +112,10 @@ async def test_kubectl_builtin_kinds(kubeconfig: Path) -> None:
         "NODE",
     ]
     assert "Running" in pods and "127.0.0." in pods
-    assert "Name:               web" in await kubectl(kubeconfig, "describe", "deployments", "web")
+    described = await kubectl(kubeconfig, "describe", "deployments", "web")
+    assert re.search(r"^Name:\s+web$", described, re.M), described
+    strategy = r"^RollingUpdateStrategy:\s+25% max unavailable, 25% max surge$"
+    assert re.search(strategy, described, re.M)
     assert "scaled" in await kubectl(kubeconfig, "scale", "deployments", "web", "--replicas=3")
     await until_lines(kubeconfig, 3, "get", "pods", "-l", "app=web", "-o", "name")
     assert "labeled" in await kubectl(kubeconfig, "label", "deployments", "web", "tier=gpu")

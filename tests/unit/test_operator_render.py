@@ -273,14 +273,39 @@ def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_
     assert not needs_apply(want, live, "op")  # defaults and other managers' fields ignored
     assert needs_apply(want, None, "op")
     assert needs_apply(want, live, "another-manager")  # never applied by it
+    # Ports are a keyed list: another manager's port beside ours is not drift (an apply
+    # would not remove it), our port changed or gone is.
+    added = copy.deepcopy(live)
+    added["spec"]["ports"].append({"port": 2})
+    assert not needs_apply(want, added, "op")
     changed = copy.deepcopy(live)
-    changed["spec"]["ports"].append({"port": 2})
+    changed["spec"]["ports"][0]["port"] = 2
     assert needs_apply(want, changed, "op")
     # We stop rendering the selector's x: we own it, so an apply must remove it.
     dropped = copy.deepcopy(want)
     dropped["spec"]["selector"] = {}
     assert needs_apply(dropped, live, "op")
     assert covers({"cpu": 4}, {"cpu": "4"})
+
+
+def test_keyed_lists_compare_item_by_item_and_atomic_lists_whole() -> None:
+    want = {"spec": {"containers": [{"name": "a", "image": "x", "args": ["--p", "1"],
+                                     "env": [{"name": "A", "value": "1"}]}]}}  # fmt: skip
+    live = copy.deepcopy(want)
+    # A webhook's env var and sidecar beside ours, and a default the server filled in.
+    live["spec"]["containers"][0]["env"].insert(0, {"name": "INJECTED", "value": "y"})
+    live["spec"]["containers"].append({"name": "sidecar", "image": "mesh"})
+    live["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+    assert covers(live, want)
+    edited = copy.deepcopy(live)
+    edited["spec"]["containers"][0]["env"][1]["value"] = "2"  # ours, edited by hand
+    assert not covers(edited, want)
+    gone = copy.deepcopy(live)
+    del gone["spec"]["containers"][0]["env"][1]
+    assert not covers(gone, want)
+    longer = copy.deepcopy(live)
+    longer["spec"]["containers"][0]["args"].append("--x")  # args are atomic: whole
+    assert not covers(longer, want)
 
 
 def test_managed_fields_paths_follow_keyed_lists_and_sets() -> None:
