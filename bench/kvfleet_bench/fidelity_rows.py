@@ -15,6 +15,7 @@ same parser as `--model-config`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -76,6 +77,7 @@ class FidelityRow:
         return load_model(self.model).is_moe
 
 
+@functools.cache
 def load_model(name: str) -> ModelSpec:
     """A catalogue model, or one of the bench's own config.json files."""
     models = resources.files("kvfleet_bench") / "data" / "models"

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from kvfleet_kernel.schema import Json, fld, json_name
+from kvfleet_kernel.schema import ConfigError, Json, fld, json_name, parse, to_json
 from kvfleet_operator.render.common import ROLE_LABEL
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,18 +135,29 @@ def k8s_time(t: float | None = None) -> str:
 
 def condition(
     previous: list[Json], type_: str, ok: bool, reason: str, message: str, generation: int
-) -> Json:
+) -> Condition:
     status = "True" if ok else "False"
     old = next((c for c in previous if c.get("type") == type_), None)
     since = old["lastTransitionTime"] if old and old.get("status") == status else k8s_time()
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-        "observedGeneration": generation,
-    }
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def _kept(cls: type[T], value: Any) -> T | None:
+    """A status part the last writer recorded, read back typed (None: absent or unreadable,
+    e.g. written by an older operator)."""
+    if not value:
+        return None
+    try:
+        return parse(cls, value)
+    except ConfigError:
+        return None
 
 
 def compute_status(
@@ -254,25 +267,18 @@ def compute_status(
                 generation,
             ),
         ]
-    status: Json = {
-        "observedGeneration": generation,
-        "conditions": conds,
-        "replicas": len(observed.pods),
-        "desiredReplicas": desired_replicas,
-        "activeReplicas": active,
-        "warmReplicas": warm,
-        "readyReplicas": len(ready_pods),
-        "selector": selector,
-    }
-    if gateway_url:
-        status["gatewayURL"] = gateway_url
+    autoscaling: AutoscalingStatus | None = None
+    metrics: LiveMetrics | None = None
     if scaling is None and error is None and keep_scaling:
         # Autoscaled, but no decision yet in this operator (it just started): keep what the
         # last one recorded, so a restart neither forgets nor rewrites it.
-        conds += [c for c in previous if c.get("type") == "ScalingActive"]
-        for key in ("autoscaling", "metrics"):
-            if old.get(key):
-                status[key] = old[key]
+        conds += [
+            kept
+            for c in previous
+            if c.get("type") == "ScalingActive" and (kept := _kept(Condition, c)) is not None
+        ]
+        autoscaling = _kept(AutoscalingStatus, old.get("autoscaling"))
+        metrics = _kept(LiveMetrics, old.get("metrics"))
     if scaling is not None and error is None:
         conds.append(
             condition(
@@ -284,10 +290,22 @@ def compute_status(
                 generation,
             )
         )
-        status["autoscaling"] = scaling.autoscaling
-        if scaling.metrics:
-            status["metrics"] = scaling.metrics
-    return status
+        autoscaling, metrics = scaling.autoscaling, scaling.metrics
+    status = InferenceServiceStatus(
+        observed_generation=generation,
+        conditions=tuple(conds),
+        replicas=len(observed.pods),
+        desired_replicas=desired_replicas,
+        active_replicas=active,
+        warm_replicas=warm,
+        ready_replicas=len(ready_pods),
+        selector=selector,
+        gateway_url=gateway_url or None,
+        metrics=metrics,
+        autoscaling=autoscaling,
+    )
+    out: Json = to_json(status)
+    return out
 
 
 @dataclass(frozen=True)
@@ -298,8 +316,8 @@ class ScalingReport:
     """ScalingActive: the autoscaler has the data it needs."""
     condition_reason: str
     condition_message: str
-    autoscaling: Json
-    metrics: Json
+    autoscaling: AutoscalingStatus
+    metrics: LiveMetrics | None
 
 
 OWNED_STATUS = tuple(json_name(f) for f in dataclasses.fields(InferenceServiceStatus))

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvfleet_kernel.schema import ConfigError, Json, evaluate
 from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ENGINE, GATEWAY, Owner
-from kvfleet_operator.render.engine import engine_deployment, model_cache_pvc
+from kvfleet_operator.render.engine import engine_deployment, engine_key_secret, model_cache_pvc
 from kvfleet_operator.render.gateway import (
     gateway_configmap,
     gateway_deployment,
@@ -53,7 +53,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         engine_network_policy(owner),
         pod_monitor(owner, ENGINE),
     ]
-    out.insert(0, owner.engine_key_secret_object())  # before the pods that read it
+    out.insert(0, engine_key_secret(owner))  # before the pods that read it
     if owner.spec.gateway.enabled:
         config = gateway_configmap(owner)
         out += [

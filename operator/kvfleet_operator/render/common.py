@@ -3,7 +3,6 @@ README's "How it works" lists)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import secrets
 from dataclasses import dataclass, field
@@ -69,17 +68,6 @@ class Owner:
         the gateway off or on must not restart engines (minutes of model load); whatever
         fronts them then reads the key from this Secret."""
         return f"{self.name}-engine-key"
-
-    def engine_key_secret_object(self) -> Json:
-        name = self.engine_key_secret
-        value = base64.b64encode(self.engine_key.encode()).decode()
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": self.metadata(name, ENGINE),
-            "type": "Opaque",
-            "data": {ENGINE_KEY_KEY: value},
-        }
 
     def engine_key_annotations(self) -> dict[str, str]:
         digest = hashlib.sha256(self.engine_key.encode()).hexdigest()[:16]

@@ -7,6 +7,7 @@ probe sized for minutes of model load, and drains for `terminationGracePeriodSec
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -29,6 +30,19 @@ from kvfleet_operator.spec import (
     EngineSpec,
     InferenceServiceSpec,
 )
+
+
+def engine_key_secret(owner: Owner) -> Json:
+    """The Secret holding the engines' API key (`Owner.engine_key`)."""
+    value = base64.b64encode(owner.engine_key.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": owner.metadata(owner.engine_key_secret, ENGINE),
+        "type": "Opaque",
+        "data": {ENGINE_KEY_KEY: value},
+    }
+
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"

@@ -10,12 +10,13 @@ so the operator has one writer of the engine Deployment and of the status.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvfleet_kernel.schema import Json
+from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.kube import POD, Kube
 from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL
 from kvfleet_operator.scaling.observe import (
@@ -38,7 +39,13 @@ from kvfleet_operator.scaling.policy import (
     learn_cold_start,
 )
 from kvfleet_operator.spec import Autoscaling, parse_spec
-from kvfleet_operator.status import ScalingReport, k8s_time, pod_ready
+from kvfleet_operator.status import (
+    AutoscalingStatus,
+    LiveMetrics,
+    ScalingReport,
+    k8s_time,
+    pod_ready,
+)
 
 log = logging.getLogger("kvfleet.autoscaler")
 
@@ -220,38 +227,43 @@ def _reported(s: Scaled) -> tuple[object, ...]:
 def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
     """The status the reconcile writes for a decision; times move only on change."""
     d, prev = scaled.decision, previous or {}
-    numbers: Json = {
-        "desiredActive": d.desired_active,
-        "desiredWarm": d.desired_warm,
-        "reason": d.reason,
-        "holding": d.holding,
-        "source": scaled.source,
-        "queuePerReplica": None if d.queue_per_replica is None else round(d.queue_per_replica, 2),
-        "kvCacheUsage": None if d.kv_cache_usage is None else round(d.kv_cache_usage, 3),
-        "heldRequests": round(d.held_requests, 1),
-        "recommendation": d.recommendation,
-        "coldStartSeconds": round(scaled.cold_start_s, 1),
-    }
-    numbers = {k: v for k, v in numbers.items() if v is not None}
-    same = all(prev.get(k) == v for k, v in numbers.items())
+    numbers = AutoscalingStatus(
+        desired_active=d.desired_active,
+        desired_warm=d.desired_warm,
+        reason=d.reason,
+        holding=d.holding,
+        source=scaled.source,
+        queue_per_replica=_round(d.queue_per_replica, 2),
+        kv_cache_usage=_round(d.kv_cache_usage, 3),
+        held_requests=round(d.held_requests, 1),
+        recommendation=d.recommendation,
+        cold_start_seconds=round(scaled.cold_start_s, 1),
+    )
+    said = to_json(numbers)
+    same = all(prev.get(k) == v for k, v in said.items())
     resized = (prev.get("desiredActive"), prev.get("desiredWarm")) != (
         d.desired_active,
         d.desired_warm,
     )
     stamp = k8s_time(scaled.at)
-    numbers["lastDecisionTime"] = prev.get("lastDecisionTime") if same else stamp
-    numbers["lastScaleTime"] = stamp if resized else prev.get("lastScaleTime", stamp)
-    metrics: Json = {}
-    if scaled.queue_depth is not None:
-        metrics["queueDepth"] = round(scaled.queue_depth, 1)
-    if d.kv_cache_usage is not None:
-        metrics["kvCacheUsage"] = round(d.kv_cache_usage, 3)
-    if scaled.ttft_p99 is not None:
-        metrics["ttftP99"] = round(scaled.ttft_p99, 3)
-    if scaled.cost_per_1k_tokens is not None:
-        metrics["costPer1kTokens"] = round(scaled.cost_per_1k_tokens, 6)
+    numbers = dataclasses.replace(
+        numbers,
+        last_decision_time=prev.get("lastDecisionTime") if same else stamp,
+        last_scale_time=stamp if resized else prev.get("lastScaleTime", stamp),
+    )
+    metrics = LiveMetrics(
+        queue_depth=_round(scaled.queue_depth, 1),
+        kv_cache_usage=_round(d.kv_cache_usage, 3),
+        ttft_p99=_round(scaled.ttft_p99, 3),
+        cost_per_1k_tokens=_round(scaled.cost_per_1k_tokens, 6),
+    )
+    live = metrics if to_json(metrics) else None
     if d.holding:
-        return ScalingReport(False, "MetricsUnavailable", d.reason, numbers, metrics)
+        return ScalingReport(False, "MetricsUnavailable", d.reason, numbers, live)
     limited = d.recommendation is not None and d.recommendation != d.desired_active
     reason = "Stabilizing" if limited else "ScalingActive"
-    return ScalingReport(True, reason, d.reason, numbers, metrics)
+    return ScalingReport(True, reason, d.reason, numbers, live)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
