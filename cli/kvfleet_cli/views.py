@@ -145,11 +145,19 @@ def describe(
             for k in ("queuePerReplica", "kvCacheUsage", "heldRequests", "recommendation")
             if k in decision
         )
+        demand = (
+            f"  demand: forecast {decision['forecastRequestsPerSecond']:g} req/s one cold start"
+            f" ahead, capacity {decision.get('capacityRequestsPerSecond', '?')} req/s per replica"
+            if "forecastRequestsPerSecond" in decision
+            else "  demand: no forecast yet (no arrival rate from the gateways)"
+        )
         out += [
             "Last scaling decision:",
             f"  {decision.get('desiredActive')} active + {decision.get('desiredWarm')} warm: "
             f"{decision.get('reason', '')}",
-            f"  signals ({decision.get('source', '?')}): {numbers}",
+            f"  signals ({decision.get('source', '?')}): {numbers}; bound by "
+            f"{decision.get('boundBy', '-')}",
+            demand,
             f"  decided {age(decision.get('lastDecisionTime'), now)} ago; last resize "
             f"{age(decision.get('lastScaleTime'), now)} ago",
         ]

@@ -306,9 +306,11 @@ class Store:
         dry_run: bool = False,
         manager: str = SERVER_MANAGER,
         applied: bool = False,
+        recorded_as: str = "",
     ) -> dict[str, Any]:
         """Store `new` in place of `old` with the subresource rules; bump versions; record
-        what `manager` changed (unless an apply already recorded its fields)."""
+        what `manager` changed (unless an apply already recorded its fields), under the
+        subresource it wrote through (`recorded_as`: scale)."""
         meta_old = old["metadata"]
         if subresource == "status":
             merged = copy.deepcopy(old)
@@ -334,7 +336,7 @@ class Store:
             admit(kind, new, subresource)
         if subresource != "status" and not applied:
             new["metadata"]["managedFields"] = copy.deepcopy(meta_old.get("managedFields"))
-            ssa.record_update(old, new, manager, kind.api_version)
+            ssa.record_update(old, new, manager, kind.api_version, recorded_as)
         if new == old:
             return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
         if dry_run:
@@ -371,7 +373,7 @@ class Store:
                 "to the latest version and try again",
             )
         if subresource == "scale":
-            return self.set_scale(kind, ns, name, obj, dry_run)
+            return self.set_scale(kind, ns, name, obj, dry_run, manager)
         return self._commit(kind, old, copy.deepcopy(obj), subresource, dry_run, manager)
 
     def patch(
@@ -391,7 +393,8 @@ class Store:
         old = self._find(kind, ns, name)
         if subresource == "scale":
             current = self.get_scale(kind, ns, name)
-            return self.set_scale(kind, ns, name, self._apply(current, patch_type, patch), dry_run)
+            scale = self._apply(current, patch_type, patch)
+            return self.set_scale(kind, ns, name, scale, dry_run, manager)
         new = self._apply(copy.deepcopy(old), patch_type, patch)
         given = (
             (patch.get("metadata") or {}).get("resourceVersion")
@@ -522,7 +525,13 @@ class Store:
         }
 
     def set_scale(
-        self, kind: Kind, ns: str | None, name: str, scale: dict[str, Any], dry_run: bool = False
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        scale: dict[str, Any],
+        dry_run: bool = False,
+        manager: str = SERVER_MANAGER,
     ) -> dict[str, Any]:
         if "scale" not in kind.subresources:
             raise ApiError(404, "NotFound", f"{kind.plural} has no scale subresource")
@@ -532,7 +541,9 @@ class Store:
         old = self._find(kind, ns, name)
         new = copy.deepcopy(old)
         _path_set(new, kind.spec_replicas_path, replicas)
-        self._commit(kind, old, new, None, dry_run)
+        # Recorded as the writer's, through the scale subresource (`kubectl scale` then
+        # owns spec.replicas, as on a real server).
+        self._commit(kind, old, new, None, dry_run, manager, recorded_as="scale")
         result = self.get_scale(kind, ns, name)
         if dry_run:
             result["spec"]["replicas"] = replicas

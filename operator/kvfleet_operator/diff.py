@@ -110,6 +110,20 @@ def applied_fields(live: Json, manager: str) -> list[FieldPath] | None:
     return None
 
 
+def field_owners(live: Json, path: FieldPath) -> list[str]:
+    """The managers whose `managedFields` entries own the field at `path` (a `fieldsV1`
+    path: `("f:spec", "f:replicas")`), with the subresource they wrote through."""
+    out: list[str] = []
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        node: Any = entry.get("fieldsV1") or {}
+        for step in path:
+            node = node.get(step) if isinstance(node, dict) else None
+        if node is not None:
+            sub = entry.get("subresource")
+            out.append(f"{entry.get('manager')}" + (f" (/{sub})" if sub else ""))
+    return out
+
+
 def _item_matches(item: Any, key: Json) -> bool:
     return isinstance(item, dict) and all(item.get(k) == v for k, v in key.items())
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import ConfigError, Json
-from kvfleet_operator.diff import needs_apply, warm_assignment
+from kvfleet_operator.diff import field_owners, needs_apply, warm_assignment
 from kvfleet_operator.kube import (
     DEPLOYMENT,
     EVENT,
@@ -116,7 +116,18 @@ def reconcile(
         replicas = desired_engine_replicas(owner, current)
         if scaled is not None:
             replicas = _scaled_replicas(kube, owner, scaled, current, pods)
+        if owner.spec.autoscaling is not None and _scaled_by_hand(kube, engine_live):
+            # Never decided: back to the last decision whole (before any, the one recorded).
+            recorded = (body.get("status") or {}).get("autoscaling") or {}
+            total = (
+                scaled.decision.desired_total
+                if scaled is not None
+                else int(recorded.get("desiredActive") or 0) + int(recorded.get("desiredWarm") or 0)
+            )
+            if total > 0 or scaled is not None:
+                replicas = desired_engine_replicas(owner, total)
         children = render_children(owner, replicas)
+        _manual_scale(kube, body, owner, engine_live, replicas, options)
     except ConfigError as exc:
         out.error = str(exc)
         if isinstance(exc, PolicyViolation):
@@ -163,6 +174,33 @@ def _with_engine_key(kube: Kube, owner: Owner) -> Owner:
     except (ValueError, UnicodeDecodeError):
         key = ""
     return dataclasses.replace(owner, engine_key=key) if key else owner
+
+
+def _scaled_by_hand(kube: Kube, live: Json | None) -> list[str]:
+    """Who else owns the engine Deployment's replicas (nobody, normally)."""
+    if live is None:
+        return []
+    owners = field_owners(live, ("f:spec", "f:replicas"))
+    return [m for m in owners if m.split(" ")[0] != kube.field_manager]
+
+
+def _manual_scale(kube: Kube, body: Json, owner: Owner, live: Json | None, replicas: int,
+                  options: ReconcileOptions) -> None:  # fmt: skip
+    """An autoscaled engine Deployment scaled by someone else (`kubectl scale`, an HPA):
+    the apply that follows takes its replicas back; a Warning Event says so, and what to
+    change instead, rather than fighting silently."""
+    if owner.spec.autoscaling is None or live is None:
+        return
+    have = (live.get("spec") or {}).get("replicas")
+    others = _scaled_by_hand(kube, live)
+    if others and have != replicas:
+        post_event(
+            kube, body, "Warning", "ManualScaleReverted",
+            f"Deployment/{owner.engine_name} was scaled to {have} by {', '.join(others)}; "
+            f"spec.autoscaling owns its replicas ({replicas} decided): change minReplicas or "
+            "maxReplicas instead",
+            options,
+        )  # fmt: skip
 
 
 def _scaled_replicas(

@@ -257,6 +257,19 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Slo:
+    """The latency objective the autoscaler keeps: TTFT at the gateways (client-side)."""
+
+    ttft_seconds: float = fld(doc="Time to first token not to exceed.", minimum=0.01)
+    attainment: float = fld(
+        0.99,
+        "Share of requests within ttftSeconds: the TTFT quantile judged (0.99: the p99).",
+        minimum=0.5,
+        maximum=0.9999,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Autoscaling:
     """The operator owns the engine replica count; the spec holds only the bounds."""
 
@@ -287,6 +300,17 @@ class Autoscaling:
     scale_down_stabilization_seconds: int = fld(300, "Window of scale-down.", minimum=0)
     cold_start_seconds: int = fld(
         300, "Expected time from a new pod to a ready replica (planning horizon).", minimum=1
+    )
+    warm_pool: Literal["fixed", "auto"] = fld(
+        "fixed",
+        "fixed: warmReplicas spares. auto: at least warmReplicas, and as many more as cover the"
+        " growth the demand forecast cannot rule out within a cold start (a high quantile of its"
+        " recent under-forecasts, in replicas of the capacity learned so far).",
+    )
+    slo: Slo | None = fld(
+        None,
+        "A TTFT objective: a TTFT over it adds a replica, and a fleet that breaks it marks the"
+        " rate per replica it could not serve (the learned capacity stays under it).",
     )
 
 

@@ -36,6 +36,7 @@ class LiveMetrics:
     queue_depth: float | None = fld(None, "Waiting requests summed over active replicas.")
     kv_cache_usage: float | None = fld(None, "Mean KV-cache usage of active replicas (0..1).")
     ttft_p99: float | None = fld(None, "p99 time to first token over the last 5 minutes, s.")
+    arrival_rate: float | None = fld(None, "Requests per second arriving at the gateways.")
     cost_per_1k_tokens: float | None = fld(
         None,
         "GPU cost (gpuHourlyPrice units) per 1,000 tokens billed: over the last 5 minutes"
@@ -58,6 +59,18 @@ class AutoscalingStatus:
     recommendation: int | None = fld(None, "This decision's raw recommendation.")
     cold_start_seconds: float | None = fld(
         None, "Learned time from a new pod to a ready replica (prior: spec)."
+    )
+    bound_by: str | None = fld(
+        None, "The term that set the size: forecast, queue, kv, slots, slo, min, max, window."
+    )
+    forecast_requests_per_second: float | None = fld(
+        None, "Arrival rate expected one cold start ahead (Holt's linear trend)."
+    )
+    capacity_requests_per_second: float | None = fld(
+        None, "Requests per second one replica is planned to serve (learned from the fleet)."
+    )
+    missing_pods: tuple[str, ...] | None = fld(
+        None, "Active pods without fresh metrics: counted saturated, no scale-down."
     )
     last_decision_time: str | None = fld(None, "When the decision or its numbers last changed.")
     last_scale_time: str | None = fld(None, "When the desired size last changed.")

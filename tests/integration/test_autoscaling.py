@@ -185,6 +185,18 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
     body = await asyncio.to_thread(stack.body)
     auto = body["status"]["autoscaling"]
     assert auto["source"] in ("direct", "prometheus") and "coldStartSeconds" in auto
+    # Demand: the gateways' arrival rate, forecast a cold start ahead, and the capacity per
+    # replica the fleet has shown, in the status (and `kvfleet describe`).
+    demand = await until(
+        lambda: (
+            (a := stack.body()["status"].get("autoscaling") or {}).get("capacityRequestsPerSecond")
+            and "forecastRequestsPerSecond" in a
+            and a
+        ),
+        20,
+        "the demand forecast and capacity in status.autoscaling",
+    )
+    assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
     assert body["status"]["metrics"]["kvCacheUsage"] >= 0
     if auto["source"] == "direct":  # the gateways' lifetime counters (Prometheus: a 5m rate)
         await until(

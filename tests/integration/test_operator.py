@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, RESOURCES, Resource
+from kvfleet_operator.kube import DEPLOYMENT, EVENT, ISVC, POD, RESOURCES, Resource
 from tests.support.cluster import TEST_AGENT, Env, OperatorFactory, OperatorThread
 from tests.support.objects import NS, condition, isvc
 from tests.support.waiting import until
@@ -272,6 +272,30 @@ async def test_restart_writes_nothing_and_warm_pool(
         "/api/v1/namespaces/ai/pods" in w[1] and w[0] == "POST" for w in writes
     ), writes
     assert op2.kube.writes == 0
+
+    # `kubectl scale` of the autoscaled engine Deployment: taken back whole, and said so.
+    from tests.integration.test_kubectl import kubectl
+
+    await until(
+        lambda: ((k.get(ISVC, NS, "warm") or {}).get("status") or {}).get("autoscaling"),
+        30,
+        "a first autoscaling decision",
+    )
+
+    await kubectl(env.cluster.kubeconfig, "scale", "deployment/warm-engine", "-n", NS,
+                  "--replicas=5")  # fmt: skip
+    events = await until(
+        lambda: [e for e in k.list(EVENT, NS) if e.get("reason") == "ManualScaleReverted"],
+        30,
+        "a ManualScaleReverted Event",
+    )
+    assert "was scaled to 5 by kubectl" in events[0]["message"], events[0]["message"]
+    assert "change minReplicas or maxReplicas instead" in events[0]["message"]
+    await until(
+        lambda: (k.get(DEPLOYMENT, NS, "warm-engine") or {})["spec"]["replicas"] == 3,
+        30,
+        "the decided replicas back",
+    )
 
 
 async def test_a_pod_held_by_a_missing_secret_names_it_in_the_condition(

@@ -10,9 +10,9 @@ import pytest
 from kvfleet_operator.scaling.policy import ScalingConfig
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, FleetView, Target
 from kvfleet_sim.fleet.routing import fleet_policy
-from kvfleet_sim.fleet.scalers import KvfleetScaler, keda_queue
+from kvfleet_sim.fleet.scalers import KvfleetScaler, keda_load
 from kvfleet_sim.fleet.tracefile import TraceFileError, TraceFileWorkload, read_trace
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
@@ -45,13 +45,35 @@ def test_the_operators_policy_promotes_the_warm_spare_first() -> None:
     assert max(a + w + s for _, a, w, s in roles) <= 8
 
 
-def test_keda_has_no_warm_pool() -> None:
-    sim = FleetSimulator(
-        FleetConfig(ENGINE, replicas=1, cold_start_s=60), fleet_policy("kvfleet"), keda_queue(1, 8)
-    )
-    result = sim.run(spike())
-    assert all(w == 0 for _, _, w, _ in result.roles_trace)
-    assert max(a for _, a, _, _ in result.roles_trace) > 1
+def test_keda_on_load_scales_and_a_warm_floor_keeps_its_spare() -> None:
+    """KEDA as a platform team configures it: waiting + running per replica, and minReplicas
+    raised by one spare as the floor it keeps without a warm pool."""
+    for floor in (1, 2):
+        sim = FleetSimulator(
+            FleetConfig(ENGINE, replicas=floor, cold_start_s=60),
+            fleet_policy("kvfleet"),
+            keda_load(floor, 8, per_replica=30.0),
+        )
+        result = sim.run(spike())
+        assert max(a for _, a, _, _ in result.roles_trace) > floor
+        assert min(a + s for t, a, _, s in result.roles_trace if t > 15) >= floor
+
+
+def test_the_simulator_counts_arrivals_and_recent_ttfts_for_the_scaler() -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Recorder:
+        def target(self, view: FleetView) -> Target:
+            seen.append((view.arrived, len(view.recent_ttfts)))
+            return Target(2)
+
+    FleetSimulator(
+        FleetConfig(ENGINE, replicas=2, scale_interval_s=15), fleet_policy("kvfleet"), Recorder()
+    ).run(spike())
+    arrived = [a for a, _ in seen]
+    assert arrived == sorted(arrived) and arrived[-1] > 0
+    # Each tick reports the requests that finished since the previous one, once.
+    assert sum(n for _, n in seen) <= arrived[-1]
 
 
 def test_azure_trace_file_replays_with_scales(tmp_path: Path) -> None:

@@ -129,20 +129,106 @@ def test_noisy_steady_load_does_not_change_size() -> None:
     assert not any(d.changed for d in run.decisions)
 
 
-def test_missing_or_stale_data_holds_the_size() -> None:
-    config = ScalingConfig(min_replicas=1, max_replicas=10)
-    state = State(desired_active=5)
+def test_a_reader_failure_holds_and_a_missing_pod_is_decided_per_direction() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=10, scale_down_window_s=60)
     fleet = Fleet(active=5, warm=0, starting=0)
-    for bad in (
-        Signals(error="prometheus: connection refused"),
-        Signals(replicas=signals(4, kv=0.0).replicas, missing=("p4",)),
-    ):
-        d, state = decide(config, state, fleet, bad, 0.0)
-        assert d.holding and d.desired_active == 5 and not d.changed
-        assert "holding" in d.reason
-    # With data back and idle, it still waits for the scale-down window.
-    d, state = decide(config, state, fleet, signals(5, kv=0.0), 15.0)
-    assert d.desired_active == 5
+    d, state = decide(config, State(desired_active=5), fleet,
+                      Signals(error="prometheus: connection refused"), 0.0)  # fmt: skip
+    assert d.holding and d.desired_active == 5 and not d.changed and "holding" in d.reason
+    # Silence from every replica is the reader's problem, not load: held, not run to the max.
+    d, _ = decide(config, State(desired_active=5), fleet, Signals(missing=("p0", "p1")), 0.0)
+    assert d.holding and d.desired_active == 5 and "any active replica" in d.reason
+    # At idle, a pod without data blocks a scale-down, however long it lasts ...
+    idle = Signals(replicas=signals(4, kv=0.0).replicas, missing=("p4",))
+    for t in range(1, 40):
+        d, state = decide(config, state, fleet, idle, 15.0 * t)
+        assert d.desired_active == 5 and not d.holding
+    assert d.missing == ("p4",) and "no fresh metrics from p4" in d.reason
+    # ... and under load it counts as full: four replicas at 0.95 and one silent one.
+    busy = Signals(replicas=signals(4, kv=0.95).replicas, missing=("p4",))
+    state = State(desired_active=5)
+    for t in range(3):
+        d, state = decide(config, state, fleet, busy, 15.0 * t)
+    assert d.desired_active == 6 and d.bound_by == "kv", d
+    assert "counted full" in d.reason
+
+
+def ramp_signals(rate: float, capacity: float, n: int, queue: float = 0.0) -> Signals:
+    """`n` replicas carrying `rate` requests/s, each `capacity` req/s at the 0.85 KV target
+    (a KV usage proportional to its share of the rate), the rate as the gateways count it."""
+    kv = min(1.0, 0.85 * rate / (capacity * max(n, 1)))
+    base = signals(n, queue=queue, kv=kv)
+    return replace(base, arrival_rate=rate)
+
+
+def test_a_known_ramp_is_pre_warmed_a_cold_start_ahead() -> None:
+    """Traffic rising steadily by 1 req/s per tick, one replica serving 10 req/s, a 120 s
+    cold start: the forecast orders replicas before the KV term would, so replicas are
+    ready (warm, then active) when the load reaches them; reacting on KV alone they arrive
+    a cold start late."""
+
+    def run_ramp(forecasting: bool) -> list[tuple[float, int]]:
+        config = ScalingConfig(min_replicas=1, max_replicas=20, cold_start_s=120)
+        run = Run(config, active=2, cold_ticks=8)
+        late: list[tuple[float, int]] = []
+        for i in range(60):
+            rate = 10.0 + 1.0 * i
+            sig = ramp_signals(rate, 10.0, run.active)
+            if not forecasting:
+                sig = replace(sig, arrival_rate=None)
+            run.tick(sig)
+            need = rate / (10.0 * 0.85 / 0.85)  # replicas the rate needs at the target
+            late.append((rate, max(0, round(need + 0.49) - run.active)))
+        return late
+
+    with_forecast = run_ramp(True)
+    reactive = run_ramp(False)
+    short_f = sum(short for _, short in with_forecast[20:])
+    short_r = sum(short for _, short in reactive[20:])
+    assert short_f < short_r / 2, (short_f, short_r)
+
+
+def test_a_step_is_met_and_the_decision_names_its_term() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=20, cold_start_s=60)
+    run = Run(config, active=2, cold_ticks=4)
+    for _ in range(10):
+        run.tick(lambda n: ramp_signals(15.0, 10.0, n))
+    assert run.active == 2
+    for _ in range(12):  # 4× at once: the queue and KV go up at the first tick
+        run.tick(lambda n: ramp_signals(60.0, 10.0, n, queue=max(0.0, 60.0 - 10.0 * n)))
+    assert run.active >= 6
+    up = next(d for d in run.decisions if d.changed)
+    assert up.bound_by in ("queue", "kv", "forecast") and up.reason.startswith("scale up")
+
+
+def test_an_idle_fleet_reaches_its_minimum_and_a_noisy_plateau_does_not_flap() -> None:
+    config = ScalingConfig(min_replicas=1, max_replicas=20, scale_down_window_s=300)
+    run = Run(config, active=8)
+    rng = random.Random(7)
+    for _ in range(int(3600 / TICK)):  # an hour at 40 req/s ± 15% per tick
+        run.tick(lambda n: ramp_signals(40.0 * rng.uniform(0.85, 1.15), 10.0, n))
+    changes = sum(d.changed for d in run.decisions[int(600 / TICK) :])
+    assert changes <= 6, [d.reason for d in run.decisions if d.changed]
+    for _ in range(int(1800 / TICK)):  # then nothing at all
+        run.tick(lambda n: replace(signals(n, kv=0.0), arrival_rate=0.0))
+    assert run.active == 1 and run.decisions[-1].bound_by in ("min", "steady", "kv")
+
+
+def test_the_warm_pool_grows_with_the_forecasts_misses() -> None:
+    """warm_auto: a steady rate leaves the floor; a rate that keeps outrunning the forecast
+    (sudden jumps) grows the pool to the jumps' size in replicas."""
+    config = ScalingConfig(min_replicas=1, max_replicas=30, warm_replicas=1, warm_auto=True)
+    state = State(desired_active=4)
+    for t in range(40):
+        d, state = decide(config, state, Fleet(4, 1, 0), ramp_signals(30.0, 10.0, 4), 15.0 * t)
+    assert d.desired_warm == 1
+    rate = 30.0
+    for t in range(40, 120):
+        rate = 30.0 + (40.0 if (t // 4) % 2 else 0.0)  # +40 req/s every minute, and back
+        n = state.desired_active or 4
+        d, state = decide(config, state, Fleet(n, d.desired_warm, 0),
+                          ramp_signals(rate, 10.0, n), 15.0 * t)  # fmt: skip
+    assert d.desired_warm >= 3, (d.desired_warm, state.forecast.risk())
 
 
 def test_a_new_empty_replica_is_not_averaged_in_as_idle() -> None:

@@ -26,6 +26,7 @@ from kvfleet_operator.scaling.observe import (
     PrometheusReader,
     ServicePods,
     parse_time,
+    quantile,
     ready_since,
     role_of,
     signals_for,
@@ -65,7 +66,9 @@ class AutoscalerConfig:
     """Verify an https Prometheus's certificate (off only with an explicit flag)."""
 
 
-def config_of(a: Autoscaling, max_running_requests: int | None = None) -> ScalingConfig:
+def config_of(
+    a: Autoscaling, max_running_requests: int | None = None, interval_s: float = 15.0
+) -> ScalingConfig:
     return ScalingConfig(
         max_running_requests=max_running_requests,
         min_replicas=a.min_replicas,
@@ -76,6 +79,9 @@ def config_of(a: Autoscaling, max_running_requests: int | None = None) -> Scalin
         scale_up_window_s=float(a.scale_up_stabilization_seconds),
         scale_down_window_s=float(a.scale_down_stabilization_seconds),
         cold_start_s=float(a.cold_start_seconds),
+        warm_auto=a.warm_pool == "auto",
+        slo_ttft_s=a.slo.ttft_seconds if a.slo else None,
+        interval_s=interval_s,
     )
 
 
@@ -92,6 +98,7 @@ class Scaled:
     ttft_p99: float | None = None
     queue_depth: float | None = None
     cost_per_1k_tokens: float | None = None
+    arrival_rate: float | None = None
 
 
 @dataclass
@@ -104,6 +111,8 @@ class Autoscaler:
     on_decision: Callable[[Key, Scaled | None, Scaled], None] | None = None
     """Told each decision with the one before it (None: the first): the operator's metrics."""
     _seen_ready: dict[Key, set[str]] = field(default_factory=dict)
+    _last_gateway: dict[Key, tuple[float, float, dict[float, float]]] = field(default_factory=dict)
+    """Direct scrape: (time, arrivals counter, TTFT buckets) at the previous tick."""
 
     def __post_init__(self) -> None:
         self.reader: PrometheusReader | DirectReader = (
@@ -143,6 +152,25 @@ class Autoscaler:
                 fresh.append(max(0.0, ready - parse_time(created)))
         return learn_cold_start(config, state, fresh)
 
+    def _demand(
+        self, key: Key, obs: Observation, now: float, q: float
+    ) -> tuple[float | None, float | None]:
+        """This service's arrival rate and SLO TTFT: Prometheus computes them; a direct
+        scrape gives counters, differenced against the previous tick (a counter that went
+        down — a gateway restarted — gives nothing this tick)."""
+        if obs.source != "direct":
+            return obs.arrival_rate.get(key), obs.slo_ttft.get(key)
+        total, buckets = obs.arrivals_total.get(key), obs.ttft_buckets.get(key, {})
+        if total is None:
+            return None, None
+        last = self._last_gateway.get(key)
+        self._last_gateway[key] = (now, total, buckets)
+        if last is None or now <= last[0] or total < last[1]:
+            return None, None
+        delta = {le: n - last[2].get(le, 0.0) for le, n in buckets.items()}
+        ttft = quantile(delta, q) if all(v >= 0 for v in delta.values()) else None
+        return (total - last[1]) / (now - last[0]), ttft
+
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
         """One decision per autoscaled service; returns those whose decision or reported
         numbers changed (the caller reconciles them)."""
@@ -153,7 +181,9 @@ class Autoscaler:
             except ValueError:
                 continue  # an invalid spec is the reconcile's to report
             if spec.autoscaling is not None:
-                config = config_of(spec.autoscaling, spec.engine.max_running_requests)
+                config = config_of(
+                    spec.autoscaling, spec.engine.max_running_requests, self.config.interval_s
+                )
                 scaled.append((key, body, config))
         for key in set(self.states) - {k for k, _, _ in scaled}:
             self.states.pop(key, None)
@@ -161,6 +191,10 @@ class Autoscaler:
         if not scaled:
             return []
         services = await asyncio.gather(*(asyncio.to_thread(self._pods, k) for k, _, _ in scaled))
+        services = [
+            dataclasses.replace(svc, ttft_quantile=_quantile_of(body))
+            for svc, (_, body, _) in zip(services, scaled, strict=True)
+        ]
         obs: Observation = await self.reader.read(services)
         now = self.clock()
         changed: list[Key] = []
@@ -168,7 +202,8 @@ class Autoscaler:
             state = self._learn(key, svc, config, self._state(key, body))
             # A young replica may hold a scale-down back no longer than the window itself.
             grace = min(config.readiness_grace_s, config.scale_down_window_s)
-            sig = signals_for(svc, obs, now, self.config.stale_s, grace)
+            demand = self._demand(key, obs, now, svc.ttft_quantile)
+            sig = signals_for(svc, obs, now, self.config.stale_s, grace, demand)
             ready = [p for p in svc.engines if pod_ready(p)]
             fleet = Fleet(
                 active=sum(1 for p in ready if role_of(p) == "active"),
@@ -197,6 +232,7 @@ class Autoscaler:
                 obs.ttft_p99.get(key),
                 queue,
                 obs.cost_per_1k_tokens.get(key),
+                sig.arrival_rate,
             )
             old = self.latest.get(key)
             self.latest[key] = new
@@ -207,6 +243,12 @@ class Autoscaler:
             if old is None or _reported(old) != _reported(new) or decision.changed:
                 changed.append(key)
         return changed
+
+
+def _quantile_of(body: Json) -> float:
+    slo = (((body.get("spec") or {}).get("autoscaling") or {}).get("slo")) or {}
+    value = slo.get("attainment", 0.99)
+    return float(value) if isinstance(value, int | float) else 0.99
 
 
 def _reported(s: Scaled) -> tuple[object, ...]:
@@ -238,6 +280,10 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         held_requests=round(d.held_requests, 1),
         recommendation=d.recommendation,
         cold_start_seconds=round(scaled.cold_start_s, 1),
+        bound_by=d.bound_by,
+        forecast_requests_per_second=_round(d.forecast_rate, 2),
+        capacity_requests_per_second=_round(d.capacity_per_replica, 2),
+        missing_pods=d.missing or None,
     )
     said = to_json(numbers)
     same = all(prev.get(k) == v for k, v in said.items())
@@ -256,6 +302,7 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         kv_cache_usage=_round(d.kv_cache_usage, 3),
         ttft_p99=_round(scaled.ttft_p99, 3),
         cost_per_1k_tokens=_round(scaled.cost_per_1k_tokens, 6),
+        arrival_rate=_round(scaled.arrival_rate, 2),
     )
     live = metrics if to_json(metrics) else None
     if d.holding:

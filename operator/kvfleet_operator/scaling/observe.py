@@ -26,7 +26,10 @@ from kvfleet_kernel.schema import Json
 from kvfleet_kernel.sglang_metrics import (
     COST,
     HELD_REQUESTS,
+    INFLIGHT,
+    REQUESTS,
     TOKENS,
+    TTFT,
     promql,
     read_gauges,
     selector,
@@ -59,6 +62,16 @@ class Observation:
     cost_per_1k_tokens: dict[Key, float] = field(default_factory=dict)
     """(namespace, InferenceService) → money per 1,000 tokens billed (prompt + completion):
     over the last 5 minutes from Prometheus; since the gateway pods started when scraped."""
+    arrival_rate: dict[Key, float] = field(default_factory=dict)
+    """(namespace, InferenceService) → requests per second arriving at its gateways
+    (Prometheus: answered plus the change in flight, over a minute)."""
+    arrivals_total: dict[Key, float] = field(default_factory=dict)
+    """Direct scrape: requests answered plus in flight, summed over the gateway pods (a
+    counter whose difference between ticks is the arrivals)."""
+    slo_ttft: dict[Key, float] = field(default_factory=dict)
+    """Prometheus: the gateways' TTFT at the service's SLO quantile over the last minute."""
+    ttft_buckets: dict[Key, dict[float, float]] = field(default_factory=dict)
+    """Direct scrape: the gateways' cumulative TTFT histogram (upper bound → count)."""
     error: str | None = None
 
 
@@ -70,6 +83,8 @@ class ServicePods:
     name: str
     engines: list[Json]
     gateways: list[Json]
+    ttft_quantile: float = 0.99
+    """The quantile of TTFT its SLO is judged on (`slo.attainment`)."""
 
 
 def ready_since(pod: Json) -> float | None:
@@ -88,10 +103,16 @@ def role_of(pod: Json) -> str | None:
 
 
 def signals_for(
-    svc: ServicePods, obs: Observation, now: float, stale_s: float, grace_s: float
+    svc: ServicePods,
+    obs: Observation,
+    now: float,
+    stale_s: float,
+    grace_s: float,
+    demand: tuple[float | None, float | None] = (None, None),
 ) -> Signals:
-    """The policy's view of one service: fresh metrics of its active ready pods; the ones
-    without fresh data are named as missing (the policy then holds)."""
+    """The policy's view of one service: fresh metrics of its active ready pods (the ones
+    without fresh data named as missing), and `demand`: its arrival rate and the TTFT its
+    SLO is judged on, as the autoscaler derived them (`Demand`)."""
     if obs.error is not None:
         return Signals(error=obs.error)
     replicas, missing = [], []
@@ -107,7 +128,9 @@ def signals_for(
                 missing.append(name)
             continue
         replicas.append(ReplicaSignals(name, m.queue, m.running, m.kv_usage, young=young))
-    return Signals(tuple(replicas), tuple(missing), obs.held.get((svc.namespace, svc.name), 0.0))
+    held = obs.held.get((svc.namespace, svc.name), 0.0)
+    rate, ttft = demand
+    return Signals(tuple(replicas), tuple(missing), held, arrival_rate=rate, ttft=ttft)
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
@@ -140,7 +163,7 @@ class PrometheusReader:
                 out[tuple(metric[label] for label in labels)] = value
         return out
 
-    def read_sync(self) -> Observation:
+    def read_sync(self, services: Sequence[ServicePods] = ()) -> Observation:
         pod = ("namespace", "pod")
         svc = ("namespace", "inferenceservice")
         try:
@@ -163,6 +186,20 @@ class PrometheusReader:
                 f' (rate({TOKENS}_total{{kind!="cached"}}[5m]))',  # cached ⊂ prompt
                 svc,
             )
+            by_svc = "namespace, inferenceservice"
+            arrivals = self._vector(
+                f"sum by ({by_svc}) (rate({REQUESTS}_total[1m]))"
+                f" + sum by ({by_svc}) (deriv({INFLIGHT}[1m]))",
+                svc,
+            )
+            slo: dict[tuple[str, ...], float] = {}
+            for q in sorted({s.ttft_quantile for s in services}):
+                found = self._vector(
+                    f"histogram_quantile({q:g}, sum by ({by_svc}, le) (rate({TTFT}_bucket[1m])))",
+                    svc,
+                )
+                wanted = {(s.namespace, s.name) for s in services if s.ttft_quantile == q}
+                slo.update({k: v for k, v in found.items() if k in wanted})
         except Exception as exc:  # any failure of the reader: the policy holds and says why
             return Observation("prometheus", error=f"Prometheus at {self.url}: {exc}"[:300])
         pods = {
@@ -175,10 +212,12 @@ class PrometheusReader:
             {(a, b): v for (a, b), v in held.items()},
             {(a, b): v for (a, b), v in ttft.items()},
             {(a, b): v for (a, b), v in cost.items() if math.isfinite(v)},
+            arrival_rate={(a, b): max(0.0, v) for (a, b), v in arrivals.items()},
+            slo_ttft={(a, b): v for (a, b), v in slo.items() if math.isfinite(v)},
         )
 
     async def read(self, services: Sequence[ServicePods]) -> Observation:
-        return await asyncio.to_thread(self.read_sync)
+        return await asyncio.to_thread(self.read_sync, services)
 
 
 # ---- direct scrape ------------------------------------------------------------------------------
@@ -196,30 +235,63 @@ class GatewayTotals:
     held: float = 0.0
     cost: float = 0.0
     tokens: float = 0.0
+    arrivals: float = 0.0
+    """Requests answered plus in flight: a counter of arrivals."""
+    ttft: tuple[tuple[float, float], ...] = ()
+    """The TTFT histogram's cumulative buckets (upper bound, count)."""
 
     def __add__(self, other: GatewayTotals) -> GatewayTotals:
+        buckets = dict(self.ttft)
+        for le, n in other.ttft:
+            buckets[le] = buckets.get(le, 0.0) + n
         return GatewayTotals(
-            self.held + other.held, self.cost + other.cost, self.tokens + other.tokens
+            self.held + other.held,
+            self.cost + other.cost,
+            self.tokens + other.tokens,
+            self.arrivals + other.arrivals,
+            tuple(sorted(buckets.items())),
         )
 
 
 def parse_gateway(text: str) -> GatewayTotals:
-    """A gateway pod's held requests, and its lifetime cost and billed tokens."""
-    held = cost = tokens = 0.0
+    """A gateway pod's held requests, its lifetime cost, billed tokens and arrivals, and its
+    TTFT histogram."""
+    held = cost = tokens = arrivals = 0.0
+    buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
-        total = sum(
-            s.value
-            for s in family.samples
-            # cached tokens are counted among the prompt's already
-            if not s.name.endswith("_created") and s.labels.get("kind") != "cached"
-        )
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        # cached tokens are counted among the prompt's already
+        total = sum(s.value for s in samples if s.labels.get("kind") != "cached")
         if family.name == HELD_REQUESTS:
             held += total
         elif family.name == COST:
             cost += total
         elif family.name == TOKENS:
             tokens += total
-    return GatewayTotals(held, cost, tokens)
+        elif family.name in (REQUESTS, f"{REQUESTS}_total", INFLIGHT):
+            arrivals += total
+        elif family.name == TTFT:
+            for s in samples:
+                if s.name.endswith("_bucket"):
+                    le = float(s.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + s.value
+    return GatewayTotals(held, cost, tokens, arrivals, tuple(sorted(buckets.items())))
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """`q` of a histogram's cumulative buckets, interpolated within a bucket as Prometheus's
+    histogram_quantile does (None: no observations)."""
+    ordered = sorted(buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank, prev_le, prev_n = q * ordered[-1][1], 0.0, 0.0
+    for le, n in ordered:
+        if n >= rank:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_n) / max(n - prev_n, 1e-12)
+        prev_le, prev_n = le, n
+    return prev_le
 
 
 def _pod_url(pod: Json, port: int) -> str | None:
@@ -273,6 +345,8 @@ class DirectReader:
                 continue
         for key, totals in gateways.items():
             obs.held[key] = totals.held
+            obs.arrivals_total[key] = totals.arrivals
+            obs.ttft_buckets[key] = dict(totals.ttft)
             if totals.tokens > 0:
                 obs.cost_per_1k_tokens[key] = 1000 * totals.cost / totals.tokens
         return obs

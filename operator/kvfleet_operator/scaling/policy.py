@@ -21,18 +21,31 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
 - **Capacity on the way.** Replicas that are starting are capacity already ordered: while
   any is starting, the queue (which grows because that capacity is late) may not raise the
   target above the size already ordered — no cascade of scale-ups while models load.
-- **Missing data holds.** No fresh signal from an active replica, or a reader failure: the
-  size is held, never moved toward the minimum; the decision says why.
+- **Demand ahead.** The gateways' arrival rate, forecast one cold start ahead (Holt's
+  linear trend, `forecast.py`), over what one replica serves at the KV target — learned
+  online from the replicas' own KV usage under that rate, never a constant: capacity is
+  ordered before a ramp arrives, and a scale-down waits for the forecast too.
+- **The SLO.** With `slo.ttftSeconds`, a TTFT over it adds a replica (unless capacity is
+  already starting): the symptom the other terms missed.
+- **Missing data, per direction.** An active replica without a fresh scrape counts as
+  saturated (its KV full) for scale-up, and blocks scale-down; the decision names it. A
+  reader failure, or silence from every replica (a scrape problem, not load), holds the size.
 - **Warm pool.** `warmReplicas` loaded spares beside the active ones, inside `maxReplicas`:
-  at the top the pool gives way to active replicas.
+  at the top the pool gives way to active replicas. With `warmPool: auto` the pool also
+  covers the growth the forecast cannot rule out within a cold start (a high quantile of
+  its recent under-forecasts, in replicas): large before a ramp it has been missing, small
+  on a steady night.
+
+Each decision names the term that bound it (`bound_by`) with its numbers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvfleet_kernel.schema import fld
+from kvfleet_operator.scaling.forecast import Capacity, Forecast, learn_capacity, observe
 
 DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
@@ -66,6 +79,11 @@ class ScalingConfig:
     readiness_grace_s: float = fld(
         60.0, "A replica ready for less than this counts at the target in scale-down sums."
     )
+    warm_auto: bool = fld(
+        False, "Size the warm pool by forecast risk too (at least warm_replicas)."
+    )
+    slo_ttft_s: float | None = fld(None, "TTFT objective; over it, one more replica.")
+    interval_s: float = fld(15.0, "Seconds between decisions (the forecast's step).")
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,10 @@ class Signals:
     """Requests the gateway holds because no replica can take them (scale from zero)."""
     error: str | None = None
     """The reader failed altogether (Prometheus down, gateway unreachable)."""
+    arrival_rate: float | None = None
+    """Requests per second arriving at the gateways since the last tick (None: unknown)."""
+    ttft: float | None = None
+    """The TTFT the SLO is judged on (the p99, or the spec's attainment quantile), seconds."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +149,8 @@ class State:
     """Waiting + held requests at the previous tick."""
     last_up: float | None = None
     """When the size last went up."""
+    forecast: Forecast = field(default_factory=Forecast)
+    capacity: Capacity = field(default_factory=Capacity)
 
 
 @dataclass(frozen=True)
@@ -147,6 +171,14 @@ class Decision:
     """Replicas the KV usage asks for (summed usage over the target)."""
     need_queue: float = 0.0
     """Replicas the queue asks for (0 when the queue is under its target)."""
+    bound_by: str = "steady"
+    """The term that set the size: forecast, queue, kv, slots, slo, min, max, window, held."""
+    forecast_rate: float | None = None
+    """Requests per second expected one cold start ahead."""
+    capacity_per_replica: float | None = None
+    """Requests per second one replica serves at the KV target (learned)."""
+    missing: tuple[str, ...] = ()
+    """Active replicas without fresh metrics (counted saturated; no scale-down)."""
 
     @property
     def desired_total(self) -> int:
@@ -157,7 +189,7 @@ def bounds(config: ScalingConfig, active: int) -> int:
     return max(config.min_replicas, min(config.max_replicas, active))
 
 
-def warm_for(config: ScalingConfig, active: int) -> int:
+def warm_for(config: ScalingConfig, active: int) -> int:  # the fixed pool
     return max(0, min(config.warm_replicas, config.max_replicas - active))
 
 
@@ -175,37 +207,66 @@ def learn_cold_start(config: ScalingConfig, state: State, observed_s: list[float
     return replace(state, cold_start_s=total / (n + prior_weight), cold_start_samples=n)
 
 
-def decide(
-    config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, now: float
-) -> tuple[Decision, State]:
-    current = state.desired_active if state.desired_active is not None else fleet.active
-    current = bounds(config, current)
-    horizon = max(config.scale_up_window_s, config.scale_down_window_s)
-    since = now if state.since is None else state.since
-    past = tuple((t, r) for t, r in state.history if now - t < horizon)
-    if signals.error is not None or signals.missing:
-        why = signals.error or f"no fresh metrics from {', '.join(sorted(signals.missing)[:3])}"
-        decision = Decision(current, warm_for(config, current), f"holding: {why}", holding=True)
-        held = replace(state, desired_active=current, history=(*past, (now, current)), since=since)
-        return decision, held
+def warm_target(config: ScalingConfig, state: State, active: int) -> int:
+    """Spares for `active` replicas: the configured floor, and with `warm_auto` the forecast's
+    recent under-forecast in replicas — inside `max_replicas`."""
+    want = config.warm_replicas
+    per = state.capacity.per_replica
+    if config.warm_auto and per:
+        want = max(want, math.ceil(state.forecast.risk() / per - 1e-9))
+    return max(0, min(want, config.max_replicas - active))
 
+
+def _learn_demand(
+    config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, load: float, now: float
+) -> State:
+    """Fold this tick's arrival rate into the forecast and the learned capacity."""
+    rate = signals.arrival_rate
+    if rate is None:
+        return state
+    cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+    forecast = observe(state.forecast, rate, now, cold + config.interval_s)
+    queue = sum(max(0.0, r.queue) for r in signals.replicas) + max(0.0, signals.held)
+    kept_up = queue <= config.target_queue_depth * max(1, fleet.active) and load <= max(
+        1, fleet.active
+    )
+    if config.slo_ttft_s is not None and signals.ttft is not None:
+        kept_up = kept_up and signals.ttft <= config.slo_ttft_s
+    capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up)
+    return replace(state, forecast=forecast, capacity=capacity)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    up: dict[str, float]
+    """Replicas each term asks for on the way up."""
+    down: float
+    """Replicas the fleet needs for a scale-down (young replicas at the target)."""
+    queue: float
+    running: float
+    mean_kv: float | None
+    from_zero: bool
+    forecast_rate: float | None
+    serving: int
+    """Active replicas (at least 1: what per-replica numbers divide by)."""
+
+
+def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, now: float,
+           current: int) -> _Terms:  # fmt: skip
     measured = signals.replicas
     kv = [min(1.0, max(0.0, r.kv_usage)) for r in measured]
-    kv_sum = sum(kv)
+    target = config.target_kv_cache_usage
+    # A replica without fresh data counts as full (silence under load is not idleness).
+    kv_up = (sum(kv) + len(signals.missing)) / target
     # A young replica adds no load (scale-up) and argues for no scale-down (it counts at
     # the target): as HPA treats pods still initializing.
-    kv_sum_down = sum(
-        max(k, config.target_kv_cache_usage) if r.young else k
-        for k, r in zip(kv, measured, strict=True)
-    )
+    kv_down = sum(max(k, target) if r.young else k for k, r in zip(kv, measured, strict=True))
     queue = sum(max(0.0, r.queue) for r in measured) + max(0.0, signals.held)
-    serving = max(1, fleet.active)
-    need_kv = kv_sum / config.target_kv_cache_usage
     running = sum(max(0.0, r.running) for r in measured)
-    need_slots = 0.0
-    if config.max_running_requests:
-        need_slots = running / (config.max_running_requests * config.target_kv_cache_usage)
-    need_q = queue / config.target_queue_depth if queue > config.target_queue_depth * serving else 0
+    slots = running / (config.max_running_requests * target) if config.max_running_requests else 0
+    need_q = queue / config.target_queue_depth
+    if queue <= config.target_queue_depth * max(1, fleet.active):
+        need_q = 0.0  # an empty queue says nothing about how few replicas would do
     if state.last_queue is not None and queue < DRAINING * state.last_queue:
         # A backlog that is draining needs time, not replicas: the capacity that drains it
         # is already serving (ordering for it would overshoot once it is gone).
@@ -219,22 +280,98 @@ def decide(
         # it is late, not because more is needed than what was ordered. (Past a cold start,
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
-    need = max(need_kv, need_q, need_slots)
-    need_down = max(kv_sum_down / config.target_kv_cache_usage, need_q, need_slots)
+    ahead = state.forecast.ahead(cold + config.interval_s)
+    per = state.capacity.per_replica
+    need_f = ahead / per if ahead is not None and per else 0.0
+    level = state.forecast.level or 0.0
+    need_f_down = max(ahead or 0.0, level) / per if per else 0.0
+    slo = config.slo_ttft_s
+    breach = slo is not None and signals.ttft is not None and signals.ttft > slo
+    need_slo = float(current + 1) if breach and fleet.starting == 0 and current > 0 else 0.0
+    up = {"kv": kv_up, "queue": need_q, "slots": slots, "forecast": need_f, "slo": need_slo}
+    down = max(kv_down / target, need_q, slots, need_f_down, need_slo)
+    mean_kv = sum(kv) / len(kv) if kv else None
+    return _Terms(up, down, queue, running, mean_kv, from_zero, ahead, max(1, fleet.active))
+
+
+def decide(
+    config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, now: float
+) -> tuple[Decision, State]:
+    current = state.desired_active if state.desired_active is not None else fleet.active
+    current = bounds(config, current)
+    horizon = max(config.scale_up_window_s, config.scale_down_window_s)
+    since = now if state.since is None else state.since
+    past = tuple((t, r) for t, r in state.history if now - t < horizon)
+    error = signals.error
+    if error is None and signals.missing and not signals.replicas:
+        # Silence from every replica is a reader's problem (a NetworkPolicy, a scrape
+        # config), not load: counting them all full would run the fleet to its maximum.
+        error = f"no fresh metrics from any active replica ({', '.join(signals.missing[:3])})"
+    if error is not None:
+        why = f"holding: {error}"
+        decision = Decision(current, warm_target(config, state, current), why, holding=True,
+                            bound_by="held")  # fmt: skip
+        held = replace(state, desired_active=current, history=(*past, (now, current)), since=since)
+        return decision, held
+    kv_load = sum(min(1.0, max(0.0, r.kv_usage)) for r in signals.replicas)
+    load = kv_load / config.target_kv_cache_usage
+    if config.max_running_requests:
+        running = sum(max(0.0, r.running) for r in signals.replicas)
+        load = max(load, running / (config.max_running_requests * config.target_kv_cache_usage))
+    state = _learn_demand(config, state, fleet, signals, load, now)
+    terms = _terms(config, state, fleet, signals, now, current)
+    need = max(terms.up.values())
     if current == 0 or need > current * (1 + config.tolerance):
         raw = math.ceil(need - 1e-9)
-    elif need_down < current * (1 - config.tolerance):
-        raw = math.ceil(need_down - 1e-9)
+    elif terms.down < current * (1 - config.tolerance) and not signals.missing:
+        raw = math.ceil(terms.down - 1e-9)
     else:
         raw = current
     raw = bounds(config, raw)
-
     history = (*past, (now, raw))
+    desired = _stabilized(config, history, current, raw, terms.from_zero, now - since, now)
+    if signals.missing:
+        desired = max(desired, current)  # no evidence that fewer would do
+    bound_by = _bound_by(config, terms, need, raw, desired, current)
+    changed = desired != current
+    per_q = terms.queue / max(1, fleet.active)
+    decision = Decision(
+        desired,
+        warm_target(config, state, desired),
+        _explain(config, state, terms, need, raw, desired, current, per_q, bound_by, signals),
+        queue_per_replica=per_q,
+        kv_cache_usage=terms.mean_kv,
+        held_requests=signals.held,
+        recommendation=raw,
+        changed=changed,
+        need_kv=terms.up["kv"],
+        need_queue=terms.up["queue"],
+        bound_by=bound_by,
+        forecast_rate=terms.forecast_rate,
+        capacity_per_replica=state.capacity.per_replica,
+        missing=signals.missing,
+    )
+    new_state = replace(
+        state,
+        desired_active=desired,
+        history=history,
+        since=since,
+        last_queue=terms.queue,
+        last_up=now if desired > current else state.last_up,
+        last_change=now if changed else state.last_change,
+    )
+    return decision, new_state
+
+
+def _stabilized(config: ScalingConfig, history: tuple[tuple[float, int], ...], current: int,
+                raw: int, from_zero: bool, evidence_s: float, now: float) -> int:  # fmt: skip
+    """HPA's windows and step limits: up takes the smallest recommendation of the up window,
+    down the largest of the down window."""
     up = min(r for t, r in history if now - t < config.scale_up_window_s or t == now)
     if from_zero:
         up = raw  # the up window would keep waiting requests waiting on zero capacity
     down = max(r for t, r in history if now - t < config.scale_down_window_s or t == now)
-    if now - since < config.scale_down_window_s:
+    if evidence_s < config.scale_down_window_s:
         # The size in force counts as recommended while there is less than a window of
         # evidence (a first tick, an operator restart): no premature scale-down.
         down = max(down, current)
@@ -244,58 +381,56 @@ def decide(
         desired = max(down, current - config.max_step_down)
     else:
         desired = current
-    desired = bounds(config, desired)
+    return bounds(config, desired)
 
-    mean_kv = kv_sum / len(measured) if measured else None
-    per_q = queue / serving
+
+def _bound_by(config: ScalingConfig, terms: _Terms, need: float, raw: int, desired: int,
+              current: int) -> str:  # fmt: skip
+    """The term that set the size: the largest one on the way up (or `max`), `down` or
+    `min` on the way down, `window` while a change waits for its window."""
+    top = max(terms.up, key=lambda k: terms.up[k])
     if desired > current:
-        if need_q >= max(need_kv, need_slots):
-            why = (
-                f"scale up to {desired}: queue {per_q:.1f}/replica over target "
-                f"{config.target_queue_depth:g}"
-            )
-        elif need_slots > need_kv:
-            why = (
-                f"scale up to {desired}: {running / serving:.1f} running/replica of "
-                f"{config.max_running_requests} slots, over target {config.target_kv_cache_usage:g}"
-            )
-        else:
-            why = (
-                f"scale up to {desired}: KV usage {mean_kv or 0:.2f} over target "
-                f"{config.target_kv_cache_usage:g}"
-            )
-    elif desired < current:
-        why = (
-            f"scale down to {desired}: load needs {need:.1f} replicas "
-            f"(KV {mean_kv or 0:.2f}, queue {per_q:.1f}/replica, {running:g} running) for "
+        return "max" if desired == config.max_replicas and need > desired else top
+    if desired < current:
+        return "min" if desired == config.min_replicas else "down"
+    if raw != desired:
+        return "window"
+    if desired == config.min_replicas and need <= desired:
+        return "min"
+    return top if need > 0 else "steady"
+
+
+def _explain(config: ScalingConfig, state: State, terms: _Terms, need: float, raw: int,
+             desired: int, current: int, per_q: float, bound_by: str,
+             signals: Signals) -> str:  # fmt: skip
+    per = state.capacity.per_replica
+    demand = (
+        f"forecast {terms.forecast_rate:.1f} req/s in {config.cold_start_s:g}s at {per:.1f}/replica"
+        if terms.forecast_rate is not None and per
+        else "no demand forecast yet"
+    )
+    said = {
+        "kv": f"KV usage {terms.mean_kv or 0:.2f} over target {config.target_kv_cache_usage:g}",
+        "queue": f"queue {per_q:.1f}/replica over target {config.target_queue_depth:g}",
+        "slots": f"{terms.running / terms.serving:.1f} running/replica of "
+        f"{config.max_running_requests} slots, over target {config.target_kv_cache_usage:g}",
+        "forecast": demand,
+        "slo": f"TTFT {signals.ttft or 0:.2f}s over the SLO {config.slo_ttft_s or 0:g}s",
+    }
+    missing = f"; no fresh metrics from {', '.join(sorted(signals.missing)[:3])} (counted full)"
+    tail = missing if signals.missing else ""
+    if desired > current:
+        term = said.get(bound_by, said[max(terms.up, key=lambda k: terms.up[k])])
+        return f"scale up to {desired}: {term}{tail}"
+    if desired < current:
+        return (
+            f"scale down to {desired}: load needs {terms.down:.1f} replicas (KV "
+            f"{terms.mean_kv or 0:.2f}, queue {per_q:.1f}/replica, {demand}) for "
             f"{config.scale_down_window_s:g}s"
         )
-    else:
-        why = f"steady at {desired}: load needs {need:.1f} replicas"
-        if raw > desired:
-            why += f" (scale-up to {raw} waiting for its {config.scale_up_window_s:g}s window)"
-        elif raw < desired:
-            why += f" (scale-down to {raw} waiting for its {config.scale_down_window_s:g}s window)"
-    changed = desired != current
-    decision = Decision(
-        desired,
-        warm_for(config, desired),
-        why,
-        queue_per_replica=per_q,
-        kv_cache_usage=mean_kv,
-        held_requests=signals.held,
-        recommendation=raw,
-        changed=changed,
-        need_kv=need_kv,
-        need_queue=need_q,
-    )
-    new_state = replace(
-        state,
-        desired_active=desired,
-        history=history,
-        since=since,
-        last_queue=queue,
-        last_up=now if desired > current else state.last_up,
-        last_change=now if changed else state.last_change,
-    )
-    return decision, new_state
+    why = f"steady at {desired}: load needs {need:.1f} replicas ({demand}){tail}"
+    if raw > desired:
+        why += f" (scale-up to {raw} waiting for its {config.scale_up_window_s:g}s window)"
+    elif raw < desired:
+        why += f" (scale-down to {raw} waiting for its {config.scale_down_window_s:g}s window)"
+    return why

@@ -65,6 +65,10 @@ class FleetView:
     """Replicas created and not ready yet."""
     held: int
     """Requests waiting because no replica is active."""
+    arrived: int = 0
+    """Requests that arrived so far (a counter, as the gateways' requests_total)."""
+    recent_ttfts: tuple[float, ...] = ()
+    """TTFTs of the requests that finished since the last tick."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,10 @@ class FleetSimulator:
         """Gateways' KV-event indexes every engine reports to (see `publish_kv_events`)."""
         self._next_gateway = 0
         self._outstanding = 0
+        self._arrived = 0
+        """Requests that arrived at the gateway so far (the gateways' requests counter)."""
+        self._ttft_mark = 0
+        """Records already reported to the scaler."""
         self._trace: list[tuple[float, int]] = []
         self._target = Target(config.replicas)
         self.roles_trace: list[tuple[float, int, int, int]] = []
@@ -381,7 +389,10 @@ class FleetSimulator:
             len(warm),
             len(starting),
             len(self._unrouted),
+            self._arrived,
+            tuple(r.ttft for r in self.collector.records[self._ttft_mark :]),
         )
+        self._ttft_mark = len(self.collector.records)
         for r in self._live():
             r.busy_mark = r.busy_s
         target = self._target = self.scaler.target(view)
@@ -440,6 +451,7 @@ class FleetSimulator:
             if kind == STEP_END:
                 self._step_end(payload[0], payload[1], workload)
             elif kind == ARRIVAL:
+                self._arrived += 1
                 arrival, from_source = payload
                 if from_source:  # keep exactly one pending arrival from the (lazy) source
                     nxt = next(arrivals, None)

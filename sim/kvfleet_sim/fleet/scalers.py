@@ -7,12 +7,16 @@ measured against.
   spares are promoted in `promotion_s`).
 - `hpa_util`: a HorizontalPodAutoscaler on GPU utilization (the engine's busy share, as
   DCGM reports it) with HPA's defaults: target 80%, tolerance 10%, no scale-up
-  stabilization, 300 s scale-down stabilization, +max(4, 100%) per tick; no warm pool.
-- `keda_queue`: KEDA on the queue-depth gauge (target 4 waiting per replica), its HPA with
-  a 300 s scale-down stabilization; no warm pool.
-- `oracle`: knows the trace; provisions, a cold start ahead, the replicas the coming peak
-  needs at a per-replica capacity measured on this simulator (an upper bound on what
-  foresight buys, not a product policy).
+  stabilization, 300 s scale-down stabilization, +max(4, 100%) per tick.
+- `keda_load`: KEDA on the engines' waiting + running requests per replica (as llm-d
+  recommends configuring it on its router's metrics), its HPA with a 300 s scale-down
+  stabilization; the threshold is the user's to tune (the bench sweeps it).
+- Either baseline with a static warm floor: `minReplicas` raised, as a platform team keeps
+  headroom without a warm pool.
+- `oracle`: knows every arrival; plans each window's size from the true rate over the
+  window a cold start ahead, at a per-replica capacity measured on the workload's own
+  token mix, times a headroom the bench raises until the oracle keeps the SLO (an upper
+  bound on what foresight buys, not a product policy).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_operator.scaling.policy import (
+    Decision,
     Fleet,
     ReplicaSignals,
     ScalingConfig,
@@ -37,8 +42,19 @@ class KvfleetScaler:
     config: ScalingConfig
     state: State = field(default_factory=State)
     reasons: list[tuple[float, str]] = field(default_factory=list)
+    decisions: list[tuple[float, Decision]] = field(default_factory=list)
+    _last: tuple[float, int] | None = None
+    """(time, arrivals counter) at the previous tick: the rate is its difference."""
+
+    def _rate(self, view: FleetView) -> float | None:
+        last, self._last = self._last, (view.now, view.arrived)
+        if last is None or view.now <= last[0]:
+            return None
+        return (view.arrived - last[1]) / (view.now - last[0])
 
     def target(self, view: FleetView) -> Target:
+        ttfts = sorted(view.recent_ttfts)
+        ttft = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None
         signals = Signals(
             tuple(
                 ReplicaSignals(
@@ -51,9 +67,12 @@ class KvfleetScaler:
                 for r in view.active
             ),
             held=float(view.held),
+            arrival_rate=self._rate(view),
+            ttft=ttft,
         )
         fleet = Fleet(len(view.active), view.warm, view.starting)
         decision, self.state = decide(self.config, self.state, fleet, signals, view.now)
+        self.decisions.append((view.now, decision))
         if decision.changed:
             self.reasons.append((view.now, decision.reason))
         return Target(decision.desired_active, decision.desired_warm)
@@ -107,6 +126,16 @@ def keda_queue(min_replicas: int, max_replicas: int, per_replica: float = 4.0) -
     return HpaScaler(queue, per_replica, min_replicas, max_replicas)
 
 
+def keda_load(min_replicas: int, max_replicas: int, per_replica: float) -> HpaScaler:
+    """KEDA on waiting + running requests per replica (the gateway's held ones included)."""
+
+    def load(view: FleetView) -> float:
+        busy = sum(r.load.num_waiting_reqs + r.load.num_running_reqs for r in view.active)
+        return (busy + view.held) / max(1, len(view.active))
+
+    return HpaScaler(load, per_replica, min_replicas, max_replicas)
+
+
 @dataclass
 class OracleScaler:
     rate_at: Callable[[float], float]
@@ -116,8 +145,15 @@ class OracleScaler:
     """How far ahead to provision: cold start plus one tick."""
     min_replicas: int = 1
     max_replicas: int = 10
+    window_s: float = 15.0
+    """The decision interval: the size ordered now serves [now + lead, now + lead + window]."""
+    headroom: float = 1.0
+    """Capacity planned per unit of rate (raised by the bench until the SLO holds)."""
 
     def target(self, view: FleetView) -> Target:
-        horizon = [self.rate_at(view.now + dt) for dt in range(0, int(self.lead_s) + 1, 5)]
-        need = math.ceil(max(horizon) / self.capacity)
+        # What is ordered now is ready a cold start later and must serve until the next
+        # order is ready: the peak over that window; what is already there serves until then.
+        start, end = view.now, view.now + self.lead_s + self.window_s
+        horizon = [self.rate_at(start + dt) for dt in range(0, int(end - start) + 1, 5)]
+        need = math.ceil(max(horizon) * self.headroom / self.capacity - 1e-9)
         return Target(max(self.min_replicas, min(self.max_replicas, need)))

@@ -1,13 +1,21 @@
-"""Production arrival traces in the Azure LLM inference trace schema (the Splitwise paper's
-public CSVs): `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps like
-`2023-11-16 18:15:46.6805900`. Each row is one request: when it arrived, its prompt length
-and its output length. `time_scale` compresses the clock (2 = twice as fast); `rate_scale`
+"""Production arrival traces, in the two public formats users have:
+
+* the Azure LLM inference trace schema (the Splitwise paper's CSVs):
+  `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps like `2023-11-16 18:15:46.6805900`;
+* Mooncake's trace (JSON Lines, `*.jsonl`): `timestamp` in milliseconds, `input_length`,
+  `output_length`, and `hash_ids` — one id per 512-token block of the prompt, equal ids
+  meaning the same tokens, so the prefix reuse the trace recorded is replayed: requests that
+  share leading ids share those blocks' tokens exactly, and a prefix cache finds them.
+
+Each row is one request: when it arrived, its prompt and its output length. `time_scale`
+compresses the clock (2 = twice as fast); `rate_scale`
 keeps the clock and multiplies the requests (1.5 = each row once, half of them twice).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +39,11 @@ class TraceRow:
     """Seconds since the first row."""
     prompt_tokens: int
     output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+    """Mooncake: the prompt's 512-token blocks by content id (empty: unrelated tokens)."""
+
+
+MOONCAKE_BLOCK = 512
 
 
 def _timestamp(text: str) -> float:
@@ -40,6 +53,9 @@ def _timestamp(text: str) -> float:
 
 
 def read_trace(path: Path, max_prompt_tokens: int | None = None) -> list[TraceRow]:
+    """The rows of an Azure CSV or (by its `.jsonl` suffix) a Mooncake trace, time-ordered."""
+    if path.suffix == ".jsonl":
+        return _read_mooncake(path, max_prompt_tokens)
     try:
         handle = path.open(newline="")
     except OSError as exc:
@@ -69,6 +85,34 @@ def read_trace(path: Path, max_prompt_tokens: int | None = None) -> list[TraceRo
     return rows
 
 
+def _read_mooncake(path: Path, max_prompt_tokens: int | None) -> list[TraceRow]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot read: {exc.strerror}") from exc
+    rows: list[TraceRow] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            t, prompt = float(doc["timestamp"]) / 1000.0, int(doc["input_length"])
+            output, ids = int(doc["output_length"]), tuple(int(h) for h in doc.get("hash_ids", ()))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise TraceFileError(f"{path}:{n}: {type(exc).__name__}: {exc}") from None
+        if prompt < 1 or output < 0:
+            raise TraceFileError(f"{path}:{n}: token counts must be positive")
+        if max_prompt_tokens is not None and prompt > max_prompt_tokens:
+            prompt = max_prompt_tokens
+            ids = ids[: -(-prompt // MOONCAKE_BLOCK)]
+        rows.append(TraceRow(t, prompt, max(1, output), ids))
+    if not rows:
+        raise TraceFileError(f"{path}: no requests")
+    rows.sort(key=lambda r: r.time)
+    start = rows[0].time
+    return [TraceRow(r.time - start, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in rows]
+
+
 class TraceFileWorkload(Workload):
     """Arrivals replayed from a trace file (random token ids of the given lengths)."""
 
@@ -86,6 +130,7 @@ class TraceFileWorkload(Workload):
             WorkloadSpec("random", num_requests=len(rows), seed=seed), RateTrace(), vocab_size
         )
         self.rows, self.time_scale, self.rate_scale = rows, time_scale, rate_scale
+        self._blocks: dict[int, list[int]] = {}
 
     @property
     def duration_s(self) -> float:
@@ -97,11 +142,21 @@ class TraceFileWorkload(Workload):
         for row in self.rows:
             copies = whole + (1 if rng.random() < frac else 0)
             for _ in range(copies):  # copies arrive together: arrivals stay in time order
-                yield Arrival(
-                    row.time / self.time_scale,
-                    random_token_ids(rng, row.prompt_tokens, self.vocab),
-                    row.output_tokens,
-                )
+                yield Arrival(row.time / self.time_scale, self._prompt(row, rng), row.output_tokens)
+
+    def _prompt(self, row: TraceRow, rng: random.Random) -> list[int]:
+        if not row.hash_ids:
+            return random_token_ids(rng, row.prompt_tokens, self.vocab)
+        ids: list[int] = []
+        for h in row.hash_ids:  # the same id, the same tokens: a prefix cache finds them
+            block = self._blocks.get(h)
+            if block is None:
+                block = random_token_ids(random.Random(h), MOONCAKE_BLOCK, self.vocab)
+                self._blocks[h] = block
+            ids += block
+        if len(ids) < row.prompt_tokens:
+            ids += random_token_ids(rng, row.prompt_tokens - len(ids), self.vocab)
+        return ids[: row.prompt_tokens]
 
     def follow_up(self, done: Arrival, output_ids: list[int], now: float) -> Arrival | None:
         return None

@@ -1,0 +1,109 @@
+"""Demand ahead (Holt's linear trend, scored errors, the warm pool's risk), the capacity the
+fleet shows, the readers' arithmetic on gateway counters, and how `kvfleet describe` says it."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from kvfleet_cli.views import describe
+from kvfleet_operator.scaling.forecast import Capacity, Forecast, learn_capacity, observe
+from kvfleet_operator.scaling.observe import parse_gateway, quantile
+from kvfleet_sim.fleet.tracefile import TraceFileError, TraceFileWorkload, read_trace
+
+
+def test_a_ramp_is_extrapolated_and_a_plateau_is_not() -> None:
+    f = Forecast()
+    for i in range(40):  # +2 req/s every 15 s tick
+        f = observe(f, 10.0 + 2.0 * i, 15.0 * i, horizon_s=180.0)
+    now = 10.0 + 2.0 * 39
+    assert f.ahead(180.0) == pytest.approx(now + 2.0 / 15.0 * 180.0, rel=0.05)
+    # The forecasts made a horizon ago are scored: a steady ramp is foreseen (small errors).
+    assert f.errors and max(abs(e) for e in f.errors[-10:]) < 2.0
+    flat = Forecast()
+    for i in range(40):
+        flat = observe(flat, 30.0, 15.0 * i, horizon_s=180.0)
+    assert flat.ahead(180.0) == pytest.approx(30.0) and flat.risk() == pytest.approx(0.0)
+
+
+def test_the_risk_is_a_high_quantile_of_the_under_forecasts() -> None:
+    f = Forecast(errors=(-5.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 40.0))
+    assert f.risk() == 7.0  # nine in ten: one outlier does not size the pool
+    assert Forecast(errors=(9.0, 9.0)).risk() == 0.0  # too few to say
+
+
+def test_capacity_is_the_best_rate_served_well_capped_under_the_failures() -> None:
+    c = Capacity()
+    assert c.per_replica is None
+    for rate in (10.0, 20.0, 30.0):  # two replicas kept up at 5, 10, 15 req/s each
+        c = learn_capacity(c, rate, 2, kept_up=True)
+    assert c.per_replica == pytest.approx(15.0 * 1.15)  # explores past the best served
+    c = learn_capacity(c, 36.0, 2, kept_up=False)  # fell behind at 18 per replica
+    assert c.per_replica == pytest.approx(0.9 * 18.0)
+    assert learn_capacity(c, 0.01, 2, kept_up=True) == c  # an idle fleet says nothing
+
+
+def test_gateway_counters_give_arrivals_and_a_ttft_quantile() -> None:
+    text = "\n".join([
+        "# TYPE kvfleet_gateway_requests counter",
+        'kvfleet_gateway_requests_total{tenant="a",model="m",status="200"} 90',
+        'kvfleet_gateway_requests_total{tenant="b",model="m",status="429"} 10',
+        "# TYPE kvfleet_gateway_inflight_requests gauge",
+        'kvfleet_gateway_inflight_requests{tenant="a",model="m"} 5',
+        "# TYPE kvfleet_gateway_time_to_first_token_seconds histogram",
+        'kvfleet_gateway_time_to_first_token_seconds_bucket{tenant="a",model="m",le="0.5"} 50',
+        'kvfleet_gateway_time_to_first_token_seconds_bucket{tenant="a",model="m",le="1.0"} 90',
+        'kvfleet_gateway_time_to_first_token_seconds_bucket{tenant="a",model="m",le="+Inf"} 100',
+        'kvfleet_gateway_time_to_first_token_seconds_count{tenant="a",model="m"} 100',
+        'kvfleet_gateway_time_to_first_token_seconds_sum{tenant="a",model="m"} 60',
+        "",
+    ])  # fmt: skip
+    totals = parse_gateway(text) + parse_gateway(text)  # two gateway pods
+    assert totals.arrivals == 2 * 105
+    buckets = dict(totals.ttft)
+    assert buckets[1.0] == 180 and buckets[float("inf")] == 200
+    assert quantile(buckets, 0.5) == pytest.approx(0.5)
+    assert quantile(buckets, 0.7) == pytest.approx(0.75)  # interpolated in (0.5, 1.0]
+    assert quantile(buckets, 0.99) == pytest.approx(1.0)  # the +Inf bucket: its lower bound
+    assert quantile({}, 0.99) is None
+
+
+def test_mooncake_hash_ids_replay_as_shared_prefixes(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": 1000, "input_length": 1100, "output_length": 10, "hash_ids": [7, 8, 9]},
+        {"timestamp": 2500, "input_length": 1200, "output_length": 0, "hash_ids": [7, 8, 11]},
+        {"timestamp": 2000, "input_length": 300, "output_length": 5, "hash_ids": [12]},
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = read_trace(trace)
+    assert [r.time for r in read] == [0.0, 1.0, 1.5]  # ms, from the first, time-ordered
+    assert read[2].output_tokens == 1 and read[0].hash_ids == (7, 8, 9)
+    a, _, b = list(TraceFileWorkload(read, 128_256))
+    assert len(a.prompt_ids) == 1100 and len(b.prompt_ids) == 1200
+    assert a.prompt_ids[:1024] == b.prompt_ids[:1024]  # blocks 7 and 8: the same tokens
+    assert a.prompt_ids[1024:1100] != b.prompt_ids[1024:1100]
+    trace.write_text('{"timestamp": 1, "input_length": 5}\n')
+    with pytest.raises(TraceFileError, match=r"t.jsonl:1: KeyError"):
+        read_trace(trace)
+
+
+def test_describe_says_what_bound_the_decision_and_the_demand() -> None:
+    now = datetime.datetime(2026, 12, 2, tzinfo=datetime.UTC)
+    body = {
+        "metadata": {"name": "llama", "namespace": "ai"},
+        "spec": {"model": {"name": "llama-3.1-8b"}, "autoscaling": {"maxReplicas": 8}},
+        "status": {
+            "autoscaling": {
+                "desiredActive": 4, "desiredWarm": 2, "reason": "scale up to 4: forecast",
+                "source": "prometheus", "boundBy": "forecast",
+                "forecastRequestsPerSecond": 80.5, "capacityRequestsPerSecond": 21.3,
+            },
+        },
+    }  # fmt: skip
+    text = describe(body, [], [], [], now)
+    assert "bound by forecast" in text
+    assert "demand: forecast 80.5 req/s one cold start ahead, capacity 21.3 req/s" in text
