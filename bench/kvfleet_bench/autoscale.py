@@ -40,7 +40,7 @@ from kvfleet_sim.fleet.des import FleetConfig, FleetResult, FleetSimulator, Scal
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.scalers import KvfleetScaler, OracleScaler, hpa_util, keda_load
 from kvfleet_sim.fleet.tracefile import TraceFileWorkload, TraceRow, read_trace
-from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.traces import RateTrace, thinned
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
 SLO_TTFT_S = 2.0
@@ -103,13 +103,7 @@ class NoisyRate:
         return int(sum(self.rate_at(t + 0.5) for t in range(int(duration_s))))
 
     def arrivals(self, n: int, rng: random.Random) -> list[float]:
-        out: list[float] = []
-        t, lam = 0.0, self.max_rate()
-        while len(out) < n:
-            t += rng.expovariate(lam)
-            if rng.random() * lam <= self.rate_at(t):
-                out.append(t)
-        return out
+        return thinned(self.rate_at, self.max_rate(), n, rng)
 
 
 def _rows_at_rate(rows: list[TraceRow], rate: float, n: int, seed: int) -> list[TraceRow]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,10 +75,17 @@ class RateTrace:
             return [0.0] * n
         if self.max_rate() <= 0:
             raise ValueError("the trace's rate must be positive")
-        out: list[float] = []
-        t, lam = 0.0, self.max_rate()
-        while len(out) < n:
-            t += rng.expovariate(lam)
-            if rng.random() * lam <= self.rate_at(t):
-                out.append(t)
-        return out
+        return thinned(self.rate_at, self.max_rate(), n, rng)
+
+
+def thinned(
+    rate_at: Callable[[float], float], peak: float, n: int, rng: random.Random
+) -> list[float]:
+    """`n` arrival times of a Poisson process of rate `rate_at(t)` ≤ `peak` (thinning)."""
+    out: list[float] = []
+    t = 0.0
+    while len(out) < n:
+        t += rng.expovariate(peak)
+        if rng.random() * peak <= rate_at(t):
+            out.append(t)
+    return out
