@@ -560,9 +560,10 @@ async def test_fields_a_spec_stops_rendering_leave_the_children_and_others_stay(
     mesh = {"metadata": {"annotations": {"mesh.example/inject": "true"}}}
     await asyncio.to_thread(k.patch, DEPLOYMENT, NS, "llama-engine", mesh)
 
-    body = await asyncio.to_thread(k.get, ISVC, NS, "llama")
-    body["spec"].pop("scheduling")
-    await asyncio.to_thread(k.request, "PUT", ISVC.path(NS, "llama"), body)
+    # As `kubectl patch --type merge` would remove it: no resourceVersion precondition, so the
+    # operator's own status writes cannot make it a 409.
+    unset = {"spec": {"scheduling": None}}
+    await asyncio.to_thread(k.patch, ISVC, NS, "llama", unset)
     await until(lambda: "priorityClassName" not in pod_spec(), what="the priority class gone")
     spec = await asyncio.to_thread(pod_spec)
     assert "pool" not in (spec.get("nodeSelector") or {}), spec.get("nodeSelector")
