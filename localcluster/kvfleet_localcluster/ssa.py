@@ -276,3 +276,20 @@ def apply(live: Json | None, config: Json, manager: str, api_version: str, force
         mine.fields, mine.api_version, mine.time = applied, api_version, _now()
     _store(result, managed)
     return result
+
+
+def managed_base(old: Json, new: Json) -> Json:
+    """The stored object whose managedFields a write starts from. As a real API server: a
+    write that sends managedFields different from the stored ones replaces them (how a
+    controller moves fields it once wrote by Update to its Apply entry), `[{}]` clears them,
+    and an empty list or none keeps the stored ones (clients unaware of the field cannot strip
+    it)."""
+    sent = (new.get("metadata") or {}).get("managedFields")
+    stored = old["metadata"].get("managedFields")
+    if not sent or sent == stored:
+        return old
+    base = copy.deepcopy(old)
+    base["metadata"]["managedFields"] = [e for e in sent if e] if sent != [{}] else []
+    if not base["metadata"]["managedFields"]:
+        base["metadata"].pop("managedFields")
+    return base

@@ -335,8 +335,9 @@ class Store:
         for admit in self.admission:
             admit(kind, new, subresource)
         if subresource != "status" and not applied:
-            new["metadata"]["managedFields"] = copy.deepcopy(meta_old.get("managedFields"))
-            ssa.record_update(old, new, manager, kind.api_version, recorded_as)
+            base = ssa.managed_base(old, new)
+            new["metadata"]["managedFields"] = copy.deepcopy(base["metadata"].get("managedFields"))
+            ssa.record_update(base, new, manager, kind.api_version, recorded_as)
         if new == old:
             return copy.deepcopy(old)  # no-op writes change nothing, not even resourceVersion
         if dry_run:

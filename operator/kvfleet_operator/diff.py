@@ -110,6 +110,46 @@ def applied_fields(live: Json, manager: str) -> list[FieldPath] | None:
     return None
 
 
+def upgraded_managed_fields(live: Json, manager: str) -> list[Json] | None:
+    """`live`'s managedFields with `manager`'s Update entry folded into its Apply entry, or
+    None when there is no such Update entry. An earlier kvfleet wrote its children by merge
+    patch (an Update); until those fields move to the Apply entry, the server keeps them for
+    that Update even after the operator stops rendering them (client-go's csaupgrade does
+    the same move)."""
+    managed = (live.get("metadata") or {}).get("managedFields") or []
+
+    def is_update(e: Json) -> bool:
+        return (e.get("manager"), e.get("operation")) == (manager, "Update") and not e.get(
+            "subresource"
+        )
+
+    updates = [e for e in managed if is_update(e)]
+    if not updates:
+        return None
+    applied = next(
+        (e for e in managed if (e.get("manager"), e.get("operation")) == (manager, "Apply")),
+        None,
+    )
+    fields: Json = {}
+    for e in [*updates, *([applied] if applied else [])]:
+        fields = _union(fields, e.get("fieldsV1") or {})
+    merged = {
+        **(applied or updates[-1]),
+        "operation": "Apply",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+    rest = [e for e in managed if not is_update(e) and e is not applied]
+    return [*rest, merged]
+
+
+def _union(a: Json, b: Json) -> Json:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _union(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
+
+
 def field_owners(live: Json, path: FieldPath) -> list[str]:
     """The managers whose `managedFields` entries own the field at `path` (a `fieldsV1`
     path: `("f:spec", "f:replicas")`), with the subresource they wrote through."""

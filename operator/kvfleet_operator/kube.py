@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -249,6 +250,24 @@ class Kube:
             query={"fieldManager": self.field_manager, "force": "true"},
         )
         return self._observed(res, applied)
+
+    def replace_managed_fields(self, live: Json, managed: Sequence[Json]) -> Json:
+        """Rewrite `live`'s managedFields (a JSON patch guarded by its resourceVersion: a
+        concurrent write makes it a 409 and the next reconcile reads again)."""
+        res = resource_of(live)
+        meta = live["metadata"]
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+            {"op": "replace", "path": "/metadata/managedFields", "value": list(managed)},
+        ]
+        patched = self.request(
+            "PATCH",
+            res.path(meta.get("namespace"), meta["name"]),
+            ops,
+            "application/json-patch+json",
+            query={"fieldManager": self.field_manager},
+        )
+        return self._observed(res, patched)
 
     def patch(
         self, res: Resource, namespace: str | None, name: str, patch: Json, sub: str | None = None

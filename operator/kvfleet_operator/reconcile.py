@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import ConfigError, Json
-from kvfleet_operator.diff import field_owners, needs_apply, warm_assignment
+from kvfleet_operator.diff import (
+    field_owners,
+    needs_apply,
+    upgraded_managed_fields,
+    warm_assignment,
+)
 from kvfleet_operator.kube import (
     DEPLOYMENT,
     EVENT,
@@ -277,6 +282,8 @@ def _apply(
             f"{ref['name']} to let the operator take it over)"
         )
         return None
+    if live is not None and (upgraded := upgraded_managed_fields(live, kube.field_manager)):
+        live = _take_over_updates(kube, live, upgraded)
     if not needs_apply(desired, live, kube.field_manager):
         return live
     result = kube.apply(desired)  # 4xx: refused
@@ -285,6 +292,20 @@ def _apply(
     elif result["metadata"].get("resourceVersion") != live["metadata"].get("resourceVersion"):
         out.patched.append(_key(desired))  # else the server found nothing to change
     return result
+
+
+def _take_over_updates(kube: Kube, live: Json, upgraded: list[Json]) -> Json:
+    """Move what an earlier operator wrote by Update into our Apply entry. Written a moment
+    ago by someone else (the patch's resourceVersion test fails): read it again, and leave
+    the move to the next reconcile, which sees the entry still there."""
+    try:
+        return kube.replace_managed_fields(live, upgraded)
+    except ApiException as exc:
+        if exc.status not in (409, 422):
+            raise
+        meta = live["metadata"]
+        fresh = kube.get(resource_of(live), meta.get("namespace"), meta["name"], fresh=True)
+        return fresh if fresh is not None else live
 
 
 def _prune(

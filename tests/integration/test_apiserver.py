@@ -411,3 +411,44 @@ async def test_a_dependent_of_a_deleted_owner_is_collected(api: Api) -> None:
     child = {"metadata": {"name": "child", "ownerReferences": [ref]}}
     assert (await api("POST", "/api/v1/namespaces/ai/configmaps", child))[0] == 201
     assert (await api("GET", "/api/v1/namespaces/ai/configmaps/child"))[0] == 404
+
+
+async def test_managed_fields_sent_with_a_write(api: Api) -> None:
+    """As a real server: managedFields sent with a write replace the stored ones (how a
+    controller moves its Update entry to its Apply entry), `[{}]` clears them, and an empty
+    list leaves them (a client unaware of the field cannot strip it)."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}}
+    path = "/api/v1/namespaces/ai/configmaps/c"
+    status, created = await api("POST", "/api/v1/namespaces/ai/configmaps?fieldManager=op", cm)
+    assert status == 201
+    (entry,) = created["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == ("op", "Update")
+
+    def managers(obj: Any) -> set[tuple[str, str]]:
+        return {(e["manager"], e["operation"]) for e in obj["metadata"].get("managedFields", [])}
+
+    empty = {"metadata": {"managedFields": []}}
+    status, kept = await api("PATCH", path, empty, "application/merge-patch+json")
+    assert status == 200 and managers(kept) == {("op", "Update")}
+    moved = [{**entry, "operation": "Apply"}]
+    ops = [
+        {
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": kept["metadata"]["resourceVersion"],
+        },
+        {"op": "replace", "path": "/metadata/managedFields", "value": moved},
+    ]
+    status, replaced = await api(
+        "PATCH", path + "?fieldManager=op", ops, "application/json-patch+json"
+    )
+    assert status == 200 and managers(replaced) == {("op", "Apply")}
+    # The Apply entry now owns data.a: an apply without it removes it.
+    apply = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"b": "2"}}
+    status, applied = await api(
+        "PATCH", path + "?fieldManager=op&force=true", apply, "application/apply-patch+yaml"
+    )
+    assert status == 200 and applied["data"] == {"b": "2"}, applied
+    clear = {"metadata": {"managedFields": [{}]}}
+    status, cleared = await api("PATCH", path, clear, "application/merge-patch+json")
+    assert status == 200 and "managedFields" not in cleared["metadata"], cleared["metadata"]

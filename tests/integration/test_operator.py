@@ -531,6 +531,15 @@ async def test_a_hung_api_server_turns_the_liveness_probe_unhealthy(
             w.close()
 
 
+async def assert_a_reconcile_writes_nothing(env: Env, op: OperatorThread) -> None:
+    """Once settled, one more reconcile of llama issues no write."""
+    await settle(env, op)
+    before, done = op.kube.writes, len(op.outcomes)
+    op.controller.enqueue(NS, "llama")
+    await until(lambda: len(op.outcomes) > done, what="a reconcile")
+    assert op.kube.writes == before
+
+
 async def test_fields_a_spec_stops_rendering_leave_the_children_and_others_stay(
     local_cluster: Env, operator_factory: OperatorFactory
 ) -> None:
@@ -571,11 +580,52 @@ async def test_fields_a_spec_stops_rendering_leave_the_children_and_others_stay(
     engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
     assert engine["metadata"]["annotations"]["mesh.example/inject"] == "true"
     # And the new steady state writes nothing.
+    await assert_a_reconcile_writes_nothing(local_cluster, op)
+
+
+async def test_fields_an_earlier_operator_wrote_by_update_are_taken_over_and_dropped(
+    local_cluster: Env, operator_factory: OperatorFactory
+) -> None:
+    """An earlier kvfleet repaired its children by merge patch: its fields sit under an
+    `Update` entry of the operator's manager, which an apply never releases, so a field it
+    no longer renders would stay forever. The operator moves that entry into its `Apply`
+    entry (as client-go's csaupgrade does) and the next apply drops the stale field, while
+    what another manager wrote stays."""
+    k = local_cluster.kube
+    op = await operator_factory()
+    await asyncio.to_thread(k.create, isvc("llama", replicas=0))
+    await until(lambda: k.get(DEPLOYMENT, NS, "llama-engine"), what="the engine")
     await settle(local_cluster, op)
-    before, done = op.kube.writes, len(op.outcomes)
+    path = DEPLOYMENT.path(NS, "llama-engine")
+
+    def merge_patch(body: dict[str, Any], manager: str) -> Any:
+        return k.request(
+            "PATCH", path, body, "application/merge-patch+json", query={"fieldManager": manager}
+        )
+
+    # What an earlier operator left: a node selector it wrote by merge patch (an Update).
+    old = {"spec": {"template": {"spec": {"nodeSelector": {"pool": "retired"}}}}}
+    await asyncio.to_thread(merge_patch, old, "kvfleet-operator")
+    mesh = {"metadata": {"annotations": {"mesh.example/inject": "true"}}}
+    await asyncio.to_thread(merge_patch, mesh, "mesh-injector")
+    engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    entries = {(m["manager"], m["operation"]) for m in engine["metadata"]["managedFields"]}
+    assert ("kvfleet-operator", "Update") in entries, entries
+
     op.controller.enqueue(NS, "llama")
-    await until(lambda: len(op.outcomes) > done, what="a reconcile")
-    assert op.kube.writes == before
+
+    def selector() -> Any:
+        deployment = k.get(DEPLOYMENT, NS, "llama-engine") or {}
+        return deployment["spec"]["template"]["spec"].get("nodeSelector") or {}
+
+    await until(lambda: "pool" not in selector(), what="the stale node selector dropped")
+    engine = await asyncio.to_thread(k.get, DEPLOYMENT, NS, "llama-engine")
+    entries = {(m["manager"], m["operation"]) for m in engine["metadata"]["managedFields"]}
+    assert ("kvfleet-operator", "Update") not in entries, entries
+    assert ("kvfleet-operator", "Apply") in entries, entries
+    assert engine["metadata"]["annotations"]["mesh.example/inject"] == "true"
+    # And from there the steady state writes nothing.
+    await assert_a_reconcile_writes_nothing(local_cluster, op)
 
 
 async def test_the_api_server_sends_the_operator_only_its_children(

@@ -21,6 +21,7 @@ from kvfleet_operator.diff import (
     covers,
     needs_apply,
     renders,
+    upgraded_managed_fields,
     warm_assignment,
 )
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
@@ -286,6 +287,23 @@ def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_
     dropped["spec"]["selector"] = {}
     assert needs_apply(dropped, live, "op")
     assert covers({"cpu": 4}, {"cpu": "4"})
+
+
+def test_an_update_entry_of_ours_is_folded_into_our_apply_entry() -> None:
+    """Fields an earlier operator wrote by merge patch move to the Apply entry (so an apply
+    can release them); other managers' entries, and our status writes, stay as they are."""
+    old = {"manager": "op", "operation": "Update", "fieldsV1": {"f:spec": {"f:old": {}}}}
+    status = {**old, "subresource": "status", "fieldsV1": {"f:status": {}}}
+    ours = {"manager": "op", "operation": "Apply", "fieldsV1": {"f:spec": {"f:new": {}}}}
+    theirs = {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {"f:zz": {}}}}
+    live = {"metadata": {"managedFields": [old, status, ours, theirs]}}
+    upgraded = upgraded_managed_fields(live, "op")
+    assert upgraded is not None
+    assert status in upgraded and theirs in upgraded and old not in upgraded
+    (apply,) = [e for e in upgraded if e["operation"] == "Apply"]
+    assert apply["fieldsV1"] == {"f:spec": {"f:old": {}, "f:new": {}}}
+    assert upgraded_managed_fields({"metadata": {"managedFields": upgraded}}, "op") is None
+    assert upgraded_managed_fields(live, "someone-else") is None
 
 
 def test_keyed_lists_compare_item_by_item_and_atomic_lists_whole() -> None:
