@@ -44,6 +44,8 @@ from kvfleet_sim.fleet.traces import RateTrace, thinned
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
 SLO_TTFT_S = 2.0
+SLO_TTFT_LONG_S = 6.0
+"""The long-prompt cell's SLO: prefilling 16k tokens on a 32B model takes seconds by itself."""
 COLD_START_S = 180.0
 PROMOTION_S = 5.0
 DURATION_S = 1500.0
@@ -54,19 +56,35 @@ window has passed) before the spike, so no one profits from a scale-up the warm-
 MAX_REPLICAS = 12
 GPU_HOURLY_PRICE = 2.50
 """Assumed on-demand price of one H100-hour for the cost column (a report assumption)."""
-TRACES = ("step", "diurnal", "flash", "steady")
+LONG_PROMPT = "long-prompt"
+"""Qwen3-32B on two H100s (TP2), prompts of 8–16k tokens, on the diurnal shape: a cell whose
+replica serves a few requests per second, bound by prefill."""
+TRACES = ("step", "diurnal", "flash", "steady", LONG_PROMPT)
 POLICIES = ("kvfleet", "hpa", "keda", "oracle")
 KEDA_THRESHOLDS = (20, 30, 40, 50, 60)
 """Waiting + running requests per replica (one replica runs ~57 at its SLO capacity)."""
+KEDA_THRESHOLDS_LONG = (2, 4, 6, 8, 12)
+"""The same for the long-prompt cell, whose replica runs a handful at its SLO capacity."""
 HEADROOMS = (1.0, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5)
 SEEDS = (1, 2, 3)
 ORACLE_SLO = 0.999
 WORKLOAD = WorkloadSpec("random", input_len=1024, output_len=256, range_ratio=0.5)
+LONG_WORKLOAD = WorkloadSpec("random", input_len=16384, output_len=256, range_ratio=0.5)
 MAX_PROMPT = 8192
 
 
-def engine() -> EngineConfig:
+def engine(trace: str = "") -> EngineConfig:
+    if trace == LONG_PROMPT:
+        return EngineConfig(model=BUILTIN.model("qwen3-32b"), gpu=BUILTIN.gpu("h100"), tp_size=2)
     return EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100"))
+
+
+def slo_for(trace: str = "") -> float:
+    return SLO_TTFT_LONG_S if trace == LONG_PROMPT else SLO_TTFT_S
+
+
+def workload_spec(trace: str = "") -> WorkloadSpec:
+    return LONG_WORKLOAD if trace == LONG_PROMPT else WORKLOAD
 
 
 def rate_trace(kind: str, capacity: float, seed: int = 1) -> RateTrace | NoisyRate:
@@ -74,7 +92,7 @@ def rate_trace(kind: str, capacity: float, seed: int = 1) -> RateTrace | NoisyRa
     base = 1.2 * capacity
     if kind == "step":  # 4× for five minutes
         return RateTrace("step", rate=base, peak_rate=4 * base, start_s=SPIKE_AT_S, duration_s=300)
-    if kind == "diurnal":  # night to noon and back, compressed into the run
+    if kind in ("diurnal", LONG_PROMPT):  # night to noon and back, compressed into the run
         return RateTrace("diurnal", rate=0.3 * base, peak_rate=4 * base, period_s=DURATION_S)
     if kind == "flash":  # six times the base at once, thinning out over two minutes
         return RateTrace("flash", rate=base, peak_rate=6 * base, start_s=SPIKE_AT_S, decay_s=120)
@@ -116,23 +134,25 @@ def _rows_at_rate(rows: list[TraceRow], rate: float, n: int, seed: int) -> list[
     return out
 
 
-def measure_capacity(trace_file: str | None = None, seed: int = 1) -> float:
+def measure_capacity(trace_file: str | None = None, seed: int = 1, trace: str = "") -> float:
     """Requests per second one replica serves with TTFT p99 within the SLO (bisection), on
-    the workload's own token mix: the synthetic spec, or a trace file's requests."""
-    vocab = engine().model.vocab_size
+    the workload's own token mix: the synthetic spec (`trace`'s engine and lengths), or a
+    trace file's requests."""
+    vocab = engine(trace).model.vocab_size
     rows = read_trace(Path(trace_file), MAX_PROMPT) if trace_file else None
-    lo, hi = 0.5, 200.0
-    for _ in range(8):
+    lo, hi = 0.05, 200.0
+    for _ in range(10):
         mid = (lo + hi) / 2
         n = max(50, int(mid * 120))
         wl: Workload
         if rows is not None:
             wl = TraceFileWorkload(_rows_at_rate(rows, mid, n, seed), vocab, seed=seed)
         else:
-            spec = replace(WORKLOAD, num_requests=n, seed=seed)
+            spec = replace(workload_spec(trace), num_requests=n, seed=seed)
             wl = Workload(spec, RateTrace("poisson", rate=mid), vocab)
-        result = FleetSimulator(FleetConfig(engine(), replicas=1), fleet_policy("kvfleet")).run(wl)
-        lo, hi = (mid, hi) if result.summary.ttft_p99 <= SLO_TTFT_S else (lo, mid)
+        one = FleetConfig(engine(trace), replicas=1)
+        result = FleetSimulator(one, fleet_policy("kvfleet")).run(wl)
+        lo, hi = (mid, hi) if result.summary.ttft_p99 <= slo_for(trace) else (lo, mid)
     return lo
 
 
@@ -161,7 +181,7 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
             warm_replicas=1,
             warm_auto=True,
             cold_start_s=COLD_START_S,  # the spec's coldStartSeconds a user would set
-            slo_ttft_s=SLO_TTFT_S,  # the spec's slo.ttftSeconds
+            slo_ttft_s=slo_for(cell.trace),  # the spec's slo.ttftSeconds
         )
         return KvfleetScaler(config), True
     if name == "hpa":
@@ -176,7 +196,7 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
 
 
 def _workload(cell: Cell) -> tuple[Workload, Callable[[float], float], float]:
-    vocab = engine().model.vocab_size
+    vocab = engine(cell.trace).model.vocab_size
     if cell.trace_file:
         rows = read_trace(Path(cell.trace_file), max_prompt_tokens=MAX_PROMPT)
         wl = TraceFileWorkload(rows, vocab, cell.time_scale, cell.rate_scale, cell.seed)
@@ -189,7 +209,9 @@ def _workload(cell: Cell) -> tuple[Workload, Callable[[float], float], float]:
         return wl, rate_at, wl.duration_s
     trace = rate_trace(cell.trace, cell.capacity, cell.seed)
     duration = STEADY_S if cell.trace == "steady" else DURATION_S
-    spec = replace(WORKLOAD, num_requests=trace.expected_requests(duration), seed=cell.seed)
+    spec = replace(
+        workload_spec(cell.trace), num_requests=trace.expected_requests(duration), seed=cell.seed
+    )
     return Workload(spec, trace, vocab), trace.rate_at, duration
 
 
@@ -202,12 +224,14 @@ def _bisect(xs: list[float], x: float) -> int:
 def run_cell(cell: Cell) -> dict[str, Any]:
     workload, rate_at, duration = _workload(cell)
     scaler, warm_start = _scaler(cell, rate_at)
-    initial = max(1, math.ceil(rate_at(0.0) / cell.capacity))
+    # Sized for the load at the start, as a user deploying into live traffic would (a
+    # file's rate at 0 counts a half window).
+    initial = max(1, math.ceil(max(rate_at(0.0), rate_at(7.5)) / cell.capacity))
     if cell.policy == "oracle":  # what it would have ordered before the run began
         first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
         initial = max(initial, math.ceil(first * cell.headroom / cell.capacity - 1e-9))
     config = FleetConfig(
-        engine(),
+        engine(cell.trace),
         replicas=initial,
         cold_start_s=COLD_START_S,
         scale_interval_s=15.0,
@@ -240,7 +264,7 @@ def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float
         "seed": cell.seed,
         "headroom": cell.headroom,
         "requests": len(records),
-        "slo_attainment": sum(1 for t in ttfts if t <= SLO_TTFT_S) / max(1, len(ttfts)),
+        "slo_attainment": sum(1 for t in ttfts if t <= slo_for(cell.trace)) / max(1, len(ttfts)),
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p99": percentile(ttfts, 99),
         "gpu_hours": gpu_hours,
@@ -310,13 +334,15 @@ def run_autoscale_bench(
 
     log("measuring one replica's capacity within the SLO on each workload ...")
     capacity = {"synthetic": measure_capacity()}
+    if LONG_PROMPT in plan.traces:
+        capacity[LONG_PROMPT] = measure_capacity(trace=LONG_PROMPT)
     for f in plan.trace_files:
         capacity[f.name] = measure_capacity(str(f))
     for k, v in capacity.items():
-        log(f"  {k}: {v:.2f} requests/s per replica with TTFT p99 ≤ {SLO_TTFT_S:g} s")
+        log(f"  {k}: {v:.2f} requests/s per replica with TTFT p99 ≤ {slo_for(k):g} s")
     results: list[dict[str, Any]] = []
     for trace, file, seeds in _cells(plan):
-        cap = capacity[Path(file).name] if file else capacity["synthetic"]
+        cap = capacity[Path(file).name] if file else capacity.get(trace, capacity["synthetic"])
         scale = (plan.time_scale, plan.rate_scale) if file else (1.0, 1.0)
 
         def cell(policy: str, seed: int, t: str = trace, f: str | None = file,
@@ -330,7 +356,7 @@ def run_autoscale_bench(
         if "oracle" in plan.policies:
             results += _oracle([cell("oracle", s) for s in seeds], workers, log)
         sweep = [p for p in ("hpa", "keda") if p in plan.policies]
-        names = [f"{b}{fl}" for b in _baselines(sweep) for fl in ("", "+1")]
+        names = [f"{b}{fl}" for b in _baselines(sweep, trace) for fl in ("", "+1")]
         first = _pool_map(run_cell, [cell(n, seeds[0]) for n in names], workers, log)
         for r in first:
             r["sweep"] = True
@@ -344,10 +370,11 @@ def run_autoscale_bench(
     return {"capacity": capacity, "results": results, "goals": checks}
 
 
-def _baselines(names: Sequence[str]) -> list[str]:
+def _baselines(names: Sequence[str], trace: str) -> list[str]:
+    grid = KEDA_THRESHOLDS_LONG if trace == LONG_PROMPT else KEDA_THRESHOLDS
     out: list[str] = []
     for n in names:
-        out += [f"keda@{t}" for t in KEDA_THRESHOLDS] if n == "keda" else [n]
+        out += [f"keda@{t}" for t in grid] if n == "keda" else [n]
     return out
 
 

@@ -309,8 +309,8 @@ class Autoscaling:
     )
     slo: Slo | None = fld(
         None,
-        "A TTFT objective: a TTFT over it adds a replica, and a fleet that breaks it marks the"
-        " rate per replica it could not serve (the learned capacity stays under it).",
+        "A TTFT objective: a TTFT over it adds a replica, and a tick over it does not count"
+        " as a rate the fleet served well when the capacity per replica is learned.",
     )
 
 

@@ -105,10 +105,13 @@ def autoscaled(**engine: Any) -> dict[str, Any]:
     )
 
 
-async def chat(session: aiohttp.ClientSession, url: str, max_tokens: int) -> int:
+async def chat(
+    session: aiohttp.ClientSession, url: str, max_tokens: int, ignore_eos: bool = False
+) -> int:
     body = {
         "model": "llama-3.1-8b",
         "max_tokens": max_tokens,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "messages": [{"role": "user", "content": "tell me about kvfleet"}],
     }
@@ -118,13 +121,16 @@ async def chat(session: aiohttp.ClientSession, url: str, max_tokens: int) -> int
         return r.status
 
 
-async def burst(url: str, n: int, max_tokens: int, every_s: float = 0.0) -> list[int]:
-    """`n` streaming chats, one every `every_s` seconds; their HTTP statuses."""
+async def burst(
+    url: str, n: int, max_tokens: int, every_s: float = 0.0, ignore_eos: bool = False
+) -> list[int]:
+    """`n` streaming chats, one every `every_s` seconds; their HTTP statuses. With
+    `ignore_eos` each runs to `max_tokens` (else the engine ends it where the text would)."""
     timeout = aiohttp.ClientTimeout(total=120)
 
     async def one(s: aiohttp.ClientSession, i: int) -> int:
         await asyncio.sleep(i * every_s)
-        return await chat(s, url, max_tokens)
+        return await chat(s, url, max_tokens, ignore_eos)
 
     async with aiohttp.ClientSession(timeout=timeout) as s:
         return list(await asyncio.gather(*(one(s, i) for i in range(n))))
@@ -158,9 +164,11 @@ def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
-    """`tail_tokens`: the long requests' length, which must outlast the demotion (read from
-    Prometheus, the load's drop shows a scrape and a rate window later than scraped directly)."""
+async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
+    """`tail_tokens`: the long requests' length, which must outlast the demotion. Their three
+    arrivals at once are demand the forecast must see fade, so the scale-down window starts
+    over when they come (and read from Prometheus, the load's drop shows a scrape and a rate
+    window later than scraped directly)."""
     url = await ready_service(stack)
     pods = await asyncio.to_thread(stack.pods)
     warm = next(p for p in pods if p["metadata"]["labels"]["kvfleet.dev/role"] == "warm")
@@ -185,18 +193,6 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
     body = await asyncio.to_thread(stack.body)
     auto = body["status"]["autoscaling"]
     assert auto["source"] in ("direct", "prometheus") and "coldStartSeconds" in auto
-    # Demand: the gateways' arrival rate, forecast a cold start ahead, and the capacity per
-    # replica the fleet has shown, in the status (and `kvfleet describe`).
-    demand = await until(
-        lambda: (
-            (a := stack.body()["status"].get("autoscaling") or {}).get("capacityRequestsPerSecond")
-            and "forecastRequestsPerSecond" in a
-            and a
-        ),
-        20,
-        "the demand forecast and capacity in status.autoscaling",
-    )
-    assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
     assert body["status"]["metrics"]["kvCacheUsage"] >= 0
     if auto["source"] == "direct":  # the gateways' lifetime counters (Prometheus: a 5m rate)
         await until(
@@ -213,7 +209,7 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
     # load for 2 replicas (at the 0.85 target), so one is demoted with its request in
     # flight, which completes; a pod goes only once idle.
     down = time.monotonic()
-    tail = asyncio.create_task(burst(url, 3, tail_tokens))
+    tail = asyncio.create_task(burst(url, 3, tail_tokens, ignore_eos=True))
     await until(
         lambda: list(stack.roles().values()).count("active") == 2, 30, "demotion to 2 active"
     )
@@ -229,6 +225,19 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 2400) -> None:
     assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
     print(f"back to 1 active + 1 warm {time.monotonic() - down:.1f}s after the load dropped")
     await until(lambda: len(stack.pods()) == 2, 60, "the removed pods' processes gone")
+    # Demand: the gateways' arrival rate, forecast a cold start ahead, and the capacity per
+    # replica the fleet has shown (learned on ticks it kept up: by now, the tail's), in the
+    # status (and `kvfleet describe`).
+    demand = await until(
+        lambda: (
+            (a := stack.body()["status"].get("autoscaling") or {}).get("capacityRequestsPerSecond")
+            and "forecastRequestsPerSecond" in a
+            and a
+        ),
+        30,
+        "the demand forecast and capacity in status.autoscaling",
+    )
+    assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
 
 
 async def test_direct_scrape_scales_up_promotes_and_back(stack: Stack) -> None:
@@ -308,7 +317,7 @@ async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
     syncer = asyncio.create_task(keep_syncing())
     try:
         await asyncio.to_thread(stack.start_operator, url)
-        await scale_up_and_down(stack, tail_tokens=4000)
+        await scale_up_and_down(stack, tail_tokens=2400)
         body = await asyncio.to_thread(stack.body)
         assert body["status"]["autoscaling"]["source"] == "prometheus"
 

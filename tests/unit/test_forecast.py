@@ -44,6 +44,20 @@ def test_capacity_is_the_best_rate_served_well_capped_under_the_failures() -> No
     c = learn_capacity(c, 36.0, 2, kept_up=False)  # fell behind at 18 per replica
     assert c.per_replica == pytest.approx(0.9 * 18.0)
     assert learn_capacity(c, 0.01, 2, kept_up=True) == c  # an idle fleet says nothing
+    assert learn_capacity(c, 40.0, 2, kept_up=None).per_replica == c.per_replica  # no evidence
+
+
+def test_the_capacity_boundary_outvotes_a_burst_and_a_lucky_tick() -> None:
+    """The cut with the fewest ticks on its wrong side: one queue at a low rate (a burst
+    inside a tick) does not pull the plan down to it, nor one lucky tick at a high rate up."""
+    c = Capacity()
+    for per in (4.0, 5.0, 6.0, 7.0, 8.0, 9.0):
+        c = learn_capacity(c, per, 1, kept_up=True)
+    c = learn_capacity(c, 3.0, 1, kept_up=False)  # a burst queued at 3/replica
+    for per in (10.0, 11.0, 12.0):
+        c = learn_capacity(c, per, 1, kept_up=False)
+    c = learn_capacity(c, 15.0, 1, kept_up=True)  # one lucky tick
+    assert c.per_replica == pytest.approx(0.9 * 10.0)  # under the first failure past 9
 
 
 def test_gateway_counters_give_arrivals_and_a_ttft_quantile() -> None:

@@ -77,44 +77,66 @@ SAMPLES_KEPT = 240
 
 
 @dataclass(frozen=True)
+class CapacitySample:
+    """One tick's evidence about what a replica serves."""
+
+    rate: float
+    """Requests per second per active replica."""
+    kept_up: bool | None
+    """True: no queue over target and TTFT within the SLO. False: a queue over target and
+    still growing (arrivals outran service). None: neither (a backlog draining, a TTFT
+    quantile still remembering one) — no evidence either way."""
+
+
+@dataclass(frozen=True)
 class Capacity:
     """Requests per second one replica serves within its targets, learned from the fleet's
-    own ticks: each is a per-replica rate (arrivals over active replicas) and whether the
-    fleet kept up (no queue over target, TTFT within the SLO when one is set). The estimate
-    is the highest rate served well, capped by the lowest rate that was not — the boundary
-    the fleet has actually shown, in whatever unit binds it (prefill compute, batch slots or
-    KV cache); no constant of any model or GPU."""
+    own ticks, in whatever unit binds it (prefill compute, batch slots or KV cache); no
+    constant of any model or GPU, and no proxy (the KV usage of a replica at its TTFT limit
+    may be a few percent). The boundary is the per-replica rate that best splits the ticks
+    the fleet kept up from those where its queue grew past target — the cut with the fewest
+    ticks on the wrong side, so a burst that queued at a low rate or a lucky tick at a high
+    one is outvoted. The plan reaches `EXPLORE` past the best rate served under the cut (a
+    fleet provisioned by it keeps finding where its limit is) and stays a `MARGIN` under
+    the first rate that failed over it."""
 
-    samples: tuple[tuple[float, bool], ...] = ()
+    samples: tuple[CapacitySample, ...] = ()
 
     @property
     def per_replica(self) -> float | None:
-        """The rate to plan with: up to `EXPLORE` above the best rate served well, so a
-        fleet provisioned by it keeps finding where its limit is, and never past (a margin
-        under) the rates at which it fell behind."""
-        served = [r for r, ok in self.samples if ok]
+        judged = sorted((s.rate, bool(s.kept_up)) for s in self.samples if s.kept_up is not None)
+        cut = _boundary(judged)
+        served = [r for r, ok in judged[:cut] if ok]
         if not served:
             return None
         plan = max(served) * EXPLORE
-        over = sorted(r for r, ok in self.samples if not ok)
-        if over:  # a robust low rate among the failures: one noisy tick does not set it
-            plan = min(plan, MARGIN * over[len(over) // 5])
-        return plan
+        failed = [r for r, ok in judged[cut:] if not ok]
+        return min(plan, MARGIN * failed[0]) if failed else plan
+
+
+def _boundary(judged: list[tuple[float, bool]]) -> int:
+    """The index into rate-sorted (rate, kept up) ticks where capacity runs out: the cut
+    with the fewest failures under it plus successes over it (the highest such cut)."""
+    wrong = sum(1 for _, ok in judged if ok)  # the cut at 0: every success is over it
+    best, best_wrong = 0, wrong
+    for k, (_, ok) in enumerate(judged, start=1):
+        wrong += -1 if ok else 1
+        if wrong <= best_wrong:
+            best, best_wrong = k, wrong
+    return best
 
 
 EXPLORE = 1.15
 """How far past the best rate served well the plan reaches (a first guess is only a floor)."""
 MARGIN = 0.9
 """The share of a failing rate the plan stays under."""
-
-
 MIN_RATE = 0.05
 """A per-replica rate below this says nothing about capacity (an idle fleet)."""
 
 
-def learn_capacity(c: Capacity, rate: float, active: int, kept_up: bool) -> Capacity:
-    """One tick's evidence: `rate` requests per second arrived at `active` replicas, and the
-    fleet `kept_up` or not."""
+def learn_capacity(c: Capacity, rate: float, active: int, kept_up: bool | None) -> Capacity:
+    """One tick's evidence: `rate` requests per second arrived at `active` replicas, and
+    whether the fleet kept up (None: no evidence either way)."""
     if active <= 0 or rate / active < MIN_RATE:
         return c
-    return Capacity((*c.samples, (rate / active, kept_up))[-SAMPLES_KEPT:])
+    return Capacity((*c.samples, CapacitySample(rate / active, kept_up))[-SAMPLES_KEPT:])

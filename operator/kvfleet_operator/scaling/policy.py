@@ -22,9 +22,10 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   any is starting, the queue (which grows because that capacity is late) may not raise the
   target above the size already ordered — no cascade of scale-ups while models load.
 - **Demand ahead.** The gateways' arrival rate, forecast one cold start ahead (Holt's
-  linear trend, `forecast.py`), over what one replica serves at the KV target — learned
-  online from the replicas' own KV usage under that rate, never a constant: capacity is
-  ordered before a ramp arrives, and a scale-down waits for the forecast too.
+  linear trend, `forecast.py`), over what one replica serves — learned online from the
+  ticks the fleet kept up with and those it did not (`forecast.Capacity`), never a
+  constant: capacity is ordered before a ramp arrives, and a scale-down waits for the
+  forecast too.
 - **The SLO.** With `slo.ttftSeconds`, a TTFT over it adds a replica (unless capacity is
   already starting): the symptom the other terms missed.
 - **Missing data, per direction.** An active replica without a fresh scrape counts as
@@ -227,13 +228,30 @@ def _learn_demand(
     cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
     forecast = observe(state.forecast, rate, now, cold + config.interval_s)
     queue = sum(max(0.0, r.queue) for r in signals.replicas) + max(0.0, signals.held)
-    kept_up = queue <= config.target_queue_depth * max(1, fleet.active) and load <= max(
-        1, fleet.active
-    )
-    if config.slo_ttft_s is not None and signals.ttft is not None:
-        kept_up = kept_up and signals.ttft <= config.slo_ttft_s
+    kept_up = _kept_up(config, state, fleet, signals, queue, load)
     capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up)
     return replace(state, forecast=forecast, capacity=capacity)
+
+
+def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals,
+             queue: float, load: float) -> bool | None:  # fmt: skip
+    """Whether this tick shows the fleet keeping up with its arrivals: True (no queue over
+    target, TTFT within the SLO), False (load over the KV or slot target, or a queue over
+    target that is not draining: arrivals
+    outran service at this rate, whatever the TTFT quantile, which lags, says yet), None (no
+    evidence: a backlog draining, or a TTFT quantile that still remembers one)."""
+    if load > max(1, fleet.active):
+        return False  # over the KV or slot target at this rate
+    over = queue > config.target_queue_depth * max(1, fleet.active)
+    within_slo = (
+        None
+        if config.slo_ttft_s is None or signals.ttft is None
+        else signals.ttft <= config.slo_ttft_s
+    )
+    if over:
+        draining = state.last_queue is not None and queue < state.last_queue
+        return None if draining else False
+    return None if within_slo is False else True
 
 
 @dataclass(frozen=True)
