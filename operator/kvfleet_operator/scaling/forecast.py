@@ -98,7 +98,7 @@ class Capacity:
     ticks on the wrong side, so a burst that queued at a low rate or a lucky tick at a high
     one is outvoted. The plan reaches `EXPLORE` past the best rate served under the cut (a
     fleet provisioned by it keeps finding where its limit is) and stays a `MARGIN` under
-    the first rate that failed over it."""
+    the first rate that failed over it; with failures alone, a `MARGIN` under the lowest."""
 
     samples: tuple[CapacitySample, ...] = ()
 
@@ -107,10 +107,12 @@ class Capacity:
         judged = sorted((s.rate, bool(s.kept_up)) for s in self.samples if s.kept_up is not None)
         cut = _boundary(judged)
         served = [r for r, ok in judged[:cut] if ok]
-        if not served:
-            return None
-        plan = max(served) * EXPLORE
         failed = [r for r, ok in judged[cut:] if not ok]
+        if not served:
+            # Nothing served well under the cut: only an upper bound, under the lowest rate
+            # that failed (a lower bound on the replicas needed; None with no evidence).
+            return MARGIN * failed[0] if failed else None
+        plan = max(served) * EXPLORE
         return min(plan, MARGIN * failed[0]) if failed else plan
 
 
