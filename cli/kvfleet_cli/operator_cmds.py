@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,13 @@ def _allow_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     help="Seconds a Prometheus query may take.",
 )
 @click.option(
+    "--prometheus-rate-window",
+    default=AutoscalerConfig.prometheus_rate_window,
+    show_default=True,
+    callback=lambda _ctx, _param, value: _prometheus_duration(value),
+    help="rate() window of the arrival rate and the SLO's TTFT quantile (>= 4 scrape intervals).",
+)
+@click.option(
     "--prometheus-insecure-skip-tls-verify",
     is_flag=True,
     help="Do not verify an https Prometheus's certificate.",
@@ -315,6 +323,7 @@ def operator(
     resync_s: float,
     prometheus_url: str | None,
     prometheus_timeout_s: float,
+    prometheus_rate_window: str,
     prometheus_insecure_skip_tls_verify: bool,
     api_timeout_s: float,
     scale_interval_s: float,
@@ -362,6 +371,7 @@ def operator(
             interval_s=scale_interval_s,
             prometheus_timeout_s=prometheus_timeout_s,
             prometheus_verify_tls=not prometheus_insecure_skip_tls_verify,
+            prometheus_rate_window=prometheus_rate_window,
         ),
     )
     try:
@@ -370,3 +380,10 @@ def operator(
         raise click.ClickException(str(exc)) from exc
     log.info("logging in to %s", kube.api.configuration.host)
     run(Controller(kube, config))
+
+
+def _prometheus_duration(value: str) -> str:
+    """A Prometheus range duration (`30s`, `1m`, `1h30m`), else a usage error."""
+    if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", value):
+        raise click.BadParameter(f"{value!r} is not a Prometheus duration (e.g. 30s, 1m, 2m30s)")
+    return value

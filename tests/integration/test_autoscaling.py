@@ -176,6 +176,9 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
     warm = next(p for p in pods if p["metadata"]["labels"]["kvfleet.dev/role"] == "warm")
     warm_name, warm_ip = warm["metadata"]["name"], warm["status"]["podIP"]
     assert await served_requests(warm_ip) == 0  # a warm spare takes no traffic
+    # A light load the one active replica keeps up with (one short request at a time): the
+    # ticks the capacity estimate learns "served well" from, before the burst's failures.
+    assert await burst(url, 8, 16, every_s=0.5) == [200] * 8
     started = time.monotonic()
     # ~3 requests/s of 300 tokens; one replica serves under one a second (2 at a time).
     load = asyncio.create_task(burst(url, 30, 300, every_s=0.3))

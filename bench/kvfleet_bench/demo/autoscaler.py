@@ -382,7 +382,11 @@ class _Operator:
 
 def _start_operator(cluster: LocalCluster, prometheus: str | None) -> _Operator:
     credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
-    autoscaler = AutoscalerConfig(prometheus_url=prometheus, interval_s=1.0, stale_s=5.0)
+    # Prometheus scrapes every second here: a 10 s rate window is four-plus scrapes, and lets
+    # the fleet see a burst end within the demo's quiet phase.
+    autoscaler = AutoscalerConfig(
+        prometheus_url=prometheus, interval_s=1.0, stale_s=5.0, prometheus_rate_window="10s"
+    )
     config = OperatorConfig(credentials=credentials, resync_s=10, autoscaler=autoscaler)
     return _Operator(Controller(Kube(api_client(credentials)), config))
 

@@ -64,6 +64,10 @@ class AutoscalerConfig:
     a hung Prometheus costs one tick, not all autoscaling."""
     prometheus_verify_tls: bool = True
     """Verify an https Prometheus's certificate (off only with an explicit flag)."""
+    prometheus_rate_window: str = "1m"
+    """The rate() window of the arrival rate and of the SLO's TTFT quantile (a Prometheus
+    duration, at least four scrape intervals): a longer one lags a burst's end by that much,
+    and the forecast's scale-down hold with it."""
 
 
 def config_of(
@@ -120,6 +124,7 @@ class Autoscaler:
                 self.config.prometheus_url,
                 self.config.prometheus_timeout_s,
                 self.config.prometheus_verify_tls,
+                self.config.prometheus_rate_window,
             )
             if self.config.prometheus_url
             else DirectReader()

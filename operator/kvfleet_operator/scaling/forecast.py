@@ -98,7 +98,7 @@ class Capacity:
     ticks on the wrong side, so a burst that queued at a low rate or a lucky tick at a high
     one is outvoted. The plan reaches `EXPLORE` past the best rate served under the cut (a
     fleet provisioned by it keeps finding where its limit is) and stays a `MARGIN` under
-    the first rate that failed over it; with failures alone, a `MARGIN` under the lowest."""
+    the first rate that failed over it."""
 
     samples: tuple[CapacitySample, ...] = ()
 
@@ -109,9 +109,10 @@ class Capacity:
         served = [r for r, ok in judged[:cut] if ok]
         failed = [r for r, ok in judged[cut:] if not ok]
         if not served:
-            # Nothing served well under the cut: only an upper bound, under the lowest rate
-            # that failed (a lower bound on the replicas needed; None with no evidence).
-            return MARGIN * failed[0] if failed else None
+            # Nothing served well under the cut. A failing rate alone bounds nothing usable:
+            # a tick's rate lags the queue it saw (a burst's first seconds), so it can read
+            # far lower than what the fleet fell behind at.
+            return None
         plan = max(served) * EXPLORE
         return min(plan, MARGIN * failed[0]) if failed else plan
 

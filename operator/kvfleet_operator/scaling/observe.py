@@ -141,7 +141,9 @@ SERVED = 'inferenceservice!=""'
 class PrometheusReader:
     """A few queries per tick, for every service at once."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, verify_tls: bool = True) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 5.0, verify_tls: bool = True, rate_window: str = "1m"
+    ) -> None:
         self.url = url
         # The HTTP read is bounded too (a second past the query's own timeout): a Prometheus
         # that accepts and never answers must not hold the autoscaler.
@@ -153,6 +155,7 @@ class PrometheusReader:
             retry=Retry(total=0),
         )
         self.timeout_s = timeout_s
+        self.rate_window = rate_window
 
     def _vector(self, query: str, labels: Sequence[str]) -> dict[tuple[str, ...], float]:
         out: dict[tuple[str, ...], float] = {}
@@ -188,14 +191,15 @@ class PrometheusReader:
             )
             by_svc = "namespace, inferenceservice"
             arrivals = self._vector(
-                f"sum by ({by_svc}) (rate({REQUESTS}_total[1m]))"
-                f" + sum by ({by_svc}) (deriv({INFLIGHT}[1m]))",
+                f"sum by ({by_svc}) (rate({REQUESTS}_total[{self.rate_window}]))"
+                f" + sum by ({by_svc}) (deriv({INFLIGHT}[{self.rate_window}]))",
                 svc,
             )
             slo: dict[tuple[str, ...], float] = {}
             for q in sorted({s.ttft_quantile for s in services}):
                 found = self._vector(
-                    f"histogram_quantile({q:g}, sum by ({by_svc}, le) (rate({TTFT}_bucket[1m])))",
+                    f"histogram_quantile({q:g}, sum by ({by_svc}, le)"
+                    f" (rate({TTFT}_bucket[{self.rate_window}])))",
                     svc,
                 )
                 wanted = {(s.namespace, s.name) for s in services if s.ttft_quantile == q}
