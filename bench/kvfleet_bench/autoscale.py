@@ -44,8 +44,6 @@ from kvfleet_sim.fleet.traces import RateTrace, thinned
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
 SLO_TTFT_S = 2.0
-SLO_TTFT_LONG_S = 6.0
-"""The long-prompt cell's SLO: prefilling 16k tokens on a 32B model takes seconds by itself."""
 COLD_START_S = 180.0
 PROMOTION_S = 5.0
 DURATION_S = 1500.0
@@ -63,28 +61,41 @@ TRACES = ("step", "diurnal", "flash", "steady", LONG_PROMPT)
 POLICIES = ("kvfleet", "hpa", "keda", "oracle")
 KEDA_THRESHOLDS = (20, 30, 40, 50, 60)
 """Waiting + running requests per replica (one replica runs ~57 at its SLO capacity)."""
-KEDA_THRESHOLDS_LONG = (2, 4, 6, 8, 12)
-"""The same for the long-prompt cell, whose replica runs a handful at its SLO capacity."""
 HEADROOMS = (1.0, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5)
 SEEDS = (1, 2, 3)
 ORACLE_SLO = 0.999
 WORKLOAD = WorkloadSpec("random", input_len=1024, output_len=256, range_ratio=0.5)
-LONG_WORKLOAD = WorkloadSpec("random", input_len=16384, output_len=256, range_ratio=0.5)
 MAX_PROMPT = 8192
 
 
-def engine(trace: str = "") -> EngineConfig:
-    if trace == LONG_PROMPT:
-        return EngineConfig(model=BUILTIN.model("qwen3-32b"), gpu=BUILTIN.gpu("h100"), tp_size=2)
-    return EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100"))
+@dataclass(frozen=True)
+class Deployment:
+    """What a cell serves: the engine, its requests' lengths, the SLO and KEDA's grid."""
+
+    model: str
+    tp_size: int
+    workload: WorkloadSpec
+    slo_ttft_s: float
+    keda_thresholds: tuple[int, ...]
+
+    def engine(self) -> EngineConfig:
+        return EngineConfig(
+            model=BUILTIN.model(self.model), gpu=BUILTIN.gpu("h100"), tp_size=self.tp_size
+        )
 
 
-def slo_for(trace: str = "") -> float:
-    return SLO_TTFT_LONG_S if trace == LONG_PROMPT else SLO_TTFT_S
+LLAMA_8B = Deployment("llama-3.1-8b", 1, WORKLOAD, SLO_TTFT_S, KEDA_THRESHOLDS)
+QWEN_32B_LONG = Deployment(
+    "qwen3-32b",
+    2,
+    WorkloadSpec("random", input_len=16384, output_len=256, range_ratio=0.5),
+    6.0,  # prefilling 16k tokens on a 32B model takes seconds by itself
+    (2, 4, 6, 8, 12),  # its replica runs a handful of requests at its SLO capacity
+)
 
 
-def workload_spec(trace: str = "") -> WorkloadSpec:
-    return LONG_WORKLOAD if trace == LONG_PROMPT else WORKLOAD
+def deployment(trace: str = "") -> Deployment:
+    return QWEN_32B_LONG if trace == LONG_PROMPT else LLAMA_8B
 
 
 def rate_trace(kind: str, capacity: float, seed: int = 1) -> RateTrace | NoisyRate:
@@ -138,7 +149,7 @@ def measure_capacity(trace_file: str | None = None, seed: int = 1, trace: str = 
     """Requests per second one replica serves with TTFT p99 within the SLO (bisection), on
     the workload's own token mix: the synthetic spec (`trace`'s engine and lengths), or a
     trace file's requests."""
-    vocab = engine(trace).model.vocab_size
+    vocab = deployment(trace).engine().model.vocab_size
     rows = read_trace(Path(trace_file), MAX_PROMPT) if trace_file else None
     lo, hi = 0.05, 200.0
     for _ in range(10):
@@ -148,11 +159,11 @@ def measure_capacity(trace_file: str | None = None, seed: int = 1, trace: str = 
         if rows is not None:
             wl = TraceFileWorkload(_rows_at_rate(rows, mid, n, seed), vocab, seed=seed)
         else:
-            spec = replace(workload_spec(trace), num_requests=n, seed=seed)
+            spec = replace(deployment(trace).workload, num_requests=n, seed=seed)
             wl = Workload(spec, RateTrace("poisson", rate=mid), vocab)
-        one = FleetConfig(engine(trace), replicas=1)
+        one = FleetConfig(deployment(trace).engine(), replicas=1)
         result = FleetSimulator(one, fleet_policy("kvfleet")).run(wl)
-        lo, hi = (mid, hi) if result.summary.ttft_p99 <= slo_for(trace) else (lo, mid)
+        lo, hi = (mid, hi) if result.summary.ttft_p99 <= deployment(trace).slo_ttft_s else (lo, mid)
     return lo
 
 
@@ -181,7 +192,7 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
             warm_replicas=1,
             warm_auto=True,
             cold_start_s=COLD_START_S,  # the spec's coldStartSeconds a user would set
-            slo_ttft_s=slo_for(cell.trace),  # the spec's slo.ttftSeconds
+            slo_ttft_s=deployment(cell.trace).slo_ttft_s,  # the spec's slo.ttftSeconds
         )
         return KvfleetScaler(config), True
     if name == "hpa":
@@ -196,7 +207,7 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
 
 
 def _workload(cell: Cell) -> tuple[Workload, Callable[[float], float], float]:
-    vocab = engine(cell.trace).model.vocab_size
+    vocab = deployment(cell.trace).engine().model.vocab_size
     if cell.trace_file:
         rows = read_trace(Path(cell.trace_file), max_prompt_tokens=MAX_PROMPT)
         wl = TraceFileWorkload(rows, vocab, cell.time_scale, cell.rate_scale, cell.seed)
@@ -210,7 +221,9 @@ def _workload(cell: Cell) -> tuple[Workload, Callable[[float], float], float]:
     trace = rate_trace(cell.trace, cell.capacity, cell.seed)
     duration = STEADY_S if cell.trace == "steady" else DURATION_S
     spec = replace(
-        workload_spec(cell.trace), num_requests=trace.expected_requests(duration), seed=cell.seed
+        deployment(cell.trace).workload,
+        num_requests=trace.expected_requests(duration),
+        seed=cell.seed,
     )
     return Workload(spec, trace, vocab), trace.rate_at, duration
 
@@ -231,7 +244,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
         initial = max(initial, math.ceil(first * cell.headroom / cell.capacity - 1e-9))
     config = FleetConfig(
-        engine(cell.trace),
+        deployment(cell.trace).engine(),
         replicas=initial,
         cold_start_s=COLD_START_S,
         scale_interval_s=15.0,
@@ -264,7 +277,8 @@ def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float
         "seed": cell.seed,
         "headroom": cell.headroom,
         "requests": len(records),
-        "slo_attainment": sum(1 for t in ttfts if t <= slo_for(cell.trace)) / max(1, len(ttfts)),
+        "slo_attainment": sum(1 for t in ttfts if t <= deployment(cell.trace).slo_ttft_s)
+        / max(1, len(ttfts)),
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p99": percentile(ttfts, 99),
         "gpu_hours": gpu_hours,
@@ -339,7 +353,7 @@ def run_autoscale_bench(
     for f in plan.trace_files:
         capacity[f.name] = measure_capacity(str(f))
     for k, v in capacity.items():
-        log(f"  {k}: {v:.2f} requests/s per replica with TTFT p99 ≤ {slo_for(k):g} s")
+        log(f"  {k}: {v:.2f} requests/s per replica with TTFT p99 ≤ {deployment(k).slo_ttft_s:g} s")
     results: list[dict[str, Any]] = []
     for trace, file, seeds in _cells(plan):
         cap = capacity[Path(file).name] if file else capacity.get(trace, capacity["synthetic"])
@@ -371,10 +385,9 @@ def run_autoscale_bench(
 
 
 def _baselines(names: Sequence[str], trace: str) -> list[str]:
-    grid = KEDA_THRESHOLDS_LONG if trace == LONG_PROMPT else KEDA_THRESHOLDS
     out: list[str] = []
     for n in names:
-        out += [f"keda@{t}" for t in grid] if n == "keda" else [n]
+        out += [f"keda@{t}" for t in deployment(trace).keda_thresholds] if n == "keda" else [n]
     return out
 
 

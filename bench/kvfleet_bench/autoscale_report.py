@@ -37,6 +37,8 @@ def _by(results: Sequence[dict[str, Any]], trace: str, label: str) -> dict[int, 
 
 
 def goals(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    from kvfleet_bench.autoscale import LONG_PROMPT
+
     out: list[dict[str, Any]] = []
     traces = list(dict.fromkeys(r["trace"] for r in results))
     for t in traces:
@@ -49,7 +51,7 @@ def goals(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"{worst['headroom']:g})",
                 "met": all(r["slo_attainment"] >= 0.999 for r in oracle.values()),
             })  # fmt: skip
-        if t in ("step", "diurnal", "flash", "long-prompt") and oracle:
+        if t in ("step", "diurnal", "flash", LONG_PROMPT) and oracle:
             ratios = [kv[s]["gpu_hours"] / oracle[s]["gpu_hours"] for s in kv if s in oracle]
             slo = min(r["slo_attainment"] for r in kv.values())
             out.append({

@@ -289,7 +289,9 @@ def managed_base(old: Json, new: Json) -> Json:
     if not sent or sent == stored:
         return old
     base = copy.deepcopy(old)
-    base["metadata"]["managedFields"] = [e for e in sent if e] if sent != [{}] else []
-    if not base["metadata"]["managedFields"]:
-        base["metadata"].pop("managedFields")
+    kept = [e for e in sent if e]  # `[{}]`: none
+    if kept:
+        base["metadata"]["managedFields"] = kept
+    else:
+        base["metadata"].pop("managedFields", None)
     return base

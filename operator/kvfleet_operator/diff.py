@@ -97,13 +97,23 @@ def _leaf_paths(node: Any, path: FieldPath, out: list[FieldPath]) -> None:
         _leaf_paths(sub, (*path, step), out)
 
 
+def _managed(live: Json) -> list[Json]:
+    return (live.get("metadata") or {}).get("managedFields") or []
+
+
+def _is_own(entry: Json, manager: str, operation: str) -> bool:
+    """`entry` records `manager`'s writes of the object itself (not a subresource) by
+    `operation` (Apply or Update)."""
+    mine = (entry.get("manager"), entry.get("operation")) == (manager, operation)
+    return mine and not entry.get("subresource")
+
+
 def applied_fields(live: Json, manager: str) -> list[FieldPath] | None:
     """The paths `manager` owns by apply in `live`'s `managedFields` (the `fieldsV1` steps:
     `f:<field>`, `k:<json key>`, `v:<json value>`, `i:<index>`); None: it never applied
     this object."""
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
-        mine = (entry.get("manager"), entry.get("operation")) == (manager, "Apply")
-        if mine and not entry.get("subresource"):
+    for entry in _managed(live):
+        if _is_own(entry, manager, "Apply"):
             out: list[FieldPath] = []
             _leaf_paths(entry.get("fieldsV1") or {}, (), out)
             return out
@@ -116,20 +126,11 @@ def upgraded_managed_fields(live: Json, manager: str) -> list[Json] | None:
     patch (an Update); until those fields move to the Apply entry, the server keeps them for
     that Update even after the operator stops rendering them (client-go's csaupgrade does
     the same move)."""
-    managed = (live.get("metadata") or {}).get("managedFields") or []
-
-    def is_update(e: Json) -> bool:
-        return (e.get("manager"), e.get("operation")) == (manager, "Update") and not e.get(
-            "subresource"
-        )
-
-    updates = [e for e in managed if is_update(e)]
+    managed = _managed(live)
+    updates = [e for e in managed if _is_own(e, manager, "Update")]
     if not updates:
         return None
-    applied = next(
-        (e for e in managed if (e.get("manager"), e.get("operation")) == (manager, "Apply")),
-        None,
-    )
+    applied = next((e for e in managed if _is_own(e, manager, "Apply")), None)
     fields: Json = {}
     for e in [*updates, *([applied] if applied else [])]:
         fields = _union(fields, e.get("fieldsV1") or {})
@@ -139,7 +140,7 @@ def upgraded_managed_fields(live: Json, manager: str) -> list[Json] | None:
         "fieldsType": "FieldsV1",
         "fieldsV1": fields,
     }
-    rest = [e for e in managed if not is_update(e) and e is not applied]
+    rest = [e for e in managed if e is not applied and not _is_own(e, manager, "Update")]
     return [*rest, merged]
 
 

@@ -237,9 +237,9 @@ def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals
              queue: float, load: float) -> bool | None:  # fmt: skip
     """Whether this tick shows the fleet keeping up with its arrivals: True (no queue over
     target, TTFT within the SLO), False (load over the KV or slot target, or a queue over
-    target that is not draining: arrivals
-    outran service at this rate, whatever the TTFT quantile, which lags, says yet), None (no
-    evidence: a backlog draining, or a TTFT quantile that still remembers one)."""
+    target that is not draining: arrivals outran service at this rate, whatever the TTFT
+    quantile, which lags, says yet), None (no evidence: a backlog draining, or a TTFT
+    quantile that still remembers one)."""
     if load > max(1, fleet.active):
         return False  # over the KV or slot target at this rate
     over = queue > config.target_queue_depth * max(1, fleet.active)
