@@ -27,6 +27,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 CHILDREN = [r for r in RESOURCES.values() if r.kind not in ("InferenceService", "Pod", "Event")]
 """What an InferenceService owns: the kinds the operator renders (its own table of them)."""
 EVENT = RESOURCES[("v1", "Event")]
+OPTIONAL_APIS = ("podmonitors", "leaderworkersets")
+"""Children of APIs a cluster may not serve (listing them there is a 404)."""
 
 
 def cluster_options(f: F) -> F:
@@ -170,8 +172,8 @@ def describe_cmd(
     selector = f"{ISVC_LABEL}={name}"
     children = []
     for res in CHILDREN:
-        if res.plural == "podmonitors" and not cluster.served(res.api_version):
-            continue  # only with the Prometheus Operator
+        if res.plural in OPTIONAL_APIS and not cluster.served(res.api_version):
+            continue  # only with the Prometheus Operator, or LeaderWorkerSet, installed
         for child in cluster.items(res, ns, labelSelector=selector):
             child["kind"] = res.kind  # a real API server leaves kind out of list items
             children.append(child)

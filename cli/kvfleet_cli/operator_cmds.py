@@ -15,7 +15,7 @@ from kvfleet_kernel.schema import ConfigError, yaml_position
 from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.policy import Policy
-from kvfleet_operator.render import owner_of, render_children
+from kvfleet_operator.render import Owner, owner_of, render_children
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.spec import KIND
@@ -66,6 +66,29 @@ def sglang_rejections(args: list[str]) -> str | None:
     return None
 
 
+def command_lines(owner: Owner) -> list[list[str]]:
+    """The engine command line of each kind of pod, as the kubelet runs it: `$(VAR)`
+    expanded with the values its environment would hold (LeaderWorkerSet's for a
+    multi-node group: the leader, rank 0, and a worker, rank 1)."""
+    leader = f"{owner.engine_name}-0.{owner.engine_name}.{owner.namespace}"
+    ranks = (0, 1) if owner.multi_node else (0,)
+    return [
+        [
+            VARIABLE.sub(lambda m, env=env: env.get(m[1], m[0]), arg)  # type: ignore[misc]
+            for arg in engine_args(owner.spec)
+        ]
+        for env in (
+            {"KVFLEET_ENGINE_API_KEY": "engine-key", "LWS_WORKER_INDEX": str(rank),
+             "LWS_LEADER_ADDRESS": leader}
+            for rank in ranks
+        )
+    ]  # fmt: skip
+
+
+VARIABLE = re.compile(r"\$\((\w+)\)")
+"""A container argument's `$(NAME)`, which the kubelet expands from the container's env."""
+
+
 @click.command("render")
 @click.option(
     "-f",
@@ -96,7 +119,7 @@ def render(path: Path, check: bool) -> None:
             failed = True
             continue
         if check:
-            problem = sglang_rejections(engine_args(owner.spec))
+            problem = next(filter(None, (sglang_rejections(a) for a in command_lines(owner))), None)
             if problem:
                 click.echo(
                     f"Error: {KIND} {name}: SGLang rejects the command line: {problem}", err=True

@@ -23,7 +23,13 @@ from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import table
 from kvfleet_kernel.sglang_metrics import promql, read_gauges
 from kvfleet_operator.kube import POD
-from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE_PORT, ISVC_LABEL, ROLE_LABEL
+from kvfleet_operator.render.common import (
+    COMPONENT_LABEL,
+    ENGINE_PORT,
+    ISVC_LABEL,
+    ROLE_LABEL,
+    WORKER_INDEX_LABEL,
+)
 from kvfleet_operator.status import pod_ready
 
 SHOWN = ("num_queue_reqs", "num_running_reqs", "token_usage", "cache_hit_rate", "gen_throughput")
@@ -69,7 +75,11 @@ def _pod_port(pod: dict[str, Any]) -> int:
 
 def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> list[Replica]:
     selector = f"{ISVC_LABEL}={name},{COMPONENT_LABEL}=engine"
-    pods = cluster.items(POD, cluster.namespace, labelSelector=selector)
+    pods = [  # a multi-node replica is its leader: workers serve no metrics of their own
+        p
+        for p in cluster.items(POD, cluster.namespace, labelSelector=selector)
+        if (p["metadata"].get("labels") or {}).get(WORKER_INDEX_LABEL, "0") == "0"
+    ]
     by_pod: dict[str, dict[str, float]] = {}
     if prometheus_url:
         from prometheus_api_client import PrometheusConnect

@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from kvfleet_operator.render.common import COMPONENT_LABEL, ROLE_LABEL
+from kvfleet_operator.render.common import COMPONENT_LABEL, ROLE_LABEL, WORKER_INDEX_LABEL
 from kvfleet_operator.status import pod_ready
 
 Json = dict[str, Any]
@@ -107,6 +107,13 @@ def _ready(obj: Json) -> str:
     return f"{status.get('readyReplicas', 0)}/{want if want is not None else '-'}"
 
 
+def _role(labels: dict[str, str]) -> str:
+    """A pod's role: active or warm; a multi-node replica's worker pods are workers."""
+    if labels.get(WORKER_INDEX_LABEL, "0") != "0":
+        return "worker"
+    return labels.get(ROLE_LABEL, "-")
+
+
 def describe(
     obj: Json, children: list[Json], pods: list[Json], events: list[Json], now: datetime.datetime
 ) -> str:
@@ -183,7 +190,7 @@ def describe(
     out += ["Children:"]
     rows = []
     for c in sorted(children, key=lambda c: (c.get("kind", ""), c["metadata"]["name"])):
-        health = _ready(c) if c.get("kind") == "Deployment" else "-"
+        health = _ready(c) if c.get("kind") in ("Deployment", "LeaderWorkerSet") else "-"
         rows.append([f"{c.get('kind')}/{c['metadata']['name']}", health])
     out += _indent(table(["OBJECT", "READY"], rows) if rows else "<none>\n")
     out += ["Pods:"]
@@ -195,7 +202,7 @@ def describe(
             for s in (p.get("status") or {}).get("containerStatuses") or []
         )
         prow.append([
-            p["metadata"]["name"], labels.get(COMPONENT_LABEL, ""), labels.get(ROLE_LABEL, "-"),
+            p["metadata"]["name"], labels.get(COMPONENT_LABEL, ""), _role(labels),
             "True" if pod_ready(p) else "False", str(restarts),
             (p.get("status") or {}).get("podIP", "<none>"),
         ])  # fmt: skip

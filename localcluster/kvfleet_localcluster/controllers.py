@@ -44,6 +44,9 @@ from kvfleet_localcluster.kubelet import (
     pod_dir,
     service_table_file,
 )
+from kvfleet_localcluster.leaderworkersets import KEY as LWS_KEY
+from kvfleet_localcluster.leaderworkersets import NAME_LABEL as LWS_NAME_LABEL
+from kvfleet_localcluster.leaderworkersets import LeaderWorkerSets
 from kvfleet_localcluster.services import ServiceTable
 from kvfleet_localcluster.statefulsets import reconcile_statefulset
 from kvfleet_localcluster.store import ApiError, Kind, Store
@@ -91,6 +94,9 @@ class Cluster:
 
     _statefulsets: set[tuple[str, str]] = field(default_factory=set)
     """StatefulSets (namespace, name) to reconcile."""
+    _leader_worker_sets: set[tuple[str, str]] = field(default_factory=set)
+    """LeaderWorkerSets (namespace, name) to reconcile (once their CRD is installed)."""
+    _lws: LeaderWorkerSets = field(init=False)
     _services: ServiceTable | None = None
     _services_changed: bool = True
     _events: EventRecorder = field(init=False)
@@ -100,6 +106,7 @@ class Cluster:
             self.store.kinds.setdefault(kind.key, kind)
         self.store.listeners.append(self._on_event)
         self._events = EventRecorder(self.store)
+        self._lws = LeaderWorkerSets(self.store)
         if self.kubelet.run_processes:
             self._services = ServiceTable(service_table_file(self.kubelet))
             self._pod_range = PodRange()  # processes bind their pod's address: claim a range
@@ -115,8 +122,12 @@ class Cluster:
             self._statefulsets.add((ns, meta["name"]))
         elif kind.key == SERVICE.key:
             self._services_changed = True
+        elif kind.key == LWS_KEY:
+            self._leader_worker_sets.add((ns, meta["name"]))
         elif kind.key == POD.key:
             self._pods_changed = self._services_changed = True
+            if lws := (meta.get("labels") or {}).get(LWS_NAME_LABEL):
+                self._leader_worker_sets.add((ns, lws))
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("kind") == "Deployment":
                     self._changed.add((ns, ref.get("name", "")))
@@ -316,6 +327,14 @@ class Cluster:
         found = (self.store.lookup(STATEFULSET.key, ns, name) for ns, name in sorted(sets))
         for sts in self.store.peek(*STATEFULSET.key) if full else [s for s in found if s]:
             reconcile_statefulset(self.store, sts)
+        groups, self._leader_worker_sets = self._leader_worker_sets, set()
+        if full:
+            todo_lws = self.store.peek(*LWS_KEY) if LWS_KEY in self.store.kinds else []
+        else:
+            found_lws = (self.store.lookup(LWS_KEY, ns, name) for ns, name in sorted(groups))
+            todo_lws = [s for s in found_lws if s]
+        for lws in todo_lws:
+            self._lws.reconcile(lws)
         if full or self._pods_changed:
             self._pods_changed = False
             self._sync_pods()

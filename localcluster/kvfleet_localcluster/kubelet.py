@@ -84,6 +84,9 @@ SIM_FLAGS: dict[str, bool] = {
     "--schedule-policy": True,
     "--kv-events-config": True,
     "--tokenizer-path": True,
+    "--nnodes": True,
+    "--node-rank": True,
+    "--dist-init-addr": True,
 }
 SIM_VALUES = {"--quantization": {"none", "fp8"}, "--schedule-policy": {"fcfs", "lpm"}}
 

@@ -39,12 +39,15 @@ def _target_port(port: Json, pod: Json) -> int | None:
 
 
 def service_table(store: Store) -> dict[str, list[Json]]:
-    """`name.namespace` → endpoints, each `{"ip": ..., "ports": {service port: pod port}}`."""
+    """`name.namespace` → endpoints, each `{"ip": ..., "ports": {service port: pod port}}`;
+    and for a pod with `hostname` and `subdomain` under a headless Service of that name,
+    `hostname.subdomain.namespace` → that pod (its own ports), as cluster DNS publishes
+    it (LeaderWorkerSet's workers find their leader so)."""
     by_label: dict[tuple[str, str, str], list[Json]] = defaultdict(list)
     for pod in store.peek(*POD.key):
         meta = pod["metadata"]
         ip = (pod.get("status") or {}).get("podIP")
-        if ip and is_ready(pod) and not meta.get("deletionTimestamp"):
+        if ip and not meta.get("deletionTimestamp"):
             for k, v in (meta.get("labels") or {}).items():
                 by_label[meta["namespace"], k, v].append(pod)
     table: dict[str, list[Json]] = {}
@@ -54,9 +57,13 @@ def service_table(store: Store) -> dict[str, list[Json]]:
         if not selector:
             continue  # endpoints managed by hand: not emulated
         ns = meta["namespace"]
+        # Not-ready pods are endpoints only where the Service asks (publishNotReadyAddresses).
+        any_state = bool(spec.get("publishNotReadyAddresses"))
         rarest = min(selector.items(), key=lambda kv: len(by_label.get((ns, *kv), ())))
         endpoints = []
         for pod in by_label.get((ns, *rarest), []):
+            if not (any_state or is_ready(pod)):
+                continue
             if selects(selector, pod["metadata"].get("labels") or {}):
                 ports = {
                     str(p["port"]): target
@@ -64,6 +71,15 @@ def service_table(store: Store) -> dict[str, list[Json]]:
                     if (target := _target_port(p, pod)) is not None
                 }
                 endpoints.append({"ip": pod["status"]["podIP"], "ports": ports})
+                host = (pod.get("spec") or {}).get("hostname")
+                if (
+                    spec.get("clusterIP") == "None"
+                    and host
+                    and ((pod.get("spec") or {}).get("subdomain") == meta["name"])
+                ):
+                    table[f"{host}.{meta['name']}.{ns}"] = [
+                        {"ip": pod["status"]["podIP"], "ports": {}}
+                    ]
         table[f"{meta['name']}.{meta['namespace']}"] = endpoints
     return table
 

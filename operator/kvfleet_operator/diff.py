@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from kvfleet_kernel.schema import Json
-from kvfleet_operator.render.common import ROLE_LABEL
+from kvfleet_operator.render.common import GROUP_INDEX_LABEL, ROLE_LABEL
 from kvfleet_operator.status import pod_ready
 
 OWNED_METADATA = ("labels", "annotations", "ownerReferences")
@@ -206,13 +206,15 @@ def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> d
     ready = [p for p in pods if pod_ready(p)]
     warm_count = max(0, min(warm_target, len(ready) - active_target))
 
-    def created(p: Json) -> str:
-        return str(p["metadata"].get("creationTimestamp", ""))
+    def created(p: Json) -> tuple[int, str]:
+        # LeaderWorkerSet groups go from the highest index down: those are the spares.
+        group = (p["metadata"].get("labels") or {}).get(GROUP_INDEX_LABEL, "0")
+        return int(group) if group.isdigit() else 0, str(p["metadata"].get("creationTimestamp", ""))
 
     def not_warm(p: Json) -> bool:
         return (p["metadata"].get("labels") or {}).get(ROLE_LABEL) != "warm"
 
-    # Newest first, then (stable) the pods already warm ahead of the rest.
+    # Newest (highest group) first, then (stable) the pods already warm ahead of the rest.
     ranked = sorted(sorted(ready, key=created, reverse=True), key=not_warm)
     warm = {p["metadata"]["name"] for p in ranked[:warm_count]}
     return {

@@ -57,6 +57,8 @@ CHILD_KINDS = [
 objects the watch cache holds)."""
 MONITORING_KINDS = [("monitoring.coreos.com", "v1", "podmonitors")]
 """Watched only when the API server serves them (the Prometheus Operator is installed)."""
+LWS_KINDS = [("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")]
+"""Watched only when LeaderWorkerSet is installed (multi-node replicas need it)."""
 
 
 @dataclass(frozen=True)
@@ -272,9 +274,12 @@ class Controller:
         self.metrics.scaling_decisions.labels(*key, direction).inc()
 
 
-def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRegistry:
+def make_registry(
+    controller: Controller, pod_monitors: bool, leader_worker_sets: bool = False
+) -> kopf.OperatorRegistry:
     """kopf's handlers; `pod_monitors`: the API server serves monitoring.coreos.com/v1 (only
-    then are PodMonitors rendered, and watched)."""
+    then are PodMonitors rendered, and watched); `leader_worker_sets`: it serves
+    leaderworkerset.x-k8s.io/v1 (only then are multi-node services rendered, and watched)."""
     registry = kopf.OperatorRegistry()
     tasks: list[asyncio.Task[None]] = []
     runners: list[web.AppRunner] = []
@@ -286,6 +291,7 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         settings.scanning.disabled = True  # watch the resources named here only
         controller.options = ReconcileOptions(
             pod_monitors=pod_monitors,
+            leader_worker_sets=leader_worker_sets,
             operator_namespace=controller.config.operator_namespace,
             policy=controller.config.policy,
         )
@@ -343,14 +349,20 @@ def make_registry(controller: Controller, pod_monitors: bool) -> kopf.OperatorRe
         controller.bodies[(namespace, name)] = dict(body)
         controller.enqueue(namespace, name)
 
-    watched = [*CHILD_KINDS, *(MONITORING_KINDS if pod_monitors else [])]
+    watched = [
+        *CHILD_KINDS,
+        *(MONITORING_KINDS if pod_monitors else []),
+        *(LWS_KINDS if leader_worker_sets else []),
+    ]
     return registry
 
 
 def run(controller: Controller, stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run the operator in this thread until `stop_flag` is set (or a signal arrives)."""
     pod_monitors = controller.kube.served("monitoring.coreos.com/v1")
-    registry = make_registry(controller, pod_monitors)
+    registry = make_registry(
+        controller, pod_monitors, controller.kube.served("leaderworkerset.x-k8s.io/v1")
+    )
     # A plain registry has no login handler: without this one kopf cannot log in at all.
     kopf.on.login(registry=registry)(kopf_login(controller.config.credentials))
     namespaces = list(controller.config.namespaces)

@@ -58,6 +58,7 @@ _KNOWN = [
     Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Resource("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+    Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
 ]
 RESOURCES = {(r.api_version, r.kind): r for r in _KNOWN}
 
@@ -69,6 +70,7 @@ def resource_by_plural(plural: str) -> Resource:
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
+LEADER_WORKER_SET = RESOURCES[("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")]
 SECRET = RESOURCES[("v1", "Secret")]
 EVENT = RESOURCES[("v1", "Event")]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -83,6 +85,7 @@ PRUNABLE = [
         ("rbac.authorization.k8s.io/v1", "RoleBinding"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
     ]
 ]
 """Children deleted when a new spec stops rendering them (never pods, PVCs or the CR)."""

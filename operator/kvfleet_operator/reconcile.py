@@ -28,6 +28,7 @@ from kvfleet_operator.kube import (
     DEPLOYMENT,
     EVENT,
     ISVC,
+    LEADER_WORKER_SET,
     POD,
     PRUNABLE,
     SECRET,
@@ -42,6 +43,7 @@ from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_KEY_KEY,
     GATEWAY,
+    GROUP_INDEX_LABEL,
     ISVC_LABEL,
     ROLE_LABEL,
     Owner,
@@ -60,6 +62,9 @@ IDLE_DELETION_COST = "-1000"
 class ReconcileOptions:
     pod_monitors: bool = True
     """Render PodMonitors (only when the API server serves monitoring.coreos.com/v1)."""
+    leader_worker_sets: bool = True
+    """The API server served leaderworkerset.x-k8s.io/v1 when the operator started (and the
+    operator watches it): multi-node services can be rendered."""
     component: str = "kvfleet-operator"
     """Event source name."""
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
@@ -81,6 +86,10 @@ class Outcome:
     error: str | None = None
     error_reason: str = "InvalidSpec"
     """The Ready condition's reason when `error` is set (PolicyViolation: the policy refused)."""
+
+
+class LeaderWorkerSetMissing(ConfigError):
+    """A multi-node service on a cluster without LeaderWorkerSet: reported, nothing applied."""
 
 
 class ChildrenRefused(RuntimeError):
@@ -112,12 +121,20 @@ def reconcile(
     try:
         owner = owner_of(body, options.operator_namespace)
         check_policy(owner.spec, options.policy)
+        if owner.multi_node and not options.leader_worker_sets:
+            raise LeaderWorkerSetMissing(
+                "spec.engine.nodesPerReplica",
+                f"{owner.spec.engine.nodes_per_replica} nodes per replica run as LeaderWorkerSet"
+                " groups, and this cluster did not serve leaderworkerset.x-k8s.io/v1 when the"
+                " operator started: install LeaderWorkerSet, then restart the operator",
+            )
         owner = _with_engine_key(kube, owner)
-        engine_live = kube.get(DEPLOYMENT, namespace, owner.engine_name)
+        workload = LEADER_WORKER_SET if owner.multi_node else DEPLOYMENT
+        engine_live = kube.get(workload, namespace, owner.engine_name)
         current = ((engine_live or {}).get("spec") or {}).get("replicas")
         if owner.spec.autoscaling is None:
             scaled = None
-        pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
+        pods = kube.list(POD, namespace, owner.replica_selector_string())
         replicas = desired_engine_replicas(owner, current)
         if scaled is not None:
             replicas = _scaled_replicas(kube, owner, scaled, current, pods)
@@ -137,11 +154,15 @@ def reconcile(
         out.error = str(exc)
         if isinstance(exc, PolicyViolation):
             out.error_reason = "PolicyViolation"
+        elif isinstance(exc, LeaderWorkerSetMissing):
+            out.error_reason = "LeaderWorkerSetMissing"
         _write_status(kube, body, None, out, options)
         return out
     children = [c for c in children if c["kind"] != "PodMonitor" or options.pod_monitors]
-    # What each child is after this reconcile (the engine Deployment was read above).
-    applied: dict[tuple[str, str], Json | None] = {("Deployment", owner.engine_name): engine_live}
+    # What each child is after this reconcile (the engine workload was read above).
+    applied: dict[tuple[str, str], Json | None] = {
+        (owner.engine_kind, owner.engine_name): engine_live
+    }
     for child in children:
         key = (child["kind"], child["metadata"]["name"])
         try:
@@ -156,7 +177,7 @@ def reconcile(
         _prune(kube, owner, children, out, options)
     _report(kube, body, out, spec_changed, options)
     if out.created or out.patched:  # the Deployment may have added or removed pods
-        pods = kube.list(POD, namespace, owner.selector_string(ENGINE))
+        pods = kube.list(POD, namespace, owner.replica_selector_string())
     _assign_roles(kube, owner, pods, replicas, out, scaled)
     _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
     if out.refused:
@@ -201,7 +222,7 @@ def _manual_scale(kube: Kube, body: Json, owner: Owner, live: Json | None, repli
     if others and have != replicas:
         post_event(
             kube, body, "Warning", "ManualScaleReverted",
-            f"Deployment/{owner.engine_name} was scaled to {have} by {', '.join(others)}; "
+            f"{owner.engine_kind}/{owner.engine_name} was scaled to {have} by {', '.join(others)}; "
             f"spec.autoscaling owns its replicas ({replicas} decided): change minReplicas or "
             "maxReplicas instead",
             options,
@@ -220,6 +241,8 @@ def _scaled_replicas(
     have = current if current is not None else target
     if target >= have:
         return target
+    if owner.multi_node:
+        return have - min(have - target, _removable_groups(pods, scaled, have))
     unready = [p for p in pods if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
     idle_warm = [
         p
@@ -240,6 +263,26 @@ def _scaled_replicas(
                 {"metadata": {"annotations": {DELETION_COST: IDLE_DELETION_COST}}},
             )
     return have - min(surplus, len(unready) + len(chosen))
+
+
+def _removable_groups(leaders: list[Json], scaled: Scaled, have: int) -> int:
+    """LeaderWorkerSet removes the highest groups first (no deletion cost to steer it): how
+    many of the top groups may go without losing work — each not ready yet, or a warm
+    leader idle in the latest observation — counted down until one may not."""
+    by_group = {
+        int(index): p
+        for p in leaders
+        if (index := (p["metadata"].get("labels") or {}).get(GROUP_INDEX_LABEL, "")).isdigit()
+    }
+    count = 0
+    for group in range(have - 1, -1, -1):
+        pod = by_group.get(group)
+        if pod is not None and pod_ready(pod):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(ROLE_LABEL) != "warm" or pod["metadata"]["name"] not in scaled.idle:
+                break
+        count += 1
+    return count
 
 
 ADOPT_ANNOTATION = "kvfleet.dev/adopt"
@@ -317,7 +360,13 @@ def _prune(
     for res in PRUNABLE:
         if res.kind == "PodMonitor" and not options.pod_monitors:
             continue
-        for obj in kube.list(res, owner.namespace, f"{ISVC_LABEL}={owner.name}"):
+        try:
+            found = kube.list(res, owner.namespace, f"{ISVC_LABEL}={owner.name}")
+        except ApiException as exc:
+            if exc.status == 404:  # an API this cluster does not serve (LeaderWorkerSet)
+                continue
+            raise
+        for obj in found:
             meta = obj["metadata"]
             owned = any(r.get("uid") == owner.uid for r in meta.get("ownerReferences") or [])
             if owned and (res.kind, meta["name"]) not in wanted:
@@ -359,7 +408,7 @@ def _assign_roles(
         kube.patch(POD, owner.namespace, name, {"metadata": {"labels": {ROLE_LABEL: role}}})
         out.relabelled.append(f"{name}={role}")
     if out.relabelled:
-        pods[:] = kube.list(POD, owner.namespace, owner.selector_string(ENGINE))
+        pods[:] = kube.list(POD, owner.namespace, owner.replica_selector_string())
 
 
 def held_by_references(kube: Kube, namespace: str, pods: list[Json]) -> tuple[str, ...]:
@@ -403,7 +452,7 @@ def _write_status(
         )
     else:
         owner, replicas, pods, applied = world
-        engine = applied.get(("Deployment", owner.engine_name))
+        engine = applied.get((owner.engine_kind, owner.engine_name))
         gateway = applied.get(("Deployment", owner.gateway_name))
         gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
         held = held_by_references(kube, ns, [*pods, *gateway_pods])
@@ -447,7 +496,13 @@ def _write_status(
             post_event(kube, body, kind, cond["reason"], cond["message"], options)
 
 
-FIRST_EVENT_REASONS = ("InvalidSpec", "PolicyViolation", "NameConflict", "ReconcileError")
+FIRST_EVENT_REASONS = (
+    "InvalidSpec",
+    "PolicyViolation",
+    "LeaderWorkerSetMissing",
+    "NameConflict",
+    "ReconcileError",
+)
 """Conditions wrong from the first reconcile, worth an Event then (others: on transitions)."""
 
 

@@ -58,6 +58,12 @@ MANAGED_FLAGS = (
     "speculative-num-draft-tokens",
     "page-size",
     "kv-events-config",
+    "nnodes",
+    "node-rank",
+    "dist-init-addr",
+    "nccl-init-addr",
+    "pp-size",
+    "pipeline-parallel-size",
 )
 """SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
 NAME_MAX = 56
@@ -198,6 +204,11 @@ class EngineSpec:
             "extraArgs may not set flags the operator manages (see the field's description)",
             ".extraArgs",
         ),
+        Rule(
+            "(self.tensorParallel * self.nodesPerReplica) % self.pipelineParallel == 0",
+            "pipelineParallel must divide the replica's GPUs (tensorParallel x nodesPerReplica)",
+            ".pipelineParallel",
+        ),
     )
     image: str | None = fld(
         None,
@@ -208,7 +219,25 @@ class EngineSpec:
         "IfNotPresent", "Pull policy of the engine image."
     )
     tensor_parallel: Literal[1, 2, 4, 8] = fld(
-        1, "GPUs per replica (SGLang --tp-size); also the pod's nvidia.com/gpu."
+        1,
+        "GPUs per pod (the pod's nvidia.com/gpu). One node per replica: SGLang's --tp-size."
+        " With nodesPerReplica N, --tp-size is tensorParallel x N / pipelineParallel.",
+    )
+    nodes_per_replica: int = fld(
+        1,
+        "Pods (nodes) per replica. Above 1 each replica is a LeaderWorkerSet group (the"
+        " leaderworkerset.x-k8s.io/v1 API must be installed): SGLang's --nnodes, --node-rank"
+        " from the pod's worker index, --dist-init-addr at the leader; only the leader serves"
+        " HTTP and only leaders are routed to; a lost pod restarts its whole group.",
+        minimum=1,
+        maximum=16,
+    )
+    pipeline_parallel: int = fld(
+        1,
+        "SGLang --pp-size: pipeline stages across the replica's GPUs (usually 1, or the node"
+        " count when the interconnect between nodes is slow).",
+        minimum=1,
+        maximum=16,
     )
     gpu_type: Literal["h100", "h200", "a100-80g", "l40s"] | None = fld(
         None, "GPU model; selects nodes by the nvidia.com/gpu.product label."

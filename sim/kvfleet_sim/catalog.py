@@ -221,9 +221,7 @@ def load_catalog_file(path: Path, base: Catalog | None = None) -> Catalog:
     return parse_catalog(text, BUILTIN if base is None else base, str(path))
 
 
-# The built-ins live in data/catalog.yaml, read through the same parser as user files.
-BUILTIN = parse_catalog(
-    resources.files("kvfleet_sim").joinpath("data/catalog.yaml").read_text(),
-    Catalog(gpus={}, models={}),
-    "kvfleet_sim/data/catalog.yaml",
-)
+# The built-ins live in data/catalog.yaml, read through the same parser as user files (its
+# `config:` paths relative to it, as a user file's are).
+_BUILTIN_FILE = resources.files("kvfleet_sim").joinpath("data/catalog.yaml")
+BUILTIN = parse_catalog(_BUILTIN_FILE.read_text(), Catalog(gpus={}, models={}), str(_BUILTIN_FILE))

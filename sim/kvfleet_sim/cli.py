@@ -18,9 +18,13 @@ from kvfleet_sim.cli_options import build_engine_config, default_of, engine_opti
 from kvfleet_sim.config import ConfigError, derive_layout
 from kvfleet_sim.faults import FaultPlan
 from kvfleet_sim.kv_events import KvEventsConfig
+from kvfleet_sim.multinode import DistConfig, DistConfigError, serve_worker
 from kvfleet_sim.offline import OfflineSpec, run_offline
 from kvfleet_sim.server import ServerConfig, make_app
 from kvfleet_sim.tokenizer import TOKENIZER_FILE
+
+JOIN_TIMEOUT_S = 1800.0
+"""How long a rank >= 1 waits for rank 0 (torch.distributed's default timeout)."""
 
 
 @click.group("sim")
@@ -84,6 +88,27 @@ def sim() -> None:
     default=None,
     help="Fault: the process dies after sending this many stream chunks.",
 )
+@click.option(
+    "--nnodes",
+    type=int,
+    default=default_of(DistConfig, "nnodes"),
+    show_default=True,
+    help="Nodes in one engine (SGLang's multi-node: they meet at --dist-init-addr).",
+)
+@click.option(
+    "--node-rank",
+    type=int,
+    default=default_of(DistConfig, "node_rank"),
+    show_default=True,
+    help="This node's rank; only rank 0 serves the API.",
+)
+@click.option(
+    "--dist-init-addr",
+    "--nccl-init-addr",
+    "dist_init_addr",
+    default=None,
+    help="HOST:PORT of rank 0's rendezvous (--nnodes > 1).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve SGLang's HTTP API from a simulated engine."""
@@ -98,6 +123,14 @@ def serve(**kw: Any) -> None:
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     kw.pop("enable_metrics")
+    try:
+        dist = DistConfig(kw.pop("nnodes"), kw.pop("node_rank"), kw.pop("dist_init_addr"))
+    except DistConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if dist.node_rank >= 1:  # no API here: join rank 0, answer health checks
+        click.echo(f"kvfleet sim: rank {dist.node_rank} of {dist.nnodes}", err=True)
+        asyncio.run(serve_worker(dist, kw["host"], kw["port"], JOIN_TIMEOUT_S))
+        return
     faults = FaultPlan(
         fail_nth=kw.pop("fail_nth"),
         stall_nth=kw.pop("stall_nth"),
@@ -135,6 +168,7 @@ def serve(**kw: Any) -> None:
         faults=faults,
         kv_events=kv_events,
         tokenizer_path=tokenizer_path,
+        dist=dist,
     )
     with contextlib.suppress(ImportError):  # uvloop: the same asyncio API, cheaper sockets
         import uvloop

@@ -21,7 +21,8 @@ SchedulePolicy = Literal["fcfs", "lpm"]
 QUANTIZATIONS: tuple[str, ...] = ("none", "fp8")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8_e4m3", "fp8_e5m2")
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "lpm")
-TP_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+TP_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+"""Above 8 (a node's GPUs) the tensor-parallel group spans nodes (SGLang's --nnodes)."""
 
 
 class ConfigError(ValueError):

@@ -128,6 +128,12 @@ PROFILES: dict[str, EngineProfile] = {
 DEFAULT_PROFILE = "sglang"
 
 ACTIVATION_BYTES = 2.0  # bf16 hidden states are what the all-reduce moves
+GPUS_PER_NODE = 8
+"""A tensor-parallel group wider than this spans nodes (multi-node replicas)."""
+INTER_NODE_BANDWIDTH = 5.0e10
+"""Bytes/s per GPU between nodes: one 400 Gb/s InfiniBand NIC per GPU (DGX/HGX H100)."""
+INTER_NODE_LATENCY_S = 2.0e-5
+"""Fixed cost of one small all-reduce across nodes (network round trips, vs ~8 µs on NVLink)."""
 
 
 class RooflineCostModel:
@@ -162,9 +168,20 @@ class RooflineCostModel:
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             n_ar = 2 * model.num_layers
-            self._ar_fixed_s = n_ar * gpu.allreduce_latency_s
+            # A group wider than a node all-reduces over the nodes' network: its slowest link.
+            across = tp > GPUS_PER_NODE
+            link = min(gpu.interconnect_bandwidth, INTER_NODE_BANDWIDTH) if across else None
+            self._ar_fixed_s = n_ar * (
+                max(gpu.allreduce_latency_s, INTER_NODE_LATENCY_S)
+                if across
+                else gpu.allreduce_latency_s
+            )
             self._ar_s_per_token = (
-                n_ar * ring * model.hidden_size * ACTIVATION_BYTES / gpu.interconnect_bandwidth
+                n_ar
+                * ring
+                * model.hidden_size
+                * ACTIVATION_BYTES
+                / (link or gpu.interconnect_bandwidth)
             )
         else:
             self._ar_fixed_s = 0.0

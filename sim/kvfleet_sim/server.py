@@ -29,6 +29,7 @@ from kvfleet_sim.engine import Engine, RealClock
 from kvfleet_sim.faults import FaultPlan, FaultState
 from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
 from kvfleet_sim.metrics import EngineMetrics
+from kvfleet_sim.multinode import DistConfig, Rendezvous
 from kvfleet_sim.realtime import Channel, RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
@@ -63,6 +64,8 @@ class ServerConfig:
     """`--kv-events-config`: publish the radix cache's events like SGLang."""
     tokenizer_path: str | None = None
     """`--tokenizer-path`: a Hugging Face tokenizer.json directory (None: the stand-in)."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """`--nnodes`, `--node-rank`, `--dist-init-addr`: this is rank 0 of a multi-node engine."""
 
 
 @dataclass
@@ -73,9 +76,13 @@ class SimState:
     metrics: EngineMetrics
     faults: FaultState
     started: float = field(default_factory=time.monotonic)
+    rendezvous: Rendezvous | None = None
+    """Multi-node: the other ranks joining; nothing is served until all have."""
 
     @property
     def loaded(self) -> bool:
+        if self.rendezvous is not None and not self.rendezvous.complete:
+            return False
         return time.monotonic() - self.started >= self.config.startup_delay_s
 
 
@@ -483,7 +490,18 @@ def make_app(config: ServerConfig) -> web.Application:
         finally:
             publisher.close()
 
-    app.cleanup_ctx.extend([kv_event_publisher, engine_loop])
+    async def rendezvous(app: web.Application) -> Any:
+        if config.dist.nnodes == 1:
+            yield
+            return
+        meeting = app[STATE].rendezvous = Rendezvous(config.dist)
+        await meeting.start()
+        try:
+            yield
+        finally:
+            await meeting.close()
+
+    app.cleanup_ctx.extend([rendezvous, kv_event_publisher, engine_loop])
     r = app.router
     r.add_get("/health", health)
     r.add_get("/ready", health)

@@ -148,7 +148,7 @@ async def test_kubectl_inference_services(kubeconfig: Path) -> None:
     ]
     assert row.split()[:2] == ["llama", "llama-3.1-8b"]
     explained = await kubectl(kubeconfig, "explain", "kis.spec.engine.tensorParallel")
-    assert "GPUs per replica" in explained
+    assert "GPUs per pod" in explained
     assert "scaled" in await kubectl(kubeconfig, "scale", "kis", "llama", "--replicas=3")
     assert "replicas: 3" in await kubectl(kubeconfig, "get", "kis", "llama", "-o", "yaml")
     assert "labeled" in await kubectl(kubeconfig, "label", "kis", "llama", "team=search")

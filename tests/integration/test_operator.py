@@ -48,8 +48,8 @@ async def ready_service(env: Env, name: str = "llama", **spec: Any) -> dict[str,
 def children(env: Env, name: str = "llama") -> list[dict[str, Any]]:
     out = []
     for res in RESOURCES.values():
-        if res.kind in ("InferenceService", "Event", "Pod", "PodMonitor"):
-            continue
+        if res.kind in ("InferenceService", "Event", "Pod", "PodMonitor", "LeaderWorkerSet"):
+            continue  # (CRDs this cluster does not have)
         out += env.kube.list(res, NS, f"kvfleet.dev/inferenceservice={name}")
     return out
 

@@ -27,6 +27,7 @@ from tests.conftest import kubectl_binary
 from tests.integration.test_kubectl import kubectl
 from tests.support.argocd import health
 from tests.support.cluster import cluster_config
+from tests.support.leaderworkerset import write_crd
 from tests.support.objects import ROOT
 from tests.support.waiting import until
 
@@ -42,6 +43,7 @@ CHILD_KINDS = (
     "rolebindings",
     "podmonitors",
     "persistentvolumeclaims",
+    "leaderworkersets",
 )
 
 
@@ -155,7 +157,7 @@ async def operator_metrics(cluster: LocalCluster) -> None:
         for m in f.samples
     }
     assert values[("kvfleet_operator_reconciles_total", (("result", "ok"),))] >= 2
-    assert values[("kvfleet_operator_inferenceservices", ())] == 4  # the examples
+    assert values[("kvfleet_operator_inferenceservices", ())] == 5  # the examples
     assert values[("kvfleet_operator_cache_reads_total", ())] > 0
     assert values[("kvfleet_operator_api_requests_total", (("verb", "POST"),))] > 0
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
@@ -301,7 +303,7 @@ async def a_missing_secret_is_named(k: Any) -> None:
 
 
 async def test_the_operator_runs_from_the_manifests_under_its_service_account(
-    cluster: LocalCluster,
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     kc = cluster.kubeconfig
 
@@ -309,6 +311,10 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         return await kubectl(kc, *args, stdin=stdin)
 
     await k("apply", "-f", "-", stdin=yaml.safe_dump(podmonitor_crd()))
+    # LeaderWorkerSet, as its install guide has it (the multi-node example needs it).
+    await k("apply", "--server-side", "-f", str(write_crd(tmp_path)))
+    await k("wait", "--for=condition=Established",
+            "crd/leaderworkersets.leaderworkerset.x-k8s.io", "--timeout=30s")  # fmt: skip
     await k("apply", "-k", str(ROOT / "manifests"))
     out = await k(
         "rollout", "status", "deployment/kvfleet-operator", "-n", "kvfleet-system", "--timeout=60s"
@@ -395,6 +401,19 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         return not out.strip()
 
     await until(gateway_gone, 60, "mistral's gateway children to be deleted")
+    # A multi-node service moved to one node (H200s hold DeepSeek-V3 on eight GPUs): its
+    # LeaderWorkerSet goes, a Deployment takes its place.
+    await k(
+        "patch", "kis", "deepseek-v3", "-n", "ai", "--type=merge",
+        "-p", json.dumps({"spec": {"engine": {"nodesPerReplica": 1, "gpuType": "h200"}}}),
+    )  # fmt: skip
+
+    async def one_node() -> bool:
+        lws = await k("get", "lws", "-n", "ai", "-o", "name")
+        dep = await k("get", "deployments", "-n", "ai", "-o", "name")
+        return not lws.strip() and "deployment.apps/deepseek-v3-engine" in dep
+
+    await until(one_node, 60, "deepseek-v3's LeaderWorkerSet replaced by a Deployment")
 
     # Every request of the operator pod was its service account's, and RBAC allowed each.
     records = [r for r in cluster.api.audit if r.user == OPERATOR]

@@ -28,6 +28,13 @@ RUN_ELSEWHERE = {
     "make test": "CI (.ci/run) runs it",
     ". .venv/bin/activate": "these tests run with the venv's bin/ first on PATH, as it puts it",
     "kvfleet gateway --config gateway.yaml": "every gateway pod runs it with the rendered config",
+    "kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases/download/"
+    "v0.9.0/manifests.yaml": "no network here: tests/integration/test_multinode_in_cluster.py "
+    "applies that release's CRD (tests/data/leaderworkerset/) with --server-side, and the local "
+    "cluster runs its controller",
+    "kubectl apply -f examples/deepseek-v3-2x8-h100.yaml": "tests/integration/"
+    "test_multinode_in_cluster.py, after LeaderWorkerSet is installed",
+    "kubectl get lws -n ai": "tests/integration/test_multinode_in_cluster.py (its columns)",
 }
 """Commands the README test does not run itself, and where they run."""
 CHANGED = {

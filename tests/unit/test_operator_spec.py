@@ -134,6 +134,15 @@ def test_defaults_applied() -> None:
         ({"replicas": True}, "spec.replicas", "not an integer"),
         ({"enginee": {}}, "spec.enginee", "unknown field"),
         ({"engine__env": [{"name": "1BAD"}]}, "spec.engine.env[0].name", "does not match"),
+        ({"engine__nodesPerReplica": 0}, "spec.engine.nodesPerReplica", "minimum"),
+        ({"engine__nodesPerReplica": 17}, "spec.engine.nodesPerReplica", "maximum"),
+        (
+            {"engine__nodesPerReplica": 3, "engine__pipelineParallel": 2},
+            "spec.engine.pipelineParallel",
+            "must divide",
+        ),
+        ({"engine__extraArgs": ["--nnodes", "2"]}, "spec.engine.extraArgs", "manages"),
+        ({"engine__extraArgs": ["--dist-init=x:1"]}, "spec.engine.extraArgs", "manages"),
     ],
 )
 def test_invalid_specs_name_their_field(changes: dict[str, Any], field: str, words: str) -> None:

@@ -13,7 +13,8 @@ the pod's own network and mount namespaces, emulated inside the process.
 * DNS: `<service>.<namespace>.svc[.cluster.local]`, `<service>.<namespace>` and, from the
   pod's own namespace, `<service>` resolve through the node's Service table
   (`kvfleet_localcluster/services.py`): to a Ready pod of the Service, at the targetPort its
-  port maps to — what cluster DNS and kube-proxy do together.
+  port maps to — what cluster DNS and kube-proxy do together. A pod with `hostname` and
+  `subdomain` under a headless Service resolves as `<hostname>.<subdomain>.<namespace>[.svc]`.
 
 Configured by the kubelet through KVFLEET_POD_IP, KVFLEET_POD_MOUNTS (JSON: mountPath →
 directory), KVFLEET_SERVICE_TABLE (a file) and KVFLEET_POD_NAMESPACE. Nothing here runs
@@ -61,13 +62,10 @@ def _service_address(host: Any, port: Any) -> tuple[str, Any] | None:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    else:
-        if name.count(".") > 1:
-            return None
     if "." not in name:
         name = f"{name}.{_NAMESPACE}"
     doc = _services()
-    endpoints = (doc.get("services") or {}).get(name)
+    endpoints = (doc.get("services") or {}).get(name)  # a Service, or a pod of a headless one
     if endpoints is None:
         return None
     if not endpoints:

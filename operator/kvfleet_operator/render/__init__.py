@@ -17,6 +17,7 @@ from kvfleet_operator.render.gateway import (
     gateway_rbac,
     gateway_service,
 )
+from kvfleet_operator.render.multinode import engine_leader_worker_set
 from kvfleet_operator.render.network import (
     engine_network_policy,
     engine_pdb,
@@ -26,7 +27,13 @@ from kvfleet_operator.render.network import (
 )
 from kvfleet_operator.spec import NAME_RULE, parse_spec
 
-__all__ = ["Owner", "desired_engine_replicas", "owner_of", "render_children"]
+__all__ = [
+    "Owner",
+    "desired_engine_replicas",
+    "engine_workload",
+    "owner_of",
+    "render_children",
+]
 
 
 def desired_engine_replicas(owner: Owner, current: int | None = None) -> int:
@@ -39,6 +46,13 @@ def desired_engine_replicas(owner: Owner, current: int | None = None) -> int:
     return max(floor, min(a.max_replicas, current if current is not None else floor))
 
 
+def engine_workload(owner: Owner, replicas: int) -> Json:
+    """The engine replicas: a Deployment, or LeaderWorkerSet groups (nodesPerReplica > 1)."""
+    if owner.multi_node:
+        return engine_leader_worker_set(owner, replicas)
+    return engine_deployment(owner, replicas)
+
+
 def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Json]:
     """Every child object, in apply order (config before the pods that read it)."""
     replicas = desired_engine_replicas(owner) if engine_replicas is None else engine_replicas
@@ -48,7 +62,7 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         out.append(pvc)
     out += [
         engine_service(owner),
-        engine_deployment(owner, replicas),
+        engine_workload(owner, replicas),
         engine_pdb(owner),
         engine_network_policy(owner),
         pod_monitor(owner, ENGINE),

@@ -18,6 +18,11 @@ GATEWAY_METRICS_PORT = 9090
 """The gateway's /metrics: apart from the API, reachable by scrapers only."""
 ISVC_LABEL = "kvfleet.dev/inferenceservice"
 ROLE_LABEL = "kvfleet.dev/role"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+"""LeaderWorkerSet's label of a group's pod: "0" on the leader, 1.. on the workers."""
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+"""LeaderWorkerSet's label of a group's pods: the group's index (scale-down removes the
+highest first)."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvfleet"}
 
@@ -76,6 +81,25 @@ class Owner:
     @property
     def engine_name(self) -> str:
         return f"{self.name}-engine"
+
+    @property
+    def multi_node(self) -> bool:
+        """Each replica is a LeaderWorkerSet group of `nodesPerReplica` pods."""
+        return self.spec.engine.nodes_per_replica > 1
+
+    @property
+    def engine_kind(self) -> str:
+        """The engine workload's kind: a Deployment, or a LeaderWorkerSet (multi-node)."""
+        return "LeaderWorkerSet" if self.multi_node else "Deployment"
+
+    def replica_selector(self) -> dict[str, str]:
+        """The pods that are replicas: every engine pod, or only group leaders (multi-node:
+        workers serve no HTTP, and a group counts once)."""
+        leaders = {WORKER_INDEX_LABEL: "0"} if self.multi_node else {}
+        return {**self.selector(ENGINE), **leaders}
+
+    def replica_selector_string(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.replica_selector().items())
 
     @property
     def gateway_name(self) -> str:

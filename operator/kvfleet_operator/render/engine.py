@@ -54,6 +54,12 @@ PRE_STOP_S = 10
 EVENTS_PAGE_SIZE = 16
 """--page-size when KV events are on and engine.pageSize is unset (see its description)."""
 KV_EVENTS_TOPIC = "kv-events"
+DIST_INIT_PORT = 20000
+"""Multi-node: where the group's leader listens for its workers (SGLang's --dist-init-addr)."""
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+"""Set in every pod of a LeaderWorkerSet group by LeaderWorkerSet itself: the leader's DNS
+name (`<set>-<group>.<set>.<namespace>`) and the pod's index in its group (0: the leader)."""
 
 
 def kv_events_config() -> str:
@@ -98,7 +104,7 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         str(ENGINE_PORT),
         "--enable-metrics",
         "--tp-size",
-        str(e.tensor_parallel),
+        str(e.tensor_parallel * e.nodes_per_replica // e.pipeline_parallel),
         "--schedule-policy",
         e.schedule_policy,
         "--kv-cache-dtype",
@@ -125,6 +131,18 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
     for flag, value in optional:
         if value is not None:
             args += [flag, str(value)]
+    if e.pipeline_parallel > 1:
+        args += ["--pp-size", str(e.pipeline_parallel)]
+    if e.nodes_per_replica > 1:
+        # One command line for every pod of the group; the kubelet expands LWS's variables.
+        args += [
+            "--nnodes",
+            str(e.nodes_per_replica),
+            "--node-rank",
+            f"$({LWS_WORKER_INDEX})",
+            "--dist-init-addr",
+            f"$({LWS_LEADER_ADDRESS}):{DIST_INIT_PORT}",
+        ]
     if not e.radix_cache:
         args.append("--disable-radix-cache")
     if uses_kv_events(spec):
@@ -142,6 +160,8 @@ def _ports(spec: InferenceServiceSpec) -> list[Json]:
             {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
             {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"},
         ]
+    if spec.engine.nodes_per_replica > 1:
+        ports.append({"name": "dist-init", "containerPort": DIST_INIT_PORT, "protocol": "TCP"})
     return ports
 
 

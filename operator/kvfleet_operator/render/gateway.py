@@ -14,7 +14,6 @@ import yaml
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.render.common import (
-    ENGINE,
     ENGINE_KEY_KEY,
     ENGINE_PORT,
     GATEWAY,
@@ -90,7 +89,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
         "backends": {
             "kubernetes": {
                 "namespace": owner.namespace,
-                "selector": f"{owner.selector_string(ENGINE)},{ROLE_LABEL}=active",
+                "selector": f"{owner.replica_selector_string()},{ROLE_LABEL}=active",
                 "port": ENGINE_PORT,
             },
             "engineApiKeyFile": f"{ENGINE_KEY_DIR}/{ENGINE_KEY_KEY}",

@@ -38,6 +38,13 @@ def engine_service(owner: Owner) -> Json:
     """Headless: one DNS record per ready replica, no virtual IP (the gateway routes). Not
     ready addresses are left out by default: a real API server drops a `false` it would
     store (Go's omitempty), so writing it would read back as drift on every resync."""
+    if owner.multi_node:
+        # Also LeaderWorkerSet's subdomain: a group's workers resolve their leader through it
+        # before the leader is ready (it is not, until they join).
+        return service(
+            owner, owner.engine_name, ENGINE, ENGINE_PORT, clusterIP="None",
+            publishNotReadyAddresses=True,
+        )  # fmt: skip
     return service(owner, owner.engine_name, ENGINE, ENGINE_PORT, clusterIP="None")
 
 
@@ -51,7 +58,12 @@ def pod_monitor(owner: Owner, component: str) -> Json:
         "kind": "PodMonitor",
         "metadata": owner.metadata(name, component),
         "spec": {
-            "selector": {"matchLabels": owner.selector(component)},
+            "selector": {
+                # Multi-node: the leaders (a worker's /metrics carries no sglang:* series).
+                "matchLabels": owner.replica_selector()
+                if component == ENGINE
+                else owner.selector(component)
+            },
             "podMetricsEndpoints": [
                 {
                     "port": "http" if component == ENGINE else "metrics",
@@ -96,6 +108,17 @@ def engine_network_policy(owner: Owner) -> Json:
             {"protocol": "TCP", "port": KV_EVENTS_PORT},
             {"protocol": "TCP", "port": KV_REPLAY_PORT},
         ]
+    ingress: list[Json] = [
+        {
+            "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
+            "ports": gateway_ports,
+        },
+        {"from": _scrapers(owner), "ports": port},
+    ]
+    if owner.multi_node:
+        # A group's pods talk to each other on ports NCCL and torch.distributed pick at run
+        # time (TCP, or sockets beside RDMA): any port, but only from this service's engines.
+        ingress.append({"from": [{"podSelector": {"matchLabels": owner.selector(ENGINE)}}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -103,13 +126,7 @@ def engine_network_policy(owner: Owner) -> Json:
         "spec": {
             "podSelector": {"matchLabels": owner.selector(ENGINE)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
-                    "ports": gateway_ports,
-                },
-                {"from": _scrapers(owner), "ports": port},
-            ],
+            "ingress": ingress,
         },
     }
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.kube import POD, Kube
-from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL
+from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL, WORKER_INDEX_LABEL
 from kvfleet_operator.scaling.observe import (
     DirectReader,
     Key,
@@ -133,7 +133,13 @@ class Autoscaler:
     def _pods(self, key: Key) -> ServicePods:
         pods = self.kube.list(POD, key[0], f"{ISVC_LABEL}={key[1]}")
         comp = "app.kubernetes.io/component"
-        engines = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == "engine"]
+        # A multi-node replica counts once: its leader (workers carry worker-index 1..).
+        engines = [
+            p
+            for p in pods
+            if (labels := p["metadata"].get("labels") or {}).get(comp) == "engine"
+            and labels.get(WORKER_INDEX_LABEL, "0") == "0"
+        ]
         gateways = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == GATEWAY]
         return ServicePods(key[0], key[1], engines, gateways)
 

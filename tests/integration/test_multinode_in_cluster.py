@@ -1,0 +1,136 @@
+"""A multi-node service as users run one: LeaderWorkerSet installed from its published CRD
+(`kubectl apply --server-side`), then `examples/deepseek-v3-2x8-h100.yaml` applied as
+written. Every pod is a process: the group's two engines meet at the leader's
+`--dist-init-addr` (resolved through the engine Service as LWS's subdomain), only the leader
+serves, the gateway routes to leaders only, and a lost worker restarts its whole group."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.login import Credentials
+from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
+from kvfleet_operator.status import pod_ready
+from tests.integration.test_kubectl import kubectl
+from tests.support.cluster import OperatorThread, cluster_config
+from tests.support.leaderworkerset import write_crd
+from tests.support.objects import EXAMPLES
+from tests.support.waiting import until
+
+LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+ENGINES = "kvfleet.dev/inferenceservice=deepseek-v3,app.kubernetes.io/component=engine"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    config = cluster_config(tmp_path, run_processes=True, time_scale=0.05)
+    async with LocalCluster(config) as local:
+        yield local
+
+
+async def _pods(kc: Path, selector: str) -> list[dict[str, Any]]:
+    out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", selector, "-o", "json")
+    return list(json.loads(out)["items"])
+
+
+async def _chat(ip: str, n: int = 1) -> None:
+    client = openai.AsyncOpenAI(base_url=f"http://{ip}:8080/v1", api_key="foo", max_retries=0)
+    try:
+        for _ in range(n):
+            reply = await client.chat.completions.create(
+                model="deepseek-v3", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert reply.usage is not None and reply.usage.completion_tokens == 4
+    finally:
+        await client.close()
+
+
+async def _upstream_errors(ip: str) -> dict[str, float]:
+    url = f"http://{ip}:{GATEWAY_METRICS_PORT}/metrics"
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        text = await r.text()
+    return {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kvfleet_gateway_upstream_errors_total{")
+    }
+
+
+async def test_a_two_node_replica_serves_and_restarts_as_a_group(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    kc = cluster.kubeconfig
+    # LeaderWorkerSet's own install (its CRD is too large for client-side apply).
+    await kubectl(kc, "apply", "--server-side", "-f", str(write_crd(tmp_path)))
+    await kubectl(kc, "wait", "--for=condition=Established", f"crd/{LWS_CRD}", "--timeout=30s")
+    operator = OperatorThread(Credentials(kubeconfig=str(kc)), resync_s=1.0)
+    try:
+        assert await asyncio.to_thread(operator.ready.wait, 10), "the operator did not start"
+        await kubectl(kc, "apply", "-f", str(EXAMPLES / "api-keys-secret.yaml"))
+        await kubectl(kc, "apply", "-f", str(EXAMPLES / "deepseek-v3-2x8-h100.yaml"))
+        await _serves_as_a_group(kc)
+    finally:
+        await asyncio.to_thread(operator.close)
+
+
+async def _serves_as_a_group(kc: Path) -> None:
+    out = await kubectl(kc, "wait", "--for=condition=Ready", "kis/deepseek-v3", "-n", "ai",
+                        "--timeout=120s")  # fmt: skip
+    assert "condition met" in out
+    # `kubectl get lws`: LWS's printer columns, one group ready of one.
+    table = await kubectl(kc, "get", "lws", "-n", "ai")
+    assert table.splitlines()[1].split()[:4] == ["deepseek-v3-engine", "1", "1", "1"], table
+    pods = {p["metadata"]["name"]: p for p in await _pods(kc, ENGINES)}
+    assert set(pods) == {"deepseek-v3-engine-0", "deepseek-v3-engine-0-1"}
+    leader, worker = pods["deepseek-v3-engine-0"], pods["deepseek-v3-engine-0-1"]
+    assert leader["metadata"]["labels"]["kvfleet.dev/role"] == "active"
+    assert "kvfleet.dev/role" not in worker["metadata"]["labels"]
+    args = " ".join(worker["spec"]["containers"][0]["args"])
+    assert "--nnodes 2 --node-rank $(LWS_WORKER_INDEX)" in args
+    # The worker reached the leader by LWS_LEADER_ADDRESS (cluster DNS of the subdomain).
+    logs = await kubectl(kc, "logs", "deepseek-v3-engine-0", "-n", "ai")
+    assert "rank 1 joined (2 of 2)" in logs, logs
+    # The status counts groups, not pods.
+    live = json.loads(await kubectl(kc, "get", "kis", "deepseek-v3", "-n", "ai", "-o", "json"))
+    assert live["status"]["readyReplicas"] == 1, live["status"]
+
+    gateway = next(p for p in await _pods(kc, "app.kubernetes.io/instance=deepseek-v3,"
+                   "app.kubernetes.io/component=gateway") if pod_ready(p))  # fmt: skip
+    ip = gateway["status"]["podIP"]
+    await _chat(ip, 6)
+    assert await _upstream_errors(ip) == {}  # never sent to a worker (it serves no API)
+
+    # A worker lost: the whole group is created again (a new leader), then serves again.
+    await kubectl(kc, "delete", "pod", "deepseek-v3-engine-0-1", "-n", "ai", "--wait=false")
+
+    async def new_group_ready() -> bool:
+        now = {p["metadata"]["name"]: p for p in await _pods(kc, ENGINES)}
+        fresh = now.get("deepseek-v3-engine-0")
+        return (
+            fresh is not None
+            and fresh["metadata"]["uid"] != leader["metadata"]["uid"]
+            and len(now) == 2
+            and all(pod_ready(p) for p in now.values())
+        )
+
+    await until(new_group_ready, 90, "the group recreated with a new leader and worker")
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/deepseek-v3", "-n", "ai",
+                  "--timeout=60s")  # fmt: skip
+
+    async def serves() -> bool:
+        try:
+            await _chat(ip)
+        except openai.APIError:
+            return False
+        return True
+
+    await until(serves, 30, "the recreated group to serve through the gateway")
