@@ -214,8 +214,12 @@ def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> d
     def not_warm(p: Json) -> bool:
         return (p["metadata"].get("labels") or {}).get(ROLE_LABEL) != "warm"
 
-    # Newest (highest group) first, then (stable) the pods already warm ahead of the rest.
-    ranked = sorted(sorted(ready, key=created, reverse=True), key=not_warm)
+    # Newest first, then (stable) the pods already warm ahead of the rest. LeaderWorkerSet
+    # groups: the highest groups, always — LWS scales down from the top, so a warm spare
+    # anywhere else could never be the one removed (a swap of roles is the lesser cost).
+    ranked = sorted(ready, key=created, reverse=True)
+    if not any(GROUP_INDEX_LABEL in (p["metadata"].get("labels") or {}) for p in ready):
+        ranked = sorted(ranked, key=not_warm)
     warm = {p["metadata"]["name"] for p in ranked[:warm_count]}
     return {
         p["metadata"]["name"]: "warm" if p["metadata"]["name"] in warm else "active" for p in ready

@@ -134,3 +134,28 @@ async def _serves_as_a_group(kc: Path) -> None:
         return True
 
     await until(serves, 30, "the recreated group to serve through the gateway")
+    await _autoscaled_groups(kc)
+
+
+async def _autoscaled_groups(kc: Path) -> None:
+    """Autoscaled with a warm spare: two groups (four pods); the spare is the higher group
+    (LeaderWorkerSet removes the highest first), its leader labelled warm, workers none."""
+    autoscaling = {"minReplicas": 1, "maxReplicas": 2, "warmReplicas": 1}
+    patch = {"spec": {"replicas": None, "autoscaling": autoscaling}}
+    await kubectl(kc, "patch", "kis", "deepseek-v3", "-n", "ai", "--type=merge",
+                  "-p", json.dumps(patch))  # fmt: skip
+
+    async def one_active_one_warm() -> dict[str, dict[str, str]] | None:
+        live = json.loads(await kubectl(kc, "get", "kis", "deepseek-v3", "-n", "ai", "-o", "json"))
+        st = live.get("status") or {}
+        counts = (st.get("replicas"), st.get("activeReplicas"), st.get("warmReplicas"))
+        pods = {p["metadata"]["name"]: p["metadata"]["labels"] for p in await _pods(kc, ENGINES)}
+        roles = [pods.get(f"deepseek-v3-engine-{g}", {}).get("kvfleet.dev/role") for g in (0, 1)]
+        return pods if counts == (2, 1, 1) and roles == ["active", "warm"] else None
+
+    # (Switched to autoscaling, the template's role changes, so LWS rolls group 0 while
+    # group 1 starts: roles settle once both are up.)
+    pods = await until(one_active_one_warm, 90, "group 0 active, group 1 its warm spare")
+    assert len(pods) == 4, sorted(pods)
+    assert not any("kvfleet.dev/role" in pods[w] for w in ("deepseek-v3-engine-0-1",
+                                                          "deepseek-v3-engine-1-1"))  # fmt: skip

@@ -220,6 +220,29 @@ async def test_invalid_spec_is_refused_then_surfaces(
     assert len(await asyncio.to_thread(k.list, POD, NS, ENGINE_PODS)) == 2
 
 
+async def test_a_multi_node_service_without_leader_worker_set_says_so(
+    local_cluster: Env, llama: OperatorThread
+) -> None:
+    """No LeaderWorkerSet API on this cluster: a multi-node service renders nothing and its
+    condition says what to install; the single-node service beside it is untouched."""
+    env, k = local_cluster, local_cluster.kube
+    doc = isvc("big", engine={"gpuType": "h100", "tensorParallel": 8, "nodesPerReplica": 2})
+    await asyncio.to_thread(k.create, doc)
+    body = await until(
+        lambda: (
+            (b := k.get(ISVC, NS, "big"))
+            and condition(b, "Ready").get("reason") == "LeaderWorkerSetMissing"
+            and b
+        ),
+        what="Ready=False LeaderWorkerSetMissing",
+    )
+    message = condition(body, "Ready")["message"]
+    assert "spec.engine.nodesPerReplica" in message and "install LeaderWorkerSet" in message
+    await until(lambda: has_event(env, "LeaderWorkerSetMissing"), what="a warning Event")
+    assert await asyncio.to_thread(children, env, "big") == []
+    assert condition(await asyncio.to_thread(k.get, ISVC, NS, "llama"), "Ready")["status"] == "True"
+
+
 async def test_deletion_collects_children(local_cluster: Env, llama: OperatorThread) -> None:
     env, k = local_cluster, local_cluster.kube
     body = await asyncio.to_thread(k.get, ISVC, NS, "llama")
