@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -23,6 +24,7 @@ from kvfleet_gateway.config import (
     GatewayConfig,
     LimitsConfig,
     Listen,
+    PrefillBackends,
     load_config,
 )
 from kvfleet_gateway.keys import hash_key, new_key
@@ -39,6 +41,20 @@ from kvfleet_gateway.kv_events.hub import fetch_tokenizer as fetch_from_hub
 )
 @click.option(
     "--backend", "backends", multiple=True, help="Quick mode: an engine URL (repeatable)."
+)
+@click.option(
+    "--prefill",
+    "prefills",
+    multiple=True,
+    help="Quick mode, disaggregated: a prefill engine URL (repeatable); --backend URLs are"
+    " then the decode engines.",
+)
+@click.option(
+    "--bootstrap-port",
+    type=int,
+    default=PrefillBackends.bootstrap_port,
+    show_default=True,
+    help="Quick mode: the prefill engines' --disaggregation-bootstrap-port.",
 )
 @click.option(
     "--host", default=None, help=f"Listen address (default {Listen.host}); overrides listen.host."
@@ -83,6 +99,8 @@ from kvfleet_gateway.kv_events.hub import fetch_tokenizer as fetch_from_hub
 def gateway(
     config_file: Path | None,
     backends: tuple[str, ...],
+    prefills: tuple[str, ...],
+    bootstrap_port: int,
     host: str | None,
     port: int | None,
     metrics_port: int | None,
@@ -113,6 +131,7 @@ def gateway(
                     "backends": {
                         "static": list(backends),
                         **(engine_key if engine_api_key_file else {}),
+                        **(_prefill_pool(prefills, bootstrap_port) if prefills else {}),
                     },
                     "routing": {"policy": policy},
                     "auth": auth,
@@ -234,3 +253,8 @@ def fetch_tokenizer(repo: str, revision: str | None, dest: Path) -> None:
     except (HubError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{repo}: wrote {', '.join(written)} to {dest}", err=True)
+
+
+def _prefill_pool(urls: tuple[str, ...], bootstrap_port: int) -> dict[str, Any]:
+    """Quick mode's `backends.prefill` (disaggregated serving)."""
+    return {"prefill": {"static": [{"url": u} for u in urls], "bootstrapPort": bootstrap_port}}

@@ -29,6 +29,7 @@ from kvfleet_gateway import inbound, isolation
 from kvfleet_gateway.accounting import Admitted
 from kvfleet_gateway.backends import BackendPool, engine_auth_headers, read_secret_file
 from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
+from kvfleet_gateway.disaggregation import prefill_pool_running, prefill_side
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import ClientGone, GatewayError
 from kvfleet_gateway.exchange import Exchange
@@ -45,6 +46,7 @@ from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.routing import EventIndex, make_policy, priors_for
 from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
+from kvfleet_gateway.routing.least_load import LeastLoad
 from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
 
 log = logging.getLogger("kvfleet.gateway")
@@ -404,6 +406,11 @@ def make_app(config: GatewayConfig) -> web.Application:
         raise ConfigError("routing.tuning.modelConfig", str(e)) from None
     log.info("routing priors: %s", priors)
     policy = make_policy(config.routing.policy, t, events, priors)
+    # Disaggregated: the policy picks prefill engines (where prefixes are cached); decode
+    # engines hold no prefix cache, so the least loaded takes the decode half.
+    prefill = prefill_side(config, policy)
+    if prefill is not None:
+        policy = make_policy(LeastLoad.name)
     engine_headers = engine_auth_headers(config.backends.engine_api_key_file)
     gw = Gateway(
         config=config,
@@ -433,8 +440,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, headers=engine_headers
         ) as session:
-            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold)
-            async with gw.pool.running(session):
+            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold, prefill)
+            async with gw.pool.running(session), prefill_pool_running(prefill, config, session):
                 yield
 
     async def key_watcher(app: web.Application) -> AsyncIterator[None]:
@@ -479,7 +486,12 @@ def make_app(config: GatewayConfig) -> web.Application:
         streams = KvEventStreams(
             events,
             gw.metrics,
-            lambda: [b.url for b in gw.pool.backends.values() if b.healthy and not b.draining],
+            # Prefixes are cached where prompts are computed: the prefill pool, when there is one.
+            lambda: [
+                b.url
+                for b in (prefill.pool if prefill else gw.pool).backends.values()
+                if b.healthy and not b.draining
+            ],
         )
         async with (
             aiohttp.ClientSession(headers=engine_headers) as session,

@@ -35,6 +35,10 @@ async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
     holding = not gw.pool.backends and gw.config.hold.max_requests > 0
     detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
     ok = bool(routable) or holding
+    prefill = gw.proxy.prefill if gw.proxy is not None else None
+    if prefill is not None:  # disaggregated: a request needs a whole pair
+        detail["readyPrefill"] = len(prefill.pool.routable())
+        ok = ok and bool(detail["readyPrefill"])
     if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
         store_ok = await gw.store.reachable()
         detail["limitsStore"] = "ok" if store_ok else "unreachable"

@@ -43,6 +43,7 @@ from aiohttp import web
 from kvfleet_gateway import engine_replies as replies
 from kvfleet_gateway.backends import Backend, BackendPool
 from kvfleet_gateway.config import Hold, Timeouts
+from kvfleet_gateway.disaggregation import PrefillSide, open_disaggregated
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.metrics import GatewayMetrics
@@ -83,9 +84,11 @@ class Proxy:
     timeouts: Timeouts
     metrics: GatewayMetrics
     hold: Hold = field(default_factory=Hold)
+    prefill: PrefillSide | None = None
+    """Disaggregated serving: the prefill pool (`pool` is then the decode pool)."""
     _held: int = 0
 
-    async def _wait_for_capacity(self, model: str) -> list[Backend]:
+    async def wait_for_capacity(self, model: str) -> list[Backend]:
         """No replica of `model` exists (scaled to zero, or all starting): hold the request
         (bounded in number and time) until one can take it — the autoscaler sees the held
         count and wakes one."""
@@ -124,16 +127,18 @@ class Proxy:
     async def _open(self, ex: Exchange) -> tuple[Backend, aiohttp.ClientResponse]:
         """Pick a replica and send; on failure before any byte, back off and try another."""
         req = ex.req
+        if self.prefill is not None:
+            return await open_disaggregated(self, self.prefill, ex, PATHS[req.kind], MAX_ATTEMPTS)
         tried: set[str] = set()
         last_error = "no healthy backend serves this model"
         for attempt in range(MAX_ATTEMPTS):
             candidates = [b for b in self.pool.routable(req.model) if b.url not in tried]
             if not candidates and attempt == 0 and not self.pool.has_members(req.model):
-                candidates = await self._wait_for_capacity(req.model)
+                candidates = await self.wait_for_capacity(req.model)
             if not candidates:
                 break
             if attempt:
-                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                await asyncio.sleep(self.retry_backoff(attempt))
             now = time.monotonic()
             key = self.policy.choose(ex.route, [b.candidate(now) for b in candidates])
             backend = self.pool.backends[key]
@@ -144,9 +149,9 @@ class Proxy:
             backend.inflight_requests += 1
             backend.inflight_tokens += req.reserve_tokens
             ex.dispatched_at = time.monotonic()
-            ex.deadline = ex.dispatched_at + self._response_wait(ex)
+            ex.deadline = ex.dispatched_at + self.response_wait(ex)
             try:
-                async with asyncio.timeout_at(self._loop_deadline(ex)):
+                async with asyncio.timeout_at(self.loop_deadline(ex)):
                     resp = await self.session.post(
                         f"{backend.url}{PATHS[req.kind]}", data=req.wire, headers=JSON_HEADERS
                     )
@@ -154,19 +159,19 @@ class Proxy:
                 # Never reached the engine: safe to try another replica.
                 self.metrics.upstream_errors.labels(backend.url, "connect").inc()
                 backend.breaker.failure()
-                self._not_in_flight(backend, ex)
+                self.not_in_flight(backend, ex)
                 last_error = "engine connect error"
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
-                self._not_in_flight(backend, ex)
+                self.not_in_flight(backend, ex)
                 self.policy.on_finished(ex.route, backend.url)
-                raise self._sent_and_lost(ex, backend, exc) from None
+                raise self.sent_and_lost(ex, backend, exc) from None
             if resp.status >= 500:
                 # The engine refused it (an error status, not a reply): it did not take the
                 # work, so another replica may, before any byte reached the client.
                 self.metrics.upstream_errors.labels(backend.url, f"http_{resp.status}").inc()
                 backend.breaker.failure()
-                self._not_in_flight(backend, ex)
+                self.not_in_flight(backend, ex)
                 resp.release()
                 last_error = f"engine answered {resp.status}"
                 continue
@@ -181,7 +186,11 @@ class Proxy:
             "upstream_unavailable",
         )
 
-    def _response_wait(self, ex: Exchange) -> float:
+    @staticmethod
+    def retry_backoff(attempt: int) -> float:
+        return float(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+
+    def response_wait(self, ex: Exchange) -> float:
         """How long a request may wait for its response to begin: a stream, its first byte;
         a non-streaming request, its whole reply."""
         t = self.timeouts
@@ -190,12 +199,12 @@ class Proxy:
         return min(float(t.whole_response), t.first_byte + ex.req.max_tokens / t.min_decode_rate)
 
     @staticmethod
-    def _loop_deadline(ex: Exchange) -> float:
+    def loop_deadline(ex: Exchange) -> float:
         """`ex.deadline` (monotonic) on the event loop's clock."""
         loop = asyncio.get_running_loop()
         return loop.time() + (ex.deadline - time.monotonic())
 
-    def _sent_and_lost(self, ex: Exchange, backend: Backend, exc: Exception) -> GatewayError:
+    def sent_and_lost(self, ex: Exchange, backend: Backend, exc: Exception) -> GatewayError:
         """The request reached the engine, then its answer did not come: not retried (the
         engine may be doing the work), billed as accepted; a timeout is not a breaker failure."""
         ex.backend = backend
@@ -251,7 +260,7 @@ class Proxy:
                 upstream.release()  # clean end: keep the connection for the next request
             self._report_timing(ex, backend.url)
             self.policy.on_finished(ex.route, backend.url)
-            self._not_in_flight(backend, ex)
+            self.not_in_flight(backend, ex)
 
     async def _error_passthrough(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
@@ -422,7 +431,7 @@ class Proxy:
                     buffer += data
 
     @staticmethod
-    def _not_in_flight(backend: Backend, ex: Exchange) -> None:
+    def not_in_flight(backend: Backend, ex: Exchange) -> None:
         backend.inflight_requests -= 1
         backend.inflight_tokens -= ex.req.reserve_tokens
 

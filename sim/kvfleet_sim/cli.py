@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options
 from kvfleet_sim.config import ConfigError, derive_layout
+from kvfleet_sim.disaggregation import LINKS, MODES, TRANSFER_BACKENDS, DisaggConfig
 from kvfleet_sim.faults import FaultPlan
 from kvfleet_sim.kv_events import KvEventsConfig
 from kvfleet_sim.multinode import DistConfig, DistConfigError, serve_worker
@@ -109,6 +110,39 @@ def sim() -> None:
     default=None,
     help="HOST:PORT of rank 0's rendezvous (--nnodes > 1).",
 )
+@click.option(
+    "--disaggregation-mode",
+    type=click.Choice(MODES),
+    default="null",
+    show_default=True,
+    help="SGLang's PD mode: a prefill or a decode server.",
+)
+@click.option(
+    "--disaggregation-bootstrap-port",
+    type=int,
+    default=default_of(DisaggConfig, "bootstrap_port"),
+    show_default=True,
+    help="Prefill mode: where decode servers collect the KV.",
+)
+@click.option(
+    "--disaggregation-transfer-backend",
+    type=click.Choice(TRANSFER_BACKENDS),
+    default=default_of(DisaggConfig, "transfer_backend"),
+    show_default=True,
+)
+@click.option("--disaggregation-ib-device", default=None, help="Accepted for SGLang parity.")
+@click.option(
+    "--disaggregation-decode-enable-radix-cache",
+    is_flag=True,
+    help="Decode mode: keep a prefix cache (SGLang's default: none).",
+)
+@click.option(
+    "--disaggregation-link",
+    type=click.Choice(sorted(LINKS)),
+    default=default_of(DisaggConfig, "link"),
+    show_default=True,
+    help="Simulator: the link the KV crosses between prefill and decode engines.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve SGLang's HTTP API from a simulated engine."""
@@ -117,6 +151,16 @@ def serve(**kw: Any) -> None:
     )
     model_arg = kw["model"]
     profile = kw.pop("profile")
+    disagg = DisaggConfig(
+        kw.pop("disaggregation_mode"),
+        kw.pop("disaggregation_bootstrap_port"),
+        kw.pop("disaggregation_transfer_backend"),
+        kw.pop("disaggregation_link"),
+    )
+    kw.pop("disaggregation_ib_device")
+    if disagg.mode == "decode" and not kw.pop("disaggregation_decode_enable_radix_cache"):
+        kw["disable_radix_cache"] = True  # as SGLang's decode servers run by default
+    kw.pop("disaggregation_decode_enable_radix_cache", None)
     engine = build_engine_config(kw)
     try:
         derive_layout(engine)
@@ -169,6 +213,7 @@ def serve(**kw: Any) -> None:
         kv_events=kv_events,
         tokenizer_path=tokenizer_path,
         dist=dist,
+        disagg=disagg,
     )
     with contextlib.suppress(ImportError):  # uvloop: the same asyncio API, cheaper sockets
         import uvloop

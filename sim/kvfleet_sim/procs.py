@@ -124,6 +124,17 @@ def sim_serve_argv(
     ]
 
 
+def _worker_args(workers: Sequence[str], prefills: Sequence[tuple[str, int]]) -> list[str]:
+    if not prefills:
+        return ["--worker-urls", *workers]
+    args = ["--pd-disaggregation"]
+    for url, port in prefills:
+        args += ["--prefill", url, str(port)]
+    for url in workers:
+        args += ["--decode", url]
+    return args
+
+
 @contextlib.contextmanager
 def sglang_router_process(
     workers: Sequence[str],
@@ -131,9 +142,12 @@ def sglang_router_process(
     policy: str = "cache_aware",
     timeout: float = 60.0,
     on_started: Callable[[int], None] | None = None,
+    prefills: Sequence[tuple[str, int]] = (),
 ) -> Iterator[str]:
     """The real `sglang-router` in front of `workers`, once it has registered all of them
-    (`on_started` is given its process id, for a benchmark that measures its CPU).
+    (`on_started` is given its process id, for a benchmark that measures its CPU). With
+    `prefills` ((URL, bootstrap port) each) it runs in PD mode: `workers` are the decode
+    engines.
 
     Its /health answers 200 before any worker is registered, so readiness is read from
     /workers (start the workers first: three failed health checks drop a worker for good).
@@ -147,8 +161,7 @@ def sglang_router_process(
         "127.0.0.1",
         "--port",
         str(port),
-        "--worker-urls",
-        *workers,
+        *_worker_args(workers, prefills),
         "--policy",
         policy,
         "--prometheus-host",
@@ -170,7 +183,7 @@ def sglang_router_process(
                 urllib.request.urlopen(f"{url}/workers", timeout=2) as resp,
             ):
                 listed = resp.read().decode()
-            if all(w in listed for w in workers):
+            if all(w in listed for w in [*workers, *(u for u, _ in prefills)]):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"sglang-router did not register {list(workers)}")

@@ -25,6 +25,9 @@ class Request:
     """The radix cache's namespace for this request (SGLang's `cache_salt`)."""
     tag: object = None
     """Opaque owner data (the server's stream, the fleet's record); the engine never reads it."""
+    prefilled: bool = False
+    """Disaggregated decode: the prompt's KV arrived from a prefill engine; admission only
+    allocates it (no compute) and the first token comes out at once."""
 
     # Engine state.
     output_len: int = 0

@@ -295,7 +295,7 @@ class Scheduler:
         if prefix < match.length:
             match = self.cache.match_prefix(fill[:prefix], req.cache_salt)
         extend = req.fill_len - match.length
-        if extend > budget.input and batch.reqs:
+        if extend > budget.input and batch.reqs and not req.prefilled:
             return None
         self.cache.inc_lock_ref(match.node)  # before the check: the prefix stops being free
         reserve = self._reserved(req)
@@ -306,11 +306,17 @@ class Scheduler:
             return None
         self.waiting.popleft()
         req.node, req.prefix_len, req.kv_len = match.node, match.length, match.length
-        if req.output_len == 0:
+        if req.output_len == 0 and not req.prefilled:
             req.cached_tokens = match.length
             batch.cached_tokens += match.length
         if req.scheduled_time is None:
             req.scheduled_time = now
+        if req.prefilled:  # its KV came from a prefill engine: placed, not computed
+            self._alloc(extend)
+            batch.reqs.append(req)
+            batch.extend_lens.append(0)
+            req.kv_len += extend
+            return reserve
         self._add(batch, req, min(extend, budget.chunk), budget)
         if req.kv_len < req.fill_len:
             self.chunked = req
@@ -358,6 +364,7 @@ class Scheduler:
             victim = order.pop()
             self._release(victim)
             victim.retractions += 1
+            victim.prefilled = False  # its KV is gone: computed again on this engine
             victim.output_ids = self._output_ids(victim.seed, victim.output_len)
             retracted.append(victim)
         self.running = order

@@ -25,6 +25,15 @@ from kvfleet_sim import api
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.datasets import SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA
+from kvfleet_sim.disaggregation import (
+    DisaggConfig,
+    HandOff,
+    Rooms,
+    bootstrap_of,
+    bootstrap_server,
+    fetch_hand_off,
+    transfer_seconds,
+)
 from kvfleet_sim.engine import Engine, RealClock
 from kvfleet_sim.faults import FaultPlan, FaultState
 from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
@@ -33,7 +42,7 @@ from kvfleet_sim.multinode import DistConfig, Rendezvous
 from kvfleet_sim.realtime import Channel, RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
-from kvfleet_sim.scheduler import InputTooLongError, QueueFullError
+from kvfleet_sim.scheduler import InputTooLongError, QueueFullError, StepOutcome
 from kvfleet_sim.tokenizer import HfTokenizer
 
 log = logging.getLogger("kvfleet.sim.server")
@@ -66,6 +75,8 @@ class ServerConfig:
     """`--tokenizer-path`: a Hugging Face tokenizer.json directory (None: the stand-in)."""
     dist: DistConfig = field(default_factory=DistConfig)
     """`--nnodes`, `--node-rank`, `--dist-init-addr`: this is rank 0 of a multi-node engine."""
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    """`--disaggregation-*`: a prefill or a decode server of a disaggregated service."""
 
 
 @dataclass
@@ -78,6 +89,10 @@ class SimState:
     started: float = field(default_factory=time.monotonic)
     rendezvous: Rendezvous | None = None
     """Multi-node: the other ranks joining; nothing is served until all have."""
+    rooms: Rooms = field(default_factory=Rooms)
+    """Prefill mode: the KV hand-offs offered to decode servers."""
+    pending_rooms: dict[str, int] = field(default_factory=dict)
+    """Prefill mode: request id → its room, until its first token."""
 
     @property
     def loaded(self) -> bool:
@@ -375,6 +390,7 @@ async def _generate(request: web.Request, kind: api.Kind) -> web.StreamResponse:
     try:
         gen = parser(body)
         req = build_request(st, gen)
+        await _disaggregated(st, body, req)
     except api.ApiError as err:
         return _error(kind, err)
     nth = st.faults.next_request()
@@ -399,6 +415,47 @@ async def _generate(request: web.Request, kind: api.Kind) -> web.StreamResponse:
     finally:
         if not req.finished:
             st.runner.abort(req)
+
+
+async def _disaggregated(st: SimState, body: Any, req: Request) -> None:
+    """PD mode: a prefill server computes the prompt and one token, then offers the KV under
+    the request's room; a decode server first waits for that KV to arrive."""
+    mode = st.config.disagg.mode
+    if mode == "null":
+        return
+    boot = bootstrap_of(body)
+    if boot is None:
+        raise api.ApiError(
+            f"this server runs --disaggregation-mode {mode}: a request needs bootstrap_host,"
+            " bootstrap_port and bootstrap_room (send it through a PD router)"
+        )
+    if mode == "prefill":
+        req.max_new_tokens = min(req.max_new_tokens, 1)
+        st.pending_rooms[req.rid] = boot.room
+        return
+    try:
+        hand_off = await fetch_hand_off(boot)
+    except ConnectionError as exc:
+        raise api.ApiError(f"KV transfer for room {boot.room} failed: {exc}", 500) from exc
+    await asyncio.sleep(hand_off.transfer_s * st.config.time_scale)
+    req.prefilled, req.cached_tokens = True, hand_off.cached_tokens
+
+
+def _offer_prefilled(st: SimState, outcome: StepOutcome) -> None:
+    """Prefill mode, after each step: requests with their first token offer their KV."""
+    layout = st.engine.layout
+    for req in outcome.first_tokens:
+        room = st.pending_rooms.pop(req.rid, None)
+        if room is not None:
+            seconds = transfer_seconds(req.prompt_len, layout.kv_bytes_per_token_per_gpu,
+                                       st.config.engine.tp_size, st.config.disagg.link)  # fmt: skip
+            st.rooms.offer(room, HandOff(req.prompt_len, req.cached_tokens, seconds))
+    for req in outcome.finished:  # finished or aborted without a first token
+        st.pending_rooms.pop(req.rid, None)
+
+
+def _forget_room(st: SimState, req: Request) -> None:
+    st.pending_rooms.pop(req.rid, None)
 
 
 DISCONNECT_CHECK_S = 1.0
@@ -501,7 +558,16 @@ def make_app(config: ServerConfig) -> web.Application:
         finally:
             await meeting.close()
 
-    app.cleanup_ctx.extend([rendezvous, kv_event_publisher, engine_loop])
+    async def prefill_bootstrap(app: web.Application) -> Any:
+        if config.disagg.mode != "prefill":
+            yield
+            return
+        engine.listeners.append(lambda _engine, _step, outcome: _offer_prefilled(state, outcome))
+        engine.aborted_listeners.append(lambda req: _forget_room(state, req))
+        async with bootstrap_server(state.rooms, config.host, config.disagg.bootstrap_port):
+            yield
+
+    app.cleanup_ctx.extend([rendezvous, prefill_bootstrap, kv_event_publisher, engine_loop])
     r = app.router
     r.add_get("/health", health)
     r.add_get("/ready", health)

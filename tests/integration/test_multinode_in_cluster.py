@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import pytest
 
@@ -22,6 +21,7 @@ from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import OperatorThread, cluster_config
+from tests.support.gateway import upstream_errors
 from tests.support.leaderworkerset import write_crd
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
@@ -55,14 +55,7 @@ async def _chat(ip: str, n: int = 1) -> None:
 
 
 async def _upstream_errors(ip: str) -> dict[str, float]:
-    url = f"http://{ip}:{GATEWAY_METRICS_PORT}/metrics"
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        text = await r.text()
-    return {
-        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("kvfleet_gateway_upstream_errors_total{")
-    }
+    return await upstream_errors(f"http://{ip}:{GATEWAY_METRICS_PORT}/metrics")
 
 
 async def test_a_two_node_replica_serves_and_restarts_as_a_group(

@@ -18,6 +18,7 @@ from kvfleet_gateway.config import (
     Limits,
     LimitsConfig,
     Listen,
+    PrefillBackends,
     RedisOutage,
     Requests,
     Routing,
@@ -42,12 +43,13 @@ def gateway_config(
     max_body_bytes: int = GatewayConfig.max_body_bytes,
     hold: Hold | None = None,
     requests: Requests | None = None,
+    prefill: PrefillBackends | None = None,
 ) -> GatewayConfig:
     """A gateway on 127.0.0.1 in front of `static` engines (or pods), with the keys file
     `keys` (None: no auth)."""
     return GatewayConfig(
         listen=Listen(host="127.0.0.1", metrics_port=free_port()),
-        backends=Backends(static=tuple(static), kubernetes=kubernetes),
+        backends=Backends(static=tuple(static), kubernetes=kubernetes, prefill=prefill),
         routing=Routing(policy=policy, scrape_interval=Duration(scrape_interval)),
         auth=Auth(keys_file=str(keys) if keys else None, insecure_no_auth=keys is None),
         limits=LimitsConfig(
@@ -75,3 +77,17 @@ async def budget_in_use(store: Any, tenant: str, limits: Any, now: float | None 
         tenant, limits.token_budget, time.time() if now is None else now
     )
     return int(state.in_use)
+
+
+async def upstream_errors(url: str) -> dict[str, float]:
+    """`kvfleet_gateway_upstream_errors_total` from a gateway's /metrics URL, by its labels
+    (`backend="…",kind="…"`)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        text = await r.text()
+    return {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kvfleet_gateway_upstream_errors_total{")
+    }

@@ -186,6 +186,45 @@ class KubernetesBackends:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefillEngine:
+    url: str = fld(doc="A prefill engine's base URL.", pattern=r"^https?://[^/\s]+")
+    bootstrap_port: int | None = fld(
+        None, "Its --disaggregation-bootstrap-port; unset: the pool's.", minimum=1, maximum=65535
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillBackends:
+    """Disaggregated serving (SGLang's PD mode): the prefill engines. The gateway sends each
+    request to a prefill engine and a decode engine (the `static`/`kubernetes` backends)
+    with SGLang's bootstrap fields, and streams the decode engine's answer."""
+
+    RULES: ClassVar = (
+        Rule(
+            "size(self.static) > 0 || has(self.kubernetes)",
+            "give static URLs or a kubernetes selector for the prefill engines",
+        ),
+    )
+    static: tuple[PrefillEngine, ...] = fld((), "Prefill engines by URL.")
+    kubernetes: KubernetesBackends | None = fld(None, "Prefill engine pods by label selector.")
+    bootstrap_port: int = fld(
+        8998,
+        "The prefill engines' --disaggregation-bootstrap-port (sent as bootstrap_port).",
+        minimum=1,
+        maximum=65535,
+    )
+
+    def bootstrap_port_of(self, url: str) -> int:
+        for engine in self.static:
+            if engine.url == url and engine.bootstrap_port is not None:
+                return engine.bootstrap_port
+        return self.bootstrap_port
+
+
+@dataclass(frozen=True, kw_only=True)
 class Backends:
     RULES: ClassVar = (
         Rule(
@@ -195,6 +234,12 @@ class Backends:
     )
     static: tuple[str, ...] = fld((), "Engine base URLs.", pattern=r"^https?://[^/\s]+")
     kubernetes: KubernetesBackends | None = fld(None, "Engine pods found by label selector.")
+    prefill: PrefillBackends | None = fld(
+        None,
+        "Prefill/decode disaggregation: the prefill pool; the backends above are then the"
+        " decode pool. The routing policy chooses the prefill engine (prefix hits live there);"
+        " the decode engine is the least loaded.",
+    )
     engine_api_key_file: str | None = fld(
         None,
         "A file holding the engines' API key (SGLang's --api-key), sent to every engine as"
