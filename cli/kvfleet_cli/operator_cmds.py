@@ -16,6 +16,8 @@ from kvfleet_operator.crd import stale_files, write_crds
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.policy import Policy
 from kvfleet_operator.render import Owner, owner_of, render_children
+from kvfleet_operator.render.common import PREFILL
+from kvfleet_operator.render.disaggregation import prefill_owner
 from kvfleet_operator.render.engine import engine_args
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.spec import KIND
@@ -69,20 +71,18 @@ def sglang_rejections(args: list[str]) -> str | None:
 def command_lines(owner: Owner) -> list[list[str]]:
     """The engine command line of each kind of pod, as the kubelet runs it: `$(VAR)`
     expanded with the values its environment would hold (LeaderWorkerSet's for a
-    multi-node group: the leader, rank 0, and a worker, rank 1)."""
+    multi-node group: the leader, rank 0, and a worker, rank 1); a disaggregated service's
+    prefill engine last."""
     leader = f"{owner.engine_name}-0.{owner.engine_name}.{owner.namespace}"
-    ranks = (0, 1) if owner.multi_node else (0,)
-    return [
-        [
-            VARIABLE.sub(lambda m, env=env: env.get(m[1], m[0]), arg)  # type: ignore[misc]
-            for arg in engine_args(owner.spec)
-        ]
-        for env in (
-            {"KVFLEET_ENGINE_API_KEY": "engine-key", "LWS_WORKER_INDEX": str(rank),
-             "LWS_LEADER_ADDRESS": leader}
-            for rank in ranks
-        )
-    ]  # fmt: skip
+    pods = [(engine_args(owner.spec), rank) for rank in ((0, 1) if owner.multi_node else (0,))]
+    if owner.spec.disaggregation is not None:
+        pods.append((engine_args(prefill_owner(owner).spec, PREFILL), 0))
+    lines = []
+    for args, rank in pods:
+        env = {"KVFLEET_ENGINE_API_KEY": "engine-key", "LWS_WORKER_INDEX": str(rank),
+               "LWS_LEADER_ADDRESS": leader}  # fmt: skip
+        lines.append([VARIABLE.sub(lambda m, env=env: env.get(m[1], m[0]), a) for a in args])  # type: ignore[misc]
+    return lines
 
 
 VARIABLE = re.compile(r"\$\((\w+)\)")

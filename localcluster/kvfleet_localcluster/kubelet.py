@@ -87,6 +87,10 @@ SIM_FLAGS: dict[str, bool] = {
     "--nnodes": True,
     "--node-rank": True,
     "--dist-init-addr": True,
+    "--disaggregation-mode": True,
+    "--disaggregation-transfer-backend": True,
+    "--disaggregation-bootstrap-port": True,
+    "--disaggregation-ib-device": True,
 }
 SIM_VALUES = {"--quantization": {"none", "fp8"}, "--schedule-policy": {"fcfs", "lpm"}}
 

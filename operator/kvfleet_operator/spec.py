@@ -60,6 +60,10 @@ MANAGED_FLAGS = (
     "kv-events-config",
     "nnodes",
     "node-rank",
+    "disaggregation-mode",
+    "disaggregation-transfer-backend",
+    "disaggregation-bootstrap-port",
+    "disaggregation-ib-device",
     "dist-init-addr",
     "nccl-init-addr",
     "pp-size",
@@ -239,7 +243,7 @@ class EngineSpec:
         minimum=1,
         maximum=16,
     )
-    gpu_type: Literal["h100", "h200", "a100-80g", "l40s"] | None = fld(
+    gpu_type: GpuType | None = fld(
         None, "GPU model; selects nodes by the nvidia.com/gpu.product label."
     )
     resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
@@ -340,6 +344,53 @@ class Autoscaling:
         None,
         "A TTFT objective: a TTFT over it adds a replica, and a tick over it does not count"
         " as a rate the fleet served well when the capacity per replica is learned.",
+    )
+
+
+GpuType = Literal["h100", "h200", "a100-80g", "l40s"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillPool:
+    """The prefill engines of a disaggregated service."""
+
+    replicas: int = fld(1, "Prefill engine replicas.", minimum=1, maximum=1000)
+    tensor_parallel: Literal[1, 2, 4, 8] | None = fld(
+        None, "GPUs per prefill engine; unset: engine.tensorParallel."
+    )
+    gpu_type: GpuType | None = fld(None, "GPU model of the prefill engines; unset: engine.gpuType.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disaggregation:
+    """Prefill/decode disaggregation (SGLang's PD mode): prompts are computed on a prefill
+    pool and their KV handed to the decode pool, which streams the answer. `engine`,
+    `replicas` and `autoscaling` then describe the decode pool."""
+
+    prefill: PrefillPool = fld(PrefillPool, "The prefill pool.")
+    transfer_backend: Literal["mooncake", "nixl", "fake"] = fld(
+        "mooncake",
+        "SGLang --disaggregation-transfer-backend: how KV moves (mooncake or nixl over RDMA or"
+        " TCP; fake: no transfer, for testing the wiring).",
+    )
+    bootstrap_port: int = fld(
+        8998,
+        "SGLang --disaggregation-bootstrap-port of the prefill engines (decode engines ask it"
+        " for each request's KV).",
+        minimum=1024,
+        maximum=65535,
+    )
+    ib_device: str | None = fld(
+        None,
+        "SGLang --disaggregation-ib-device (e.g. mlx5_0): KV over InfiniBand/RoCE. Engine"
+        " containers then get the IPC_LOCK capability (pinned RDMA memory).",
+        pattern=r"^[A-Za-z0-9_,.-]+$",
+    )
+    rdma_resource: str | None = fld(
+        None,
+        "The extended resource your RDMA device plugin offers (e.g. rdma/rdma_shared_device_a):"
+        " one is requested per engine pod when ibDevice is set.",
+        pattern=r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$",
     )
 
 
@@ -462,6 +513,17 @@ class InferenceServiceSpec:
             ".gateway.prefixIndex",
         ),
         Rule(
+            "!has(self.disaggregation) || self.gateway.enabled",
+            "disaggregation needs the gateway: it pairs each request's prefill and decode engines",
+            ".disaggregation",
+        ),
+        Rule(
+            "!has(self.disaggregation) || self.engine.radixCache",
+            "disaggregation keeps the prefix cache on the prefill engines: leave"
+            " engine.radixCache on",
+            ".disaggregation",
+        ),
+        Rule(
             "!(has(self.replicas) && has(self.autoscaling))",
             "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
             " owns the replica count",
@@ -474,6 +536,11 @@ class InferenceServiceSpec:
         None, "Engine replicas when autoscaling is absent (default 1).", minimum=0, maximum=1000
     )
     autoscaling: Autoscaling | None = fld(None, "Bounds for the operator's autoscaler.")
+    disaggregation: Disaggregation | None = fld(
+        None,
+        "Prefill/decode disaggregation: a prefill pool beside the engines, which become the"
+        " decode pool (engine, replicas and autoscaling describe it).",
+    )
     gateway: GatewaySpec = fld(GatewaySpec, "The routing gateway.")
     cost: CostSpec = fld(CostSpec, "Cost accounting.")
     scheduling: SchedulingSpec = fld(SchedulingSpec, "Where engine pods may run.")

@@ -6,7 +6,6 @@ where every pod is a process with its own address."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -20,11 +19,10 @@ import yaml
 
 from kvfleet_localcluster.kubelet import node_dir
 from kvfleet_localcluster.local import LocalCluster
-from kvfleet_operator.login import Credentials
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import OperatorThread, cluster_config
+from tests.support.cluster import cluster_with_operator
 from tests.support.waiting import until
 
 TOKENIZER = Path(__file__).parents[1] / "data" / "tokenizers" / "tiny-chat"
@@ -46,15 +44,8 @@ WORDS = "the of and to in is it you that he was for on are as with his they at b
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    """Pods as processes, and the real operator logged in with the cluster's kubeconfig."""
-    config = cluster_config(tmp_path, run_processes=True, time_scale=0.05)
-    async with LocalCluster(config) as local:
-        operator = OperatorThread(Credentials(kubeconfig=str(local.kubeconfig)), resync_s=1.0)
-        try:
-            assert await asyncio.to_thread(operator.ready.wait, 10), "the operator did not start"
-            yield local
-        finally:
-            await asyncio.to_thread(operator.close)
+    async with cluster_with_operator(tmp_path) as local:
+        yield local
 
 
 def service() -> dict[str, Any]:

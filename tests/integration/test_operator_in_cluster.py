@@ -157,7 +157,7 @@ async def operator_metrics(cluster: LocalCluster) -> None:
         for m in f.samples
     }
     assert values[("kvfleet_operator_reconciles_total", (("result", "ok"),))] >= 2
-    assert values[("kvfleet_operator_inferenceservices", ())] == 5  # the examples
+    assert values[("kvfleet_operator_inferenceservices", ())] == 6  # the examples
     assert values[("kvfleet_operator_cache_reads_total", ())] > 0
     assert values[("kvfleet_operator_api_requests_total", (("verb", "POST"),))] > 0
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values

@@ -8,6 +8,7 @@ kubeconfig, and the operator logs in with it exactly as a user's would (`Credent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -128,3 +129,16 @@ async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]
     yield start
     for op in started:
         await asyncio.to_thread(op.close)
+
+
+@contextlib.asynccontextmanager
+async def cluster_with_operator(tmp: Path) -> AsyncIterator[LocalCluster]:
+    """Pods as processes, and the real operator logged in with the cluster's kubeconfig."""
+    config = cluster_config(tmp, run_processes=True, time_scale=0.05)
+    async with LocalCluster(config) as local:
+        operator = OperatorThread(Credentials(kubeconfig=str(local.kubeconfig)), resync_s=1.0)
+        try:
+            assert await asyncio.to_thread(operator.ready.wait, 10), "the operator did not start"
+            yield local
+        finally:
+            await asyncio.to_thread(operator.close)

@@ -66,7 +66,8 @@ def test_every_example_renders_valid_objects(path: Path) -> None:
         }
         # Engines and gateway are both scraped, with the labels alerts and the autoscaler use.
         monitors = {o["metadata"]["name"] for o in kinds["PodMonitor"]}
-        assert monitors == {owner.engine_name, owner.gateway_name}
+        prefill = {owner.prefill_name} if owner.spec.disaggregation else set()
+        assert monitors == {owner.engine_name, owner.gateway_name, *prefill}
         for obj in objs:
             ref = obj["metadata"]["ownerReferences"][0]
             assert (ref["kind"], ref["name"], ref["controller"]) == (
@@ -632,7 +633,7 @@ def test_pods_meet_the_pod_security_standards(path: Path) -> None:
             pod = obj["spec"]["template"]["spec"]
             component = obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
             assert baseline_violations(pod) == [], obj["metadata"]["name"]
-            allow_root = component == "engine"
+            allow_root = component in ("engine", "prefill")  # the SGLang image
             assert restricted_violations(pod, allow_root=allow_root) == [], obj["metadata"]["name"]
             assert all(c["resources"]["limits"].get("memory") for c in pod["containers"])
     broken = {

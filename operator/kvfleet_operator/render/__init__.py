@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_kernel.schema import ConfigError, Json, evaluate
-from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ENGINE, GATEWAY, Owner
+from kvfleet_operator.render.common import (
+    DEFAULT_OPERATOR_NAMESPACE,
+    ENGINE,
+    GATEWAY,
+    PREFILL,
+    Owner,
+)
+from kvfleet_operator.render.disaggregation import prefill_deployment
 from kvfleet_operator.render.engine import engine_deployment, engine_key_secret, model_cache_pvc
 from kvfleet_operator.render.gateway import (
     gateway_configmap,
@@ -67,6 +74,12 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         engine_network_policy(owner),
         pod_monitor(owner, ENGINE),
     ]
+    if owner.spec.disaggregation is not None:
+        out += [
+            prefill_deployment(owner),
+            engine_network_policy(owner, PREFILL),
+            pod_monitor(owner, PREFILL),
+        ]
     out.insert(0, engine_key_secret(owner))  # before the pods that read it
     if owner.spec.gateway.enabled:
         config = gateway_configmap(owner)

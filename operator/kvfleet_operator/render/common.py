@@ -11,6 +11,8 @@ from kvfleet_kernel.schema import Json
 from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 ENGINE, GATEWAY = "engine", "gateway"
+PREFILL = "prefill"
+"""Disaggregated services: the prefill pool's component (ENGINE is then the decode pool)."""
 ENGINE_PORT, GATEWAY_PORT = 30000, 8080
 KV_EVENTS_PORT, KV_REPLAY_PORT = 5557, 5558
 """Where engines publish KV events (prefixIndex: events) and answer replay requests."""
@@ -81,6 +83,10 @@ class Owner:
     @property
     def engine_name(self) -> str:
         return f"{self.name}-engine"
+
+    @property
+    def prefill_name(self) -> str:
+        return f"{self.name}-prefill"
 
     @property
     def multi_node(self) -> bool:

@@ -18,6 +18,7 @@ from kvfleet_operator.render.common import (
     ENGINE_PORT,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
+    PREFILL,
     RESTRICTED_CONTAINER,
     ROLE_LABEL,
     Owner,
@@ -27,6 +28,7 @@ from kvfleet_operator.spec import (
     ENGINE_IMAGE,
     GPU_PRODUCT_LABEL,
     GPU_PRODUCTS,
+    Disaggregation,
     EngineSpec,
     InferenceServiceSpec,
 )
@@ -90,8 +92,9 @@ def model_path(spec: InferenceServiceSpec) -> str:
     return src.uri
 
 
-def engine_args(spec: InferenceServiceSpec) -> list[str]:
-    """SGLang server flags for one replica (`python3 -m sglang.launch_server ARGS`)."""
+def engine_args(spec: InferenceServiceSpec, component: str = ENGINE) -> list[str]:
+    """SGLang server flags for one replica (`python3 -m sglang.launch_server ARGS`); with
+    disaggregation, of a decode engine (`component` ENGINE) or a prefill engine (PREFILL)."""
     e: EngineSpec = spec.engine
     args = [
         "--model-path",
@@ -143,6 +146,8 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
             "--dist-init-addr",
             f"$({LWS_LEADER_ADDRESS}):{DIST_INIT_PORT}",
         ]
+    if spec.disaggregation is not None:
+        args += disaggregation_args(spec.disaggregation, component)
     if not e.radix_cache:
         args.append("--disable-radix-cache")
     if uses_kv_events(spec):
@@ -153,8 +158,22 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
     return args + list(e.extra_args)
 
 
-def _ports(spec: InferenceServiceSpec) -> list[Json]:
+def disaggregation_args(d: Disaggregation, component: str) -> list[str]:
+    """SGLang's PD flags: the mode, how KV moves, where prefill engines offer it."""
+    mode = "prefill" if component == PREFILL else "decode"
+    args = ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", d.transfer_backend]
+    if mode == "prefill":
+        args += ["--disaggregation-bootstrap-port", str(d.bootstrap_port)]
+    if d.ib_device:
+        args += ["--disaggregation-ib-device", d.ib_device]
+    return args
+
+
+def _ports(spec: InferenceServiceSpec, component: str = ENGINE) -> list[Json]:
     ports: list[Json] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if spec.disaggregation is not None and component == PREFILL:
+        port = spec.disaggregation.bootstrap_port
+        ports.append({"name": "bootstrap", "containerPort": port, "protocol": "TCP"})
     if uses_kv_events(spec):
         ports += [
             {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
@@ -226,7 +245,7 @@ def _probe(path: str, period: int, failures: int, timeout: int) -> Json:
     }
 
 
-def engine_pod_spec(owner: Owner) -> Json:
+def engine_pod_spec(owner: Owner, component: str = ENGINE) -> Json:
     spec = owner.spec
     e = spec.engine
     tp = str(e.tensor_parallel)
@@ -247,14 +266,17 @@ def engine_pod_spec(owner: Owner) -> Json:
         e.resources.limits,
     )
     resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = tp
+    d = spec.disaggregation
+    if d is not None and d.ib_device and d.rdma_resource:  # the NIC the KV crosses
+        resources["requests"][d.rdma_resource] = resources["limits"][d.rdma_resource] = "1"
     container: Json = {
         "name": "sglang",
         # Not defaulted in the CRD: an unset image follows the operator's release.
         "image": e.image or ENGINE_IMAGE,
         "imagePullPolicy": e.image_pull_policy,
         "command": ["python3", "-m", "sglang.launch_server"],
-        "args": engine_args(spec),
-        "ports": _ports(spec),
+        "args": engine_args(spec, component),
+        "ports": _ports(spec, component),
         "env": [*_engine_key_env(owner), *_env(spec)],
         "resources": resources,
         "volumeMounts": mounts,
@@ -266,7 +288,7 @@ def engine_pod_spec(owner: Owner) -> Json:
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
         # Pod Security "restricted" but for runAsNonRoot: the SGLang image runs as root
         # (Triton, NCCL and the model download cache write under /root).
-        "securityContext": RESTRICTED_CONTAINER,
+        "securityContext": _container_security(spec),
     }
     node_selector = dict(spec.scheduling.node_selector)
     if e.gpu_type:
@@ -287,7 +309,7 @@ def engine_pod_spec(owner: Owner) -> Json:
                 "maxSkew": 1,
                 "topologyKey": "kubernetes.io/hostname",
                 "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": owner.selector(ENGINE)},
+                "labelSelector": {"matchLabels": owner.selector(component)},
             }
         ],
     }
@@ -300,19 +322,31 @@ def engine_pod_spec(owner: Owner) -> Json:
     return pod
 
 
-def engine_deployment(owner: Owner, replicas: int) -> Json:
+def _container_security(spec: InferenceServiceSpec) -> Json:
+    """Restricted; KV over RDMA (disaggregation.ibDevice) pins memory: IPC_LOCK."""
+    d = spec.disaggregation
+    if d is None or not d.ib_device:
+        return RESTRICTED_CONTAINER
+    return {**RESTRICTED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+
+
+def engine_deployment(owner: Owner, replicas: int, component: str = ENGINE) -> Json:
+    """The engines' Deployment; with disaggregation, the decode pool's (ENGINE) or the
+    prefill pool's (PREFILL, from `prefill_owner`)."""
     e = owner.spec.engine
     # Autoscaled: a new pod starts warm and takes no traffic until the operator admits it
     # (promotes it); manual: every ready pod serves, whether the operator runs or not.
-    role = "warm" if owner.spec.autoscaling is not None else "active"
-    labels = {**owner.labels(ENGINE), ROLE_LABEL: role}
+    autoscaled = owner.spec.autoscaling is not None and component == ENGINE
+    role = "warm" if autoscaled else "active"
+    labels = {**owner.labels(component), ROLE_LABEL: role}
+    name = owner.engine_name if component == ENGINE else owner.prefill_name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "metadata": owner.metadata(name, component),
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": owner.selector(ENGINE)},
+            "selector": {"matchLabels": owner.selector(component)},
             # One new replica before an old one goes: no capacity dip, one spare GPU set.
             "strategy": {
                 "type": "RollingUpdate",
@@ -330,7 +364,7 @@ def engine_deployment(owner: Owner, replicas: int) -> Json:
                         **owner.engine_key_annotations(),
                     },
                 },
-                "spec": engine_pod_spec(owner),
+                "spec": engine_pod_spec(owner, component),
             },
         },
     }

@@ -19,6 +19,7 @@ from kvfleet_operator.render.common import (
     GATEWAY,
     GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
+    PREFILL,
     RESTRICTED_CONTAINER,
     ROLE_LABEL,
     Owner,
@@ -63,6 +64,20 @@ def routing_priors(spec: InferenceServiceSpec) -> Json:
     return tuning
 
 
+def _prefill_backends(owner: Owner) -> Json:
+    """A disaggregated service's prefill pool: its pods by selector, its bootstrap port."""
+    d = owner.spec.disaggregation
+    if d is None:
+        return {}
+    selector = f"{owner.selector_string(PREFILL)},{ROLE_LABEL}=active"
+    return {
+        "prefill": {
+            "kubernetes": {"namespace": owner.namespace, "selector": selector, "port": ENGINE_PORT},
+            "bootstrapPort": d.bootstrap_port,
+        }
+    }
+
+
 def gateway_config(owner: Owner) -> GatewayConfig:
     """The gateway's config document for this service (raises ConfigError)."""
     spec, g = owner.spec, owner.spec.gateway
@@ -93,6 +108,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
                 "port": ENGINE_PORT,
             },
             "engineApiKeyFile": f"{ENGINE_KEY_DIR}/{ENGINE_KEY_KEY}",
+            **_prefill_backends(owner),
         },
         "routing": {
             "policy": g.routing_policy,

@@ -12,6 +12,7 @@ from kvfleet_operator.render.common import (
     ISVC_LABEL,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
+    PREFILL,
     ROLE_LABEL,
     Owner,
     service,
@@ -52,7 +53,9 @@ def pod_monitor(owner: Owner, component: str) -> Json:
     """For the Prometheus Operator (plain Prometheus uses the pods' prometheus.io/*
     annotations): the engines' `sglang:*` metrics, and the gateway's TTFT, cost, budget and
     held-request metrics (the autoscaler's scale-from-zero signal)."""
-    name = owner.engine_name if component == ENGINE else owner.gateway_name
+    name = {ENGINE: owner.engine_name, PREFILL: owner.prefill_name}.get(
+        component, owner.gateway_name
+    )
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -66,7 +69,7 @@ def pod_monitor(owner: Owner, component: str) -> Json:
             },
             "podMetricsEndpoints": [
                 {
-                    "port": "http" if component == ENGINE else "metrics",
+                    "port": "metrics" if component == GATEWAY else "http",
                     "path": "/metrics",
                     "interval": "15s",
                     "scrapeTimeout": "10s",
@@ -97,10 +100,12 @@ def engine_pdb(owner: Owner) -> Json:
     }
 
 
-def engine_network_policy(owner: Owner) -> Json:
+def engine_network_policy(owner: Owner, component: str = ENGINE) -> Json:
     """Only this service's gateway, metrics scrapers and the operator's autoscaler (which
     reads the engines' /metrics when no Prometheus is configured) reach the engine port; only
-    the gateway reaches the KV-event ports (prefixIndex: events)."""
+    the gateway reaches the KV-event ports (prefixIndex: events). A multi-node group's pods
+    reach each other, and a disaggregated service's prefill and decode pods each other, on
+    any port (NCCL, and the KV transfer's side channels, pick theirs at run time)."""
     port = [{"protocol": "TCP", "port": ENGINE_PORT}]
     gateway_ports = list(port)
     if uses_kv_events(owner.spec):
@@ -115,16 +120,18 @@ def engine_network_policy(owner: Owner) -> Json:
         },
         {"from": _scrapers(owner), "ports": port},
     ]
-    if owner.multi_node:
-        # A group's pods talk to each other on ports NCCL and torch.distributed pick at run
-        # time (TCP, or sockets beside RDMA): any port, but only from this service's engines.
+    if owner.multi_node and component == ENGINE:
         ingress.append({"from": [{"podSelector": {"matchLabels": owner.selector(ENGINE)}}]})
+    if owner.spec.disaggregation is not None:
+        peer = PREFILL if component == ENGINE else ENGINE
+        ingress.append({"from": [{"podSelector": {"matchLabels": owner.selector(peer)}}]})
+    name = owner.engine_name if component == ENGINE else owner.prefill_name
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": owner.metadata(owner.engine_name, ENGINE),
+        "metadata": owner.metadata(name, component),
         "spec": {
-            "podSelector": {"matchLabels": owner.selector(ENGINE)},
+            "podSelector": {"matchLabels": owner.selector(component)},
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

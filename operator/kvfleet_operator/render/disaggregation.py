@@ -1,0 +1,41 @@
+"""Prefill/decode disaggregation: a prefill pool beside the engines, which become the decode
+pool.
+
+The prefill engines are the engines' pods with the prefill pool's GPUs (`tensorParallel`,
+`gpuType` overrides), SGLang's `--disaggregation-mode prefill` and the bootstrap port
+declared; the decode engines run `--disaggregation-mode decode` and keep every other trait of
+the engine workload (autoscaling, warm pool, multi-node groups). The gateway pairs them per
+request. The NetworkPolicies (`network.py`) let this service's prefill and decode pods reach
+each other on any port — a decode engine collects KV from the bootstrap port, and the
+transfer engine's side channels (Mooncake, NIXL) use ports they pick at run time; RDMA
+traffic itself never crosses a NetworkPolicy — and nothing else but the gateway and scrapers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvfleet_kernel.schema import Json
+from kvfleet_operator.render.common import PREFILL, Owner
+from kvfleet_operator.render.engine import engine_deployment
+
+
+def prefill_owner(owner: Owner) -> Owner:
+    """The owner as the prefill pool's renderers see it: its engine, one node per replica."""
+    d = owner.spec.disaggregation
+    assert d is not None
+    e = owner.spec.engine
+    engine = dataclasses.replace(
+        e,
+        tensor_parallel=d.prefill.tensor_parallel or e.tensor_parallel,
+        gpu_type=d.prefill.gpu_type or e.gpu_type,
+        nodes_per_replica=1,
+        pipeline_parallel=1,
+    )
+    return dataclasses.replace(owner, spec=dataclasses.replace(owner.spec, engine=engine))
+
+
+def prefill_deployment(owner: Owner) -> Json:
+    d = owner.spec.disaggregation
+    assert d is not None
+    return engine_deployment(prefill_owner(owner), d.prefill.replicas, PREFILL)

@@ -1,0 +1,108 @@
+"""A disaggregated service as users deploy it: `examples/llama-3.1-70b-disaggregated.yaml`
+applied with kubectl, the operator rendering a prefill pool beside the decode engines, every
+pod a process. Streamed chats through the gateway are computed on the prefill pool and
+decoded on the decode pool; a prefill pod deleted under load loses no request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.status import pod_ready
+from tests.integration.test_kubectl import kubectl
+from tests.support.cluster import cluster_with_operator
+from tests.support.objects import EXAMPLES
+from tests.support.waiting import until
+
+PODS = "kvfleet.dev/inferenceservice=llama-70b-pd,app.kubernetes.io/component"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    async with cluster_with_operator(tmp_path) as local:
+        yield local
+
+
+async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
+    out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", f"{PODS}={component}", "-o", "json")
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _generated(pod: dict[str, Any]) -> float:
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:30000/metrics") as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang:generation_tokens_total"))  # fmt: skip
+
+
+async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int) -> int:
+    stream = await client.chat.completions.create(
+        model="llama-3.1-70b-pd",
+        messages=[{"role": "user", "content": " ".join(["tell me more"] * words)}],
+        max_tokens=tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    usage = None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+    assert usage is not None
+    return usage.completion_tokens
+
+
+async def test_a_disaggregated_service_serves_through_both_pools(cluster: LocalCluster) -> None:
+    kc = cluster.kubeconfig
+    for name in (
+        "api-keys-secret.yaml",
+        "hf-token-secret.yaml",
+        "llama-3.1-70b-disaggregated.yaml",
+    ):
+        await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
+    # Two prefill engines, so one can be lost.
+    two = {"spec": {"disaggregation": {"prefill": {"replicas": 2}}}}
+    await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", "ai", "--type=merge",
+                  "-p", json.dumps(two))  # fmt: skip
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", "ai",
+                  "--timeout=120s")  # fmt: skip
+
+    async def both_prefills() -> bool:
+        return len([p for p in await _pods(kc, "prefill") if pod_ready(p)]) == 2
+
+    await until(both_prefills, 60, "two ready prefill engines")
+    gateway = next(p for p in await _pods(kc, "gateway") if pod_ready(p))
+    client = openai.AsyncOpenAI(
+        base_url=f"http://{gateway['status']['podIP']}:8080/v1", api_key="foo", max_retries=0
+    )
+    try:
+        assert await _chat(client, 50, 8) == 8
+        prefills, decodes = await _pods(kc, "prefill"), await _pods(kc, "engine")
+        # The prefill pool computed the prompt and its first token; the decode pool the rest.
+        assert sum(_generated(p) for p in prefills) == 1
+        assert sum(_generated(p) for p in decodes) == 8
+        # A prefill pod killed (no grace) while requests keep arriving: none is lost — a
+        # request whose prefill half fails before its decode engine answers is retried.
+        done: list[int] = []
+
+        async def keep_asking() -> None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 3.0
+            while loop.time() < end:
+                done.append(await _chat(client, 400, 16))
+
+        callers = [asyncio.create_task(keep_asking()) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        await kubectl(kc, "delete", "pod", prefills[0]["metadata"]["name"], "-n", "ai",
+                      "--grace-period=0", "--force")  # fmt: skip
+        await asyncio.gather(*callers)
+        assert len(done) > 8 and set(done) == {16}, done
+    finally:
+        await client.close()
