@@ -14,6 +14,11 @@ from kvfleet_bench.autoscale import cells_json as autoscale_json
 from kvfleet_bench.autoscale import run_autoscale_bench
 from kvfleet_bench.fidelity import run_sim_bench
 from kvfleet_bench.gateway import run_gateway_bench
+from kvfleet_bench.pd import WORKLOADS as PD_WORKLOADS
+from kvfleet_bench.pd import dump_json as pd_json
+from kvfleet_bench.pd import run_pd_bench
+from kvfleet_bench.pd_live import live_check
+from kvfleet_bench.pd_report import write_report as write_pd_report
 from kvfleet_bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
 from kvfleet_sim.fleet.tracefile import TraceFileError, read_trace
 
@@ -314,3 +319,48 @@ def autoscale_bench(
     )
     if as_json:
         click.echo(autoscale_json(result))
+
+
+@bench.command("pd")
+@click.option("--seeds", default="1,2,3", show_default=True)
+@click.option("--workloads", default=",".join(w.name for w in PD_WORKLOADS), show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="Cells run in parallel.")
+@click.option("--live/--no-live", default=True, show_default=True,
+              help="Also time kvfleet's gateway against sglang-router in PD mode.")  # fmt: skip
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def pd_bench(seeds: str, workloads: str, workers: int, live: bool, out_dir: Path,
+             as_json: bool) -> None:  # fmt: skip
+    """Prefill/decode disaggregation vs colocated serving: goodput at equal GPU count."""
+    by_name = {w.name: w for w in PD_WORKLOADS}
+    unknown = set(_csv(workloads)) - set(by_name)
+    if unknown:
+        raise click.UsageError(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    try:
+        seed_values = [int(x) for x in _csv(seeds)]
+    except ValueError as exc:
+        raise click.UsageError(f"--seeds: {exc}") from exc
+    if not seed_values or workers < 1:
+        raise click.UsageError("--seeds: at least one; --workers >= 1")
+
+    def say(message: str) -> None:
+        click.echo(message, err=as_json)
+
+    cells = run_pd_bench(say, workloads=[by_name[w] for w in _csv(workloads)],
+                         seeds=seed_values, workers=workers)  # fmt: skip
+    checks_live = []
+    if live:
+        for seed in seed_values:
+            result = {**live_check(seed), "seed": seed}
+            ours, theirs = result["kvfleet"]["ttft_p99"], result["sglang-router"]["ttft_p99"]
+            say(f"live (seed {seed}): kvfleet TTFT p99 {ours * 1000:.0f} ms, sglang-router "
+                f"{theirs * 1000:.0f} ms")  # fmt: skip
+            checks_live.append(result)
+    checks = write_pd_report(out_dir, cells, checks_live)
+    for g in checks:
+        say(f"{'met' if g['met'] else 'MISSED'}: {g['goal']}: {g['detail']}")
+    say(f"goals met: {sum(g['met'] for g in checks)} of {len(checks)}; wrote {out_dir / 'pd.md'}")
+    if as_json:
+        click.echo(pd_json(cells))

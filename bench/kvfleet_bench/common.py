@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +144,10 @@ def kvfleet_gateway(
     policy: str = "kvfleet",
     log_name: str = "gateway.log",
     on_started: Callable[[int], None] | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[str]:
     """`kvfleet gateway` as a process in front of `backends` (auth off: a benchmark);
-    `on_started` is given its process id."""
+    `on_started` is given its process id; `extra`: more flags (`--prefill URL`)."""
     port = free_port()
     argv = [
         sys.executable,
@@ -165,6 +166,7 @@ def kvfleet_gateway(
         "--log-level",
         "warning",
         *[a for b in backends for a in ("--backend", b)],
+        *extra,
     ]
     url = f"http://127.0.0.1:{port}"
     with running_process(

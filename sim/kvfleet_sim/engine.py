@@ -145,7 +145,8 @@ class Engine:
         c.generation_tokens += len(outcome.emitted)
         if step.batch.is_prefill:
             c.cached_tokens += step.batch.cached_tokens
-            c.prompt_tokens += sum(r.prompt_len for r in outcome.first_tokens)
+            # Placed KV (disaggregated decode) was computed by a prefill engine, not here.
+            c.prompt_tokens += sum(r.prompt_len for r in outcome.first_tokens if not r.prefilled)
         if outcome.emitted:
             c.recent_gen.append((now, len(outcome.emitted)))
             if len(c.recent_gen) > 256:
