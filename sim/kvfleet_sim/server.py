@@ -13,293 +13,53 @@ import logging
 import math
 import os
 import random
-import time
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvfleet_sim import api
-from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.datasets import SHAREGPT_LOG_MEDIAN_OUT, SHAREGPT_LOG_SIGMA
 from kvfleet_sim.disaggregation import (
-    DisaggConfig,
     HandOff,
-    Rooms,
     bootstrap_of,
     bootstrap_server,
     fetch_hand_off,
     transfer_seconds,
 )
 from kvfleet_sim.engine import Engine, RealClock
-from kvfleet_sim.faults import FaultPlan, FaultState
-from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
+from kvfleet_sim.faults import FaultState
+from kvfleet_sim.info import (
+    flush_cache,
+    get_load,
+    health,
+    health_generate,
+    loads,
+    metrics,
+    model_info,
+    models,
+    server_info,
+)
+from kvfleet_sim.kv_events import ZmqKvEventPublisher
 from kvfleet_sim.metrics import EngineMetrics
-from kvfleet_sim.multinode import DistConfig, Rendezvous
+from kvfleet_sim.multinode import Rendezvous
 from kvfleet_sim.realtime import Channel, RealtimeRunner
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import final_body, stream_response, wait_finished
 from kvfleet_sim.scheduler import InputTooLongError, QueueFullError, StepOutcome
+from kvfleet_sim.server_state import (
+    PUBLISHER,
+    SGLANG_VERSION,
+    STATE,
+    ServerConfig,
+    SimState,
+    state_of,
+)
 from kvfleet_sim.tokenizer import HfTokenizer
 
 log = logging.getLogger("kvfleet.sim.server")
-
-SGLANG_VERSION = "0.5.23"  # the release whose protocol this server reproduces
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    engine: EngineConfig
-    served_model_name: str
-    """`--served-model-name`; defaults to the model path."""
-    model_path: str
-    host: str = "127.0.0.1"
-    port: int = 30000
-    time_scale: float = 1.0
-    """Wall seconds per simulated GPU second (0.1 runs ten times faster than the GPU would)."""
-    startup_delay_s: float = 0.0
-    """Simulated model load: /health answers 503 for this long after start."""
-    stream_interval: int = 1
-    """`--stream-interval`: tokens per streamed chunk after the first."""
-    api_key: str | None = None
-    profile: str = DEFAULT_PROFILE
-    simulate_eos: bool = True
-    """Requests without ignore_eos end naturally at a seeded, ShareGPT-like length."""
-    faults: FaultPlan = field(default_factory=FaultPlan)
-    kv_events: KvEventsConfig | None = None
-    """`--kv-events-config`: publish the radix cache's events like SGLang."""
-    tokenizer_path: str | None = None
-    """`--tokenizer-path`: a Hugging Face tokenizer.json directory (None: the stand-in)."""
-    dist: DistConfig = field(default_factory=DistConfig)
-    """`--nnodes`, `--node-rank`, `--dist-init-addr`: this is rank 0 of a multi-node engine."""
-    disagg: DisaggConfig = field(default_factory=DisaggConfig)
-    """`--disaggregation-*`: a prefill or a decode server of a disaggregated service."""
-
-
-@dataclass
-class SimState:
-    config: ServerConfig
-    engine: Engine
-    runner: RealtimeRunner
-    metrics: EngineMetrics
-    faults: FaultState
-    started: float = field(default_factory=time.monotonic)
-    rendezvous: Rendezvous | None = None
-    """Multi-node: the other ranks joining; nothing is served until all have."""
-    rooms: Rooms = field(default_factory=Rooms)
-    """Prefill mode: the KV hand-offs offered to decode servers."""
-    pending_rooms: dict[str, int] = field(default_factory=dict)
-    """Prefill mode: request id → its room, until its first token."""
-
-    @property
-    def loaded(self) -> bool:
-        if self.rendezvous is not None and not self.rendezvous.complete:
-            return False
-        return time.monotonic() - self.started >= self.config.startup_delay_s
-
-
-STATE = web.AppKey("kvfleet_sim_state", SimState)
-PUBLISHER = web.AppKey("kvfleet_sim_kv_events", ZmqKvEventPublisher)
-
-
-def _state(request: web.Request) -> SimState:
-    return request.app[STATE]
-
-
-# ---- info endpoints ----------------------------------------------------------------------
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200 if _state(request).loaded else 503)
-
-
-async def health_generate(request: web.Request) -> web.Response:
-    """Like SGLang: a one-token generation must succeed."""
-    st = _state(request)
-    if not st.loaded:
-        return web.Response(status=503)
-    req = Request(
-        rid=f"health-{time.monotonic_ns()}",
-        prompt_ids=[1],
-        max_new_tokens=1,
-        arrival_time=st.engine.clock.now(),
-    )
-    try:
-        channel = st.runner.submit(req)
-        await asyncio.wait_for(wait_finished(req, channel), timeout=20)
-    except (QueueFullError, TimeoutError):
-        st.runner.abort(req)
-        return web.Response(status=503)
-    return web.Response(status=200)
-
-
-def _server_args(st: SimState) -> dict[str, Any]:
-    c, lay = st.config, st.engine.layout
-    e = c.engine
-    return {
-        "model_path": c.model_path,
-        "tokenizer_path": c.tokenizer_path or c.model_path,
-        "served_model_name": c.served_model_name,
-        "host": c.host,
-        "port": c.port,
-        "tp_size": e.tp_size,
-        "dp_size": 1,
-        "pp_size": 1,
-        "context_length": lay.context_length,
-        "mem_fraction_static": lay.mem_fraction_static,
-        "max_running_requests": lay.max_running_requests,
-        "max_total_tokens": e.max_total_tokens,
-        "max_queued_requests": e.max_queued_requests,
-        "chunked_prefill_size": lay.chunked_prefill_size,
-        "max_prefill_tokens": e.max_prefill_tokens,
-        "schedule_policy": e.schedule_policy,
-        "schedule_conservativeness": e.schedule_conservativeness,
-        "disable_radix_cache": e.disable_radix_cache,
-        "page_size": e.page_size,
-        "quantization": None if e.quantization == "none" else e.quantization,
-        "kv_cache_dtype": e.kv_cache_dtype,
-        "dtype": "auto",
-        "enable_metrics": True,
-        "stream_interval": c.stream_interval,
-        "api_key": None,
-        "disaggregation_mode": "null",
-        "speculative_algorithm": None,
-        "kv_events_config": None if c.kv_events is None else json.dumps(c.kv_events.__dict__),
-    }
-
-
-async def server_info(request: web.Request) -> web.Response:
-    st = _state(request)
-    load = st.engine.load()
-    body = {
-        **_server_args(st),
-        "max_total_num_tokens": st.engine.layout.max_total_num_tokens,
-        "max_req_input_len": st.engine.layout.max_req_input_len,
-        "status": "ready" if st.loaded else "starting",
-        "version": SGLANG_VERSION,
-        "kv_events": (
-            None
-            if st.config.kv_events is None
-            else st.config.kv_events.describe(st.config.engine.page_size)
-        ),
-        "internal_states": [
-            {
-                "last_gen_throughput": load.gen_throughput,
-                "memory_usage": {
-                    "kvcache": round(
-                        st.engine.layout.max_total_num_tokens
-                        * st.engine.layout.kv_bytes_per_token_per_gpu
-                        / 2**30,
-                        2,
-                    )
-                },
-            }
-        ],
-        # Not in SGLang: says honestly what answers. Clients ignore unknown fields.
-        "kvfleet_simulator": {
-            "gpu": st.config.engine.gpu.name,
-            "model": st.config.engine.model.name,
-            "profile": st.config.profile,
-            "time_scale": st.config.time_scale,
-        },
-    }
-    return web.json_response(body)
-
-
-async def model_info(request: web.Request) -> web.Response:
-    c = _state(request).config
-    m = c.engine.model
-    return web.json_response(
-        {
-            "model_path": c.model_path,
-            "tokenizer_path": c.model_path,
-            "served_model_name": c.served_model_name,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": m.architecture.removesuffix("ForCausalLM").lower(),
-            "architectures": [m.architecture],
-        }
-    )
-
-
-async def models(request: web.Request) -> web.Response:
-    st = _state(request)
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": st.config.served_model_name,
-                    "object": "model",
-                    "created": api.now_s(),
-                    "owned_by": "sglang",
-                    "root": st.config.served_model_name,
-                    "max_model_len": st.engine.layout.context_length,
-                }
-            ],
-        }
-    )
-
-
-async def loads(request: web.Request) -> web.Response:
-    load = _state(request).engine.load()
-    return web.json_response(
-        {
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "version": SGLANG_VERSION,
-            "loads": [
-                {
-                    "dp_rank": 0,
-                    "num_running_reqs": load.num_running_reqs,
-                    "num_waiting_reqs": load.num_waiting_reqs,
-                    "num_used_tokens": load.num_used_tokens,
-                    "num_total_tokens": load.max_total_num_tokens,
-                    "max_total_num_tokens": load.max_total_num_tokens,
-                    "max_running_requests": load.max_running_requests,
-                    "token_usage": load.token_usage,
-                    "gen_throughput": load.gen_throughput,
-                    "cache_hit_rate": load.cache_hit_rate,
-                    "utilization": load.utilization,
-                    "num_retracted_reqs": load.num_retracted_reqs,
-                }
-            ],
-        }
-    )
-
-
-async def get_load(request: web.Request) -> web.Response:
-    load = _state(request).engine.load()
-    return web.json_response(
-        [
-            {
-                "dp_rank": 0,
-                "num_reqs": load.num_running_reqs + load.num_waiting_reqs,
-                "num_waiting_reqs": load.num_waiting_reqs,
-                "num_tokens": load.num_used_tokens,
-            }
-        ]
-    )
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(_state(request).metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def flush_cache(request: web.Request) -> web.Response:
-    if _state(request).engine.scheduler.flush_cache():
-        if publisher := request.app.get(PUBLISHER):
-            publisher.flush()
-        return web.Response(text="Cache flushed.\n")
-    return web.Response(
-        status=400, text="Cache not flushed: there are running or waiting requests.\n"
-    )
+_state = state_of
+__all__ = ["SGLANG_VERSION", "ServerConfig", "SimState", "exit_now", "make_app"]
 
 
 # ---- generation --------------------------------------------------------------------------
