@@ -121,3 +121,16 @@ def test_combinations_sglang_or_the_gateway_refuse(change: dict[str, Any], words
     with pytest.raises(ConfigError) as refused:
         parse_spec(spec)
     assert words in str(refused.value)
+
+
+def test_a_decode_pool_of_two_node_groups() -> None:
+    doc = _service()
+    doc["spec"]["engine"].update(nodesPerReplica=2, tensorParallel=8)
+    objs = _objs(doc)
+    lws = objs[("LeaderWorkerSet", "llama-70b-pd-engine")]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert _flag(leader["args"], "--disaggregation-mode") == "decode"
+    assert _flag(leader["args"], "--nnodes") == "2"
+    prefill = _container(objs[("Deployment", "llama-70b-pd-prefill")])
+    assert "--nnodes" not in prefill["args"]  # the prefill pool stays one node per engine
+    assert _flag(prefill["args"], "--tp-size") == "4"
