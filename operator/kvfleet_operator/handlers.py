@@ -186,8 +186,10 @@ class Controller:
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
         # One worker: reconciles never overlap, for one object or across objects.
-        scaled = self.autoscaler.latest.get((namespace, name)) if self.autoscaler else None
-        return reconcile(self.kube, namespace, name, self.options, scaled)
+        a = self.autoscaler
+        scaled = a.latest.get((namespace, name)) if a else None
+        prefill = a.prefill_latest.get((namespace, name)) if a else None
+        return reconcile(self.kube, namespace, name, self.options, scaled, prefill)
 
     async def _retry_later(self, key: tuple[str, str], delay: float) -> None:
         await asyncio.sleep(delay)

@@ -43,19 +43,18 @@ from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_KEY_KEY,
     GATEWAY,
-    GROUP_INDEX_LABEL,
     ISVC_LABEL,
+    PREFILL,
     ROLE_LABEL,
     Owner,
     selector_string,
 )
+from kvfleet_operator.render.disaggregation import prefill_owner
+from kvfleet_operator.replicas import prefill_pool, scaled_replicas
 from kvfleet_operator.scaling.autoscaler import Scaled, report
 from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
 
 log = logging.getLogger("kvfleet.operator")
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-IDLE_DELETION_COST = "-1000"
-"""Idle warm pods go first when the autoscaler lowers the engine replicas."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +110,15 @@ def _key(obj: Json) -> str:
 
 
 def reconcile(
-    kube: Kube, namespace: str, name: str, options: ReconcileOptions, scaled: Scaled | None = None
+    kube: Kube,
+    namespace: str,
+    name: str,
+    options: ReconcileOptions,
+    scaled: Scaled | None = None,
+    prefill_scaled: Scaled | None = None,
 ) -> Outcome:
-    """One reconcile; `scaled` is the autoscaler's latest decision for this service."""
+    """One reconcile; `scaled` is the autoscaler's latest decision for this service's
+    engines, `prefill_scaled` for a disaggregated service's prefill pool."""
     out = Outcome()
     body = kube.get(ISVC, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -137,7 +142,7 @@ def reconcile(
         pods = kube.list(POD, namespace, owner.replica_selector_string())
         replicas = desired_engine_replicas(owner, current)
         if scaled is not None:
-            replicas = _scaled_replicas(kube, owner, scaled, current, pods)
+            replicas = scaled_replicas(kube, owner, scaled, current, pods)
         if owner.spec.autoscaling is not None and _scaled_by_hand(kube, engine_live):
             # Never decided: back to the last decision whole (before any, the one recorded).
             recorded = (body.get("status") or {}).get("autoscaling") or {}
@@ -148,7 +153,8 @@ def reconcile(
             )
             if total > 0 or scaled is not None:
                 replicas = desired_engine_replicas(owner, total)
-        children = render_children(owner, replicas)
+        prefill = prefill_pool(kube, owner, prefill_scaled)
+        children = render_children(owner, replicas, prefill[1] if prefill else None)
         _manual_scale(kube, body, owner, engine_live, replicas, options)
     except ConfigError as exc:
         out.error = str(exc)
@@ -179,6 +185,11 @@ def reconcile(
     if out.created or out.patched:  # the Deployment may have added or removed pods
         pods = kube.list(POD, namespace, owner.replica_selector_string())
     _assign_roles(kube, owner, pods, replicas, out, scaled)
+    if prefill is not None:  # the prefill pool's warm spares, as the engines'
+        p_owner = prefill_owner(owner)
+        p_pods = kube.list(POD, namespace, owner.selector_string(PREFILL))
+        _assign_roles(kube, p_owner, p_pods, prefill[1], out, prefill[0],
+                      owner.selector_string(PREFILL))  # fmt: skip
     _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
     if out.refused:
         raise ChildrenRefused("; ".join(out.refused))
@@ -227,62 +238,6 @@ def _manual_scale(kube: Kube, body: Json, owner: Owner, live: Json | None, repli
             "maxReplicas instead",
             options,
         )  # fmt: skip
-
-
-def _scaled_replicas(
-    kube: Kube, owner: Owner, scaled: Scaled, current: int | None, pods: list[Json]
-) -> int:
-    """The engine Deployment's replicas for the autoscaler's decision. Up: at once. Down:
-    only by pods that can go without losing work — pods not ready yet, then warm pods that
-    were idle in the latest observation, which get the lowest pod-deletion-cost so the
-    ReplicaSet removes exactly them; a demoted pod still finishing requests stays until it
-    is idle (a later tick)."""
-    target = desired_engine_replicas(owner, scaled.decision.desired_total)
-    have = current if current is not None else target
-    if target >= have:
-        return target
-    if owner.multi_node:
-        return have - min(have - target, _removable_groups(pods, scaled, have))
-    unready = [p for p in pods if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
-    idle_warm = [
-        p
-        for p in pods
-        if pod_ready(p)
-        and (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "warm"
-        and p["metadata"]["name"] in scaled.idle
-    ]
-    surplus = have - target
-    chosen = idle_warm[: max(0, surplus - len(unready))]
-    for pod in chosen:
-        annotations = pod["metadata"].get("annotations") or {}
-        if annotations.get(DELETION_COST) != IDLE_DELETION_COST:
-            kube.patch(
-                POD,
-                owner.namespace,
-                pod["metadata"]["name"],
-                {"metadata": {"annotations": {DELETION_COST: IDLE_DELETION_COST}}},
-            )
-    return have - min(surplus, len(unready) + len(chosen))
-
-
-def _removable_groups(leaders: list[Json], scaled: Scaled, have: int) -> int:
-    """LeaderWorkerSet removes the highest groups first (no deletion cost to steer it): how
-    many of the top groups may go without losing work — each not ready yet, or a warm
-    leader idle in the latest observation — counted down until one may not."""
-    by_group = {
-        int(index): p
-        for p in leaders
-        if (index := (p["metadata"].get("labels") or {}).get(GROUP_INDEX_LABEL, "")).isdigit()
-    }
-    count = 0
-    for group in range(have - 1, -1, -1):
-        pod = by_group.get(group)
-        if pod is not None and pod_ready(pod):
-            labels = pod["metadata"].get("labels") or {}
-            if labels.get(ROLE_LABEL) != "warm" or pod["metadata"]["name"] not in scaled.idle:
-                break
-        count += 1
-    return count
 
 
 ADOPT_ANNOTATION = "kvfleet.dev/adopt"
@@ -389,8 +344,15 @@ def _report(
 
 
 def _assign_roles(
-    kube: Kube, owner: Owner, pods: list[Json], replicas: int, out: Outcome, scaled: Scaled | None
+    kube: Kube,
+    owner: Owner,
+    pods: list[Json],
+    replicas: int,
+    out: Outcome,
+    scaled: Scaled | None,
+    selector: str | None = None,
 ) -> None:
+    """Warm and active roles of ready pods (`selector`: whose, when not the engines)."""
     a = owner.spec.autoscaling
     if scaled is not None:
         # Every ready pod beyond the decided active ones is warm: the pool, and pods being
@@ -408,7 +370,7 @@ def _assign_roles(
         kube.patch(POD, owner.namespace, name, {"metadata": {"labels": {ROLE_LABEL: role}}})
         out.relabelled.append(f"{name}={role}")
     if out.relabelled:
-        pods[:] = kube.list(POD, owner.namespace, owner.replica_selector_string())
+        pods[:] = kube.list(POD, owner.namespace, selector or owner.replica_selector_string())
 
 
 def held_by_references(kube: Kube, namespace: str, pods: list[Json]) -> tuple[str, ...]:

@@ -352,9 +352,26 @@ GpuType = Literal["h100", "h200", "a100-80g", "l40s"]
 
 @dataclass(frozen=True, kw_only=True)
 class PrefillPool:
-    """The prefill engines of a disaggregated service."""
+    """The prefill engines of a disaggregated service: a fixed number, or autoscaled on their
+    own signals (their queues of prompts, the service's demand and TTFT)."""
 
-    replicas: int = fld(1, "Prefill engine replicas.", minimum=1, maximum=1000)
+    RULES: ClassVar = (
+        Rule(
+            "!(has(self.replicas) && has(self.autoscaling))",
+            "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
+            " owns the prefill replica count",
+            ".replicas",
+        ),
+    )
+    replicas: int | None = fld(
+        None, "Prefill engine replicas when autoscaling is absent (default 1).", minimum=1,
+        maximum=1000,
+    )  # fmt: skip
+    autoscaling: Autoscaling | None = fld(
+        None,
+        "Bounds for the operator's autoscaler of the prefill pool (minReplicas at least 1:"
+        " a disaggregated service cannot serve without a prefill engine).",
+    )
     tensor_parallel: Literal[1, 2, 4, 8] | None = fld(
         None, "GPUs per prefill engine; unset: engine.tensorParallel."
     )
@@ -367,6 +384,14 @@ class Disaggregation:
     pool and their KV handed to the decode pool, which streams the answer. `engine`,
     `replicas` and `autoscaling` then describe the decode pool."""
 
+    RULES: ClassVar = (
+        Rule(
+            "!has(self.prefill.autoscaling) || self.prefill.autoscaling.minReplicas >= 1",
+            "a disaggregated service needs a prefill engine: prefill.autoscaling.minReplicas"
+            " must be at least 1",
+            ".prefill.autoscaling.minReplicas",
+        ),
+    )
     prefill: PrefillPool = fld(PrefillPool, "The prefill pool.")
     transfer_backend: Literal["mooncake", "nixl", "fake"] = fld(
         "mooncake",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import cluster_with_operator
@@ -43,10 +45,11 @@ def _generated(pod: dict[str, Any]) -> float:
                if line.startswith("sglang:generation_tokens_total"))  # fmt: skip
 
 
-async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int) -> int:
+async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str = "") -> int:
+    """A streamed chat; `unique` starts the prompt, so no other prompt shares its prefix."""
     stream = await client.chat.completions.create(
         model="llama-3.1-70b-pd",
-        messages=[{"role": "user", "content": " ".join(["tell me more"] * words)}],
+        messages=[{"role": "user", "content": unique + " ".join(["tell me more"] * words)}],
         max_tokens=tokens,
         stream=True,
         stream_options={"include_usage": True},
@@ -106,3 +109,53 @@ async def test_a_disaggregated_service_serves_through_both_pools(cluster: LocalC
         assert len(done) > 8 and set(done) == {16}, done
     finally:
         await client.close()
+
+
+async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
+    """Prefill autoscaled (one warm spare), decode fixed at two: a flood of long prompts
+    queues at the prefill engine, the autoscaler (reading the engines' /metrics each second)
+    promotes the prefill spare and starts another; the decode pool stays as it was."""
+    autoscaler = AutoscalerConfig(interval_s=1.0, stale_s=5.0)
+    async with cluster_with_operator(tmp_path, autoscaler) as cluster:
+        kc = cluster.kubeconfig
+        for name in ("api-keys-secret.yaml", "hf-token-secret.yaml",
+                     "llama-3.1-70b-disaggregated.yaml"):  # fmt: skip
+            await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
+        scaled = {"replicas": None, "autoscaling": {
+            "minReplicas": 1, "maxReplicas": 3, "warmReplicas": 1, "targetQueueDepth": 1,
+            "scaleUpStabilizationSeconds": 0, "coldStartSeconds": 5}}  # fmt: skip
+        patch = {"spec": {"disaggregation": {"prefill": scaled}}}
+        await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", "ai", "--type=merge",
+                      "-p", json.dumps(patch))  # fmt: skip
+
+        async def roles(component: str) -> list[str]:
+            return sorted(
+                str((p["metadata"].get("labels") or {}).get("kvfleet.dev/role"))
+                for p in await _pods(kc, component)
+                if pod_ready(p)
+            )
+
+        async def spare() -> bool:
+            return await roles("prefill") == ["active", "warm"]
+
+        await until(spare, 60, "one active prefill engine and a warm spare")
+        await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", "ai",
+                      "--timeout=60s")  # fmt: skip
+        gateway = next(p for p in await _pods(kc, "gateway") if pod_ready(p))
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{gateway['status']['podIP']}:8080/v1", api_key="foo", max_retries=0
+        )
+        try:
+            flood = [
+                asyncio.create_task(_chat(client, 2500, 4, f"{i} {uuid.uuid4().hex} "))
+                for i in range(48)
+            ]
+
+            async def promoted() -> bool:
+                return (await roles("prefill")).count("active") >= 2
+
+            await until(promoted, 45, "the prefill spare promoted under the flood")
+            assert set(await asyncio.gather(*flood)) == {4}
+        finally:
+            await client.close()
+        assert await roles("engine") == ["active", "active"]  # decode: fixed, untouched

@@ -132,11 +132,14 @@ async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]
 
 
 @contextlib.asynccontextmanager
-async def cluster_with_operator(tmp: Path) -> AsyncIterator[LocalCluster]:
+async def cluster_with_operator(
+    tmp: Path, autoscaler: AutoscalerConfig | None = None
+) -> AsyncIterator[LocalCluster]:
     """Pods as processes, and the real operator logged in with the cluster's kubeconfig."""
     config = cluster_config(tmp, run_processes=True, time_scale=0.05)
     async with LocalCluster(config) as local:
-        operator = OperatorThread(Credentials(kubeconfig=str(local.kubeconfig)), resync_s=1.0)
+        credentials = Credentials(kubeconfig=str(local.kubeconfig))
+        operator = OperatorThread(credentials, resync_s=1.0, autoscaler=autoscaler)
         try:
             assert await asyncio.to_thread(operator.ready.wait, 10), "the operator did not start"
             yield local

@@ -10,9 +10,9 @@ import kubernetes_validate
 import pytest
 
 from kvfleet_cli.operator_cmds import command_lines
-from kvfleet_operator.reconcile import _removable_groups
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.common import GROUP_INDEX_LABEL, ROLE_LABEL, WORKER_INDEX_LABEL
+from kvfleet_operator.replicas import removable_groups
 from kvfleet_operator.scaling.autoscaler import Scaled
 from kvfleet_operator.scaling.policy import Decision
 from tests.support.leaderworkerset import schema_problems
@@ -147,4 +147,4 @@ def test_scale_down_removes_only_idle_top_groups(
 ) -> None:
     decision = Decision(desired_active=1, desired_warm=0, reason="test")
     scaled = Scaled(decision, at=0.0, source="direct", cold_start_s=60.0, idle=frozenset(idle))
-    assert _removable_groups(leaders, scaled, have=3) == removable
+    assert removable_groups(leaders, scaled, have=3) == removable

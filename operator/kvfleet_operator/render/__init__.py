@@ -16,7 +16,7 @@ from kvfleet_operator.render.common import (
     PREFILL,
     Owner,
 )
-from kvfleet_operator.render.disaggregation import prefill_deployment
+from kvfleet_operator.render.disaggregation import prefill_deployment, prefill_owner
 from kvfleet_operator.render.engine import engine_deployment, engine_key_secret, model_cache_pvc
 from kvfleet_operator.render.gateway import (
     gateway_configmap,
@@ -60,8 +60,11 @@ def engine_workload(owner: Owner, replicas: int) -> Json:
     return engine_deployment(owner, replicas)
 
 
-def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Json]:
-    """Every child object, in apply order (config before the pods that read it)."""
+def render_children(
+    owner: Owner, engine_replicas: int | None = None, prefill_replicas: int | None = None
+) -> list[Json]:
+    """Every child object, in apply order (config before the pods that read it); the
+    replica counts decided for the engines and a disaggregated service's prefill pool."""
     replicas = desired_engine_replicas(owner) if engine_replicas is None else engine_replicas
     out: list[Json] = []
     pvc = model_cache_pvc(owner)
@@ -75,8 +78,10 @@ def render_children(owner: Owner, engine_replicas: int | None = None) -> list[Js
         pod_monitor(owner, ENGINE),
     ]
     if owner.spec.disaggregation is not None:
+        if prefill_replicas is None:
+            prefill_replicas = desired_engine_replicas(prefill_owner(owner))
         out += [
-            prefill_deployment(owner),
+            prefill_deployment(owner, prefill_replicas),
             engine_network_policy(owner, PREFILL),
             pod_monitor(owner, PREFILL),
         ]

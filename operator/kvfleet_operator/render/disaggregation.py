@@ -21,7 +21,8 @@ from kvfleet_operator.render.engine import engine_deployment
 
 
 def prefill_owner(owner: Owner) -> Owner:
-    """The owner as the prefill pool's renderers see it: its engine, one node per replica."""
+    """The owner as the prefill pool's renderers and scalers see it: its engine (one node per
+    replica), its replicas or autoscaling."""
     d = owner.spec.disaggregation
     assert d is not None
     e = owner.spec.engine
@@ -32,10 +33,12 @@ def prefill_owner(owner: Owner) -> Owner:
         nodes_per_replica=1,
         pipeline_parallel=1,
     )
-    return dataclasses.replace(owner, spec=dataclasses.replace(owner.spec, engine=engine))
+    spec = dataclasses.replace(
+        owner.spec, engine=engine, replicas=d.prefill.replicas, autoscaling=d.prefill.autoscaling
+    )
+    return dataclasses.replace(owner, spec=spec)
 
 
-def prefill_deployment(owner: Owner) -> Json:
-    d = owner.spec.disaggregation
-    assert d is not None
-    return engine_deployment(prefill_owner(owner), d.prefill.replicas, PREFILL)
+def prefill_deployment(owner: Owner, replicas: int) -> Json:
+    """The prefill pool's Deployment (`owner`: the service; `replicas`: decided)."""
+    return engine_deployment(prefill_owner(owner), replicas, PREFILL)

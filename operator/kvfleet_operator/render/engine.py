@@ -336,8 +336,8 @@ def engine_deployment(owner: Owner, replicas: int, component: str = ENGINE) -> J
     e = owner.spec.engine
     # Autoscaled: a new pod starts warm and takes no traffic until the operator admits it
     # (promotes it); manual: every ready pod serves, whether the operator runs or not.
-    autoscaled = owner.spec.autoscaling is not None and component == ENGINE
-    role = "warm" if autoscaled else "active"
+    # (A prefill pool's owner carries the prefill pool's own autoscaling: `prefill_owner`.)
+    role = "warm" if owner.spec.autoscaling is not None else "active"
     labels = {**owner.labels(component), ROLE_LABEL: role}
     name = owner.engine_name if component == ENGINE else owner.prefill_name
     return {

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.kube import POD, Kube
-from kvfleet_operator.render.common import GATEWAY, ISVC_LABEL, WORKER_INDEX_LABEL
+from kvfleet_operator.render.common import (
+    ENGINE,
+    GATEWAY,
+    ISVC_LABEL,
+    PREFILL,
+    WORKER_INDEX_LABEL,
+)
 from kvfleet_operator.scaling.observe import (
     DirectReader,
     Key,
@@ -39,7 +45,7 @@ from kvfleet_operator.scaling.policy import (
     decide,
     learn_cold_start,
 )
-from kvfleet_operator.spec import Autoscaling, parse_spec
+from kvfleet_operator.spec import Autoscaling, InferenceServiceSpec, parse_spec
 from kvfleet_operator.status import (
     AutoscalingStatus,
     LiveMetrics,
@@ -114,7 +120,11 @@ class Autoscaler:
     latest: dict[Key, Scaled] = field(default_factory=dict)
     on_decision: Callable[[Key, Scaled | None, Scaled], None] | None = None
     """Told each decision with the one before it (None: the first): the operator's metrics."""
+    prefill_states: dict[Key, State] = field(default_factory=dict)
+    prefill_latest: dict[Key, Scaled] = field(default_factory=dict)
+    """A disaggregated service's prefill pool, scaled on its own (prefill.autoscaling)."""
     _seen_ready: dict[Key, set[str]] = field(default_factory=dict)
+    _prefill_seen: dict[Key, set[str]] = field(default_factory=dict)
     _last_gateway: dict[Key, tuple[float, float, dict[float, float]]] = field(default_factory=dict)
     """Direct scrape: (time, arrivals counter, TTFT buckets) at the previous tick."""
 
@@ -141,16 +151,24 @@ class Autoscaler:
             and labels.get(WORKER_INDEX_LABEL, "0") == "0"
         ]
         gateways = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == GATEWAY]
-        return ServicePods(key[0], key[1], engines, gateways)
+        prefills = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == PREFILL]
+        return ServicePods(key[0], key[1], engines, gateways, prefills=prefills)
 
-    def _state(self, key: Key, body: Json) -> State:
-        if key not in self.states:  # a restart: continue from what the status recorded
-            recorded = ((body.get("status") or {}).get("autoscaling") or {}).get("desiredActive")
-            self.states[key] = State(desired_active=recorded)
-        return self.states[key]
+    def _state(self, key: Key, body: Json, pool: Pool) -> State:
+        states = self.states if pool.name == ENGINE else self.prefill_states
+        if key not in states:  # a restart: continue from what the status recorded
+            status = (
+                ((body.get("status") or {}).get("autoscaling") or {}) if pool.name == ENGINE else {}
+            )
+            states[key] = State(desired_active=status.get("desiredActive"))
+        return states[key]
 
-    def _learn(self, key: Key, svc: ServicePods, config: ScalingConfig, state: State) -> State:
-        seen = self._seen_ready.setdefault(key, set())
+    def _learn(
+        self, key: Key, svc: ServicePods, config: ScalingConfig, state: State, pool: Pool
+    ) -> State:
+        seen = (self._seen_ready if pool.name == ENGINE else self._prefill_seen).setdefault(
+            key, set()
+        )
         fresh: list[float] = []
         for pod in svc.engines:
             name = pod["metadata"]["name"]
@@ -183,77 +201,108 @@ class Autoscaler:
         return (total - last[1]) / (now - last[0]), ttft
 
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
-        """One decision per autoscaled service; returns those whose decision or reported
-        numbers changed (the caller reconciles them)."""
-        scaled: list[tuple[Key, Json, ScalingConfig]] = []
+        """One decision per autoscaled pool (a service's engines; a disaggregated service's
+        prefill pool too); returns the services whose decision or reported numbers changed
+        (the caller reconciles them)."""
+        plans: list[tuple[Key, Json, list[Pool]]] = []
         for key, body in bodies.items():
             try:
                 spec = parse_spec(body.get("spec"))
             except ValueError:
                 continue  # an invalid spec is the reconcile's to report
-            if spec.autoscaling is not None:
-                config = config_of(
-                    spec.autoscaling, spec.engine.max_running_requests, self.config.interval_s
-                )
-                scaled.append((key, body, config))
-        for key in set(self.states) - {k for k, _, _ in scaled}:
-            self.states.pop(key, None)
-            self.latest.pop(key, None)
-        if not scaled:
+            pools = pools_of(spec, self.config.interval_s)
+            if pools:
+                plans.append((key, body, pools))
+        for name, states, latest in (
+            (ENGINE, self.states, self.latest),
+            (PREFILL, self.prefill_states, self.prefill_latest),
+        ):
+            keep = {k for k, _, pools in plans if any(p.name == name for p in pools)}
+            for key in set(states) - keep:
+                states.pop(key, None)
+                latest.pop(key, None)
+        if not plans:
             return []
-        services = await asyncio.gather(*(asyncio.to_thread(self._pods, k) for k, _, _ in scaled))
+        services = await asyncio.gather(*(asyncio.to_thread(self._pods, k) for k, _, _ in plans))
         services = [
             dataclasses.replace(svc, ttft_quantile=_quantile_of(body))
-            for svc, (_, body, _) in zip(services, scaled, strict=True)
+            for svc, (_, body, _) in zip(services, plans, strict=True)
         ]
-        obs: Observation = await self.reader.read(services)
+        read = [*services, *(s.prefill_pool() for s in services if s.prefills)]
+        obs: Observation = await self.reader.read(read)
         now = self.clock()
         changed: list[Key] = []
-        for (key, body, config), svc in zip(scaled, services, strict=True):
-            state = self._learn(key, svc, config, self._state(key, body))
-            # A young replica may hold a scale-down back no longer than the window itself.
-            grace = min(config.readiness_grace_s, config.scale_down_window_s)
-            demand = self._demand(key, obs, now, svc.ttft_quantile)
-            sig = signals_for(svc, obs, now, self.config.stale_s, grace, demand)
-            ready = [p for p in svc.engines if pod_ready(p)]
-            fleet = Fleet(
-                active=sum(1 for p in ready if role_of(p) == "active"),
-                warm=sum(1 for p in ready if role_of(p) == "warm"),
-                starting=sum(
-                    1
-                    for p in svc.engines
-                    if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")
-                ),
-            )
-            decision, state = decide(config, state, fleet, sig, now)
-            self.states[key] = state
-            idle = frozenset(
-                p["metadata"]["name"]
-                for p in ready
-                if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
-                and m.queue + m.running == 0
-            )
-            queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
-            new = Scaled(
-                decision,
-                now,
-                obs.source,
-                state.cold_start_s or config.cold_start_s,
-                idle,
-                obs.ttft_p99.get(key),
-                queue,
-                obs.cost_per_1k_tokens.get(key),
-                sig.arrival_rate,
-            )
-            old = self.latest.get(key)
-            self.latest[key] = new
-            if self.on_decision is not None:
-                self.on_decision(key, old, new)
-            if decision.changed:
-                log.info("%s/%s: %s", *key, decision.reason)
-            if old is None or _reported(old) != _reported(new) or decision.changed:
-                changed.append(key)
+        for (key, body, pools), svc in zip(plans, services, strict=True):
+            demand = self._demand(key, obs, now, svc.ttft_quantile)  # once: it differences
+            for pool in pools:
+                pool_svc = svc if pool.name == ENGINE else svc.prefill_pool()
+                if self._decide(key, body, pool, pool_svc, obs, now, demand) and key not in changed:
+                    changed.append(key)
         return changed
+
+    def _decide(self, key: Key, body: Json, pool: Pool, svc: ServicePods, obs: Observation,
+                now: float, demand: tuple[float | None, float | None]) -> bool:  # fmt: skip
+        """Decide one pool; True when the decision or its reported numbers changed."""
+        config = pool.config
+        state = self._learn(key, svc, config, self._state(key, body, pool), pool)
+        # A young replica may hold a scale-down back no longer than the window itself.
+        grace = min(config.readiness_grace_s, config.scale_down_window_s)
+        sig = signals_for(svc, obs, now, self.config.stale_s, grace, demand)
+        ready = [p for p in svc.engines if pod_ready(p)]
+        fleet = Fleet(
+            active=sum(1 for p in ready if role_of(p) == "active"),
+            warm=sum(1 for p in ready if role_of(p) == "warm"),
+            starting=sum(
+                1
+                for p in svc.engines
+                if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+            ),
+        )
+        decision, state = decide(config, state, fleet, sig, now)
+        idle = frozenset(
+            p["metadata"]["name"]
+            for p in ready
+            if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
+            and m.queue + m.running == 0
+        )
+        queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
+        new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s, idle,
+                     obs.ttft_p99.get(key), queue, obs.cost_per_1k_tokens.get(key),
+                     sig.arrival_rate)  # fmt: skip
+        states, latest = (
+            (self.states, self.latest)
+            if pool.name == ENGINE
+            else (self.prefill_states, self.prefill_latest)
+        )
+        states[key] = state
+        old = latest.get(key)
+        latest[key] = new
+        if self.on_decision is not None and pool.name == ENGINE:
+            self.on_decision(key, old, new)
+        if decision.changed:
+            log.info("%s/%s%s: %s", *key, "" if pool.name == ENGINE else " (prefill)",
+                     decision.reason)  # fmt: skip
+        return old is None or _reported(old) != _reported(new) or decision.changed
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One autoscaled pool of a service: its engines (ENGINE) or its prefill pool (PREFILL)."""
+
+    name: str
+    config: ScalingConfig
+
+
+def pools_of(spec: InferenceServiceSpec, interval_s: float) -> list[Pool]:
+    """The autoscaled pools of a service."""
+    max_running = spec.engine.max_running_requests
+    pools = []
+    if spec.autoscaling is not None:
+        pools.append(Pool(ENGINE, config_of(spec.autoscaling, max_running, interval_s)))
+    d = spec.disaggregation
+    if d is not None and d.prefill.autoscaling is not None:
+        pools.append(Pool(PREFILL, config_of(d.prefill.autoscaling, max_running, interval_s)))
+    return pools
 
 
 def _quantile_of(body: Json) -> float:

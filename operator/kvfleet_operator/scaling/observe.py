@@ -85,6 +85,13 @@ class ServicePods:
     gateways: list[Json]
     ttft_quantile: float = 0.99
     """The quantile of TTFT its SLO is judged on (`slo.attainment`)."""
+    prefills: list[Json] = field(default_factory=list)
+    """A disaggregated service's prefill engine pods."""
+
+    def prefill_pool(self) -> ServicePods:
+        """The prefill pool as a service of its own (its gateways are the service's, read
+        once with the engines)."""
+        return ServicePods(self.namespace, self.name, self.prefills, [], self.ttft_quantile)
 
 
 def ready_since(pod: Json) -> float | None:
