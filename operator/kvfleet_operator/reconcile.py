@@ -155,6 +155,7 @@ def reconcile(
                 replicas = desired_engine_replicas(owner, total)
         prefill = prefill_pool(kube, owner, prefill_scaled)
         children = render_children(owner, replicas, prefill[1] if prefill else None)
+        _prefill_scaled_event(kube, body, owner, prefill, options)
         _manual_scale(kube, body, owner, engine_live, replicas, options)
     except ConfigError as exc:
         out.error = str(exc)
@@ -211,6 +212,22 @@ def _with_engine_key(kube: Kube, owner: Owner) -> Owner:
     except (ValueError, UnicodeDecodeError):
         key = ""
     return dataclasses.replace(owner, engine_key=key) if key else owner
+
+
+def _prefill_scaled_event(kube: Kube, body: Json, owner: Owner,
+                          prefill: tuple[Scaled | None, int] | None,
+                          options: ReconcileOptions) -> None:  # fmt: skip
+    """An Event when the autoscaler resizes the prefill pool (the status reports the
+    engines' decision; this says the prefill pool's)."""
+    if prefill is None or prefill[0] is None:
+        return
+    live = kube.get(DEPLOYMENT, owner.namespace, owner.prefill_name)
+    have = ((live or {}).get("spec") or {}).get("replicas")
+    if have is None or have == prefill[1]:
+        return
+    reason = "PrefillScaledUp" if prefill[1] > have else "PrefillScaledDown"
+    message = f"prefill pool {have} -> {prefill[1]}: {prefill[0].decision.reason}"
+    post_event(kube, body, "Normal", reason, message, options)
 
 
 def _scaled_by_hand(kube: Kube, live: Json | None) -> list[str]:

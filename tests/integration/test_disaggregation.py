@@ -4,7 +4,9 @@ bootstrap fields, and the real sglang-router in PD mode driving the same engines
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,10 @@ import aiohttp
 import openai
 import pytest
 
-from kvfleet_gateway.config import PrefillBackends, PrefillEngine
+from kvfleet_gateway.config import Duration, Limits, PrefillBackends, PrefillEngine, TokenBudget
 from kvfleet_sim.procs import free_port, sglang_router_process
-from tests.support.gateway import gateway_config, metrics_url, upstream_errors
+from tests.integration.test_gateway import KEY_A, keys_file
+from tests.support.gateway import budget_in_use, gateway_config, metrics_url, upstream_errors
 
 CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -151,20 +154,33 @@ def test_sglang_router_in_pd_mode_drives_the_simulator(sim_processes: Any, tmp_p
 
 
 async def test_a_decode_engine_lost_mid_stream_ends_the_stream_with_an_error(
-    sim_processes: Any, gateway_server: Any
+    sim_processes: Any, gateway_server: Any, tmp_path: Path
 ) -> None:
     """The decode engine dies after three chunks: the client's stream ends with an error
-    event (not a hang, not a silent cut), with no retry — the answer had begun."""
+    event (not a hang, not a silent cut), with no retry — the answer had begun — and the
+    tenant's budget is settled at what the engine reported, its lease released."""
     prefill, port = _prefill(sim_processes)
     decode = sim_processes("--disaggregation-mode", "decode", "--exit-after-chunks", "3")
     engines = (PrefillEngine(url=prefill, bootstrap_port=port),)
-    config = gateway_config([decode], prefill=PrefillBackends(static=engines))
+    budget = Limits(token_budget=TokenBudget(tokens=10**6, period=Duration(86400)))
+    config = gateway_config([decode], keys_file(tmp_path), defaults=budget,
+                            prefill=PrefillBackends(static=engines))  # fmt: skip
     url = await gateway_server(config)
     body = {**CHAT, "max_tokens": 50, "stream": True, "ignore_eos": True}
-    async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/chat/completions", json=body) as r:
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r,
+    ):
         assert r.status == 200
         text = (await r.read()).decode()
     events = [e for e in text.split("\n\n") if e.startswith("data: ")]
     assert '"error"' in events[-1] and "[DONE]" not in events[-1], events[-2:]
     errors = await _gateway_errors(config)
     assert any(k.startswith(f'backend="{decode}"') for k in errors), errors
+    store = gateway_server.state(url).store
+    await asyncio.sleep(0.1)
+    now = time.time()
+    assert await store.active_leases("team-a", now) == 0
+    # Billed the prompt and the few tokens streamed, not the 50-token reservation's bound.
+    assert 0 < await budget_in_use(store, "team-a", budget, now) < 200

@@ -156,6 +156,10 @@ async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
 
             await until(promoted, 45, "the prefill spare promoted under the flood")
             assert set(await asyncio.gather(*flood)) == {4}
+            events = await kubectl(kc, "get", "events", "-n", "ai", "--field-selector",
+                                   "reason=PrefillScaledUp", "-o", "json")  # fmt: skip
+            (first, *_) = json.loads(events)["items"]
+            assert first["message"].startswith("prefill pool 2 -> 3"), first["message"]
         finally:
             await client.close()
         assert await roles("engine") == ["active", "active"]  # decode: fixed, untouched
