@@ -362,6 +362,11 @@ class PrefillPool:
             " owns the prefill replica count",
             ".replicas",
         ),
+        Rule(
+            f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{_MANAGED_RE}'))",
+            "extraArgs may not set flags the operator manages (see engine.extraArgs)",
+            ".extraArgs",
+        ),
     )
     replicas: int | None = fld(
         None, "Prefill engine replicas when autoscaling is absent (default 1).", minimum=1,
@@ -376,6 +381,13 @@ class PrefillPool:
         None, "GPUs per prefill engine; unset: engine.tensorParallel."
     )
     gpu_type: GpuType | None = fld(None, "GPU model of the prefill engines; unset: engine.gpuType.")
+    extra_args: tuple[str, ...] | None = fld(
+        None,
+        "Extra SGLang flags of the prefill engines instead of engine.extraArgs (unset: the"
+        " same); the flags engine.extraArgs refuses are refused here too.",
+        max_items=64,
+        max_length=512,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -134,3 +134,19 @@ def test_a_decode_pool_of_two_node_groups() -> None:
     prefill = _container(objs[("Deployment", "llama-70b-pd-prefill")])
     assert "--nnodes" not in prefill["args"]  # the prefill pool stays one node per engine
     assert _flag(prefill["args"], "--tp-size") == "4"
+
+
+def test_the_prefill_pool_has_its_own_extra_flags() -> None:
+    doc = _service(prefill={"extraArgs": ["--enable-mixed-chunk"]})
+    doc["spec"]["engine"]["extraArgs"] = ["--enable-torch-compile"]
+    objs = _objs(doc)
+    prefill = _container(objs[("Deployment", "llama-70b-pd-prefill")])["args"]
+    decode = _container(objs[("Deployment", "llama-70b-pd-engine")])["args"]
+    assert "--enable-mixed-chunk" in prefill and "--enable-torch-compile" not in prefill
+    assert "--enable-torch-compile" in decode and "--enable-mixed-chunk" not in decode
+    same = _service()  # unset: the engines' flags
+    same["spec"]["engine"]["extraArgs"] = ["--enable-torch-compile"]
+    inherited = _container(_objs(same)[("Deployment", "llama-70b-pd-prefill")])["args"]
+    assert "--enable-torch-compile" in inherited
+    with pytest.raises(ConfigError, match="manages"):
+        parse_spec(_service(prefill={"extraArgs": ["--disaggregation-mode=decode"]})["spec"])

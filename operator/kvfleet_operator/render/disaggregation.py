@@ -32,6 +32,7 @@ def prefill_owner(owner: Owner) -> Owner:
         gpu_type=d.prefill.gpu_type or e.gpu_type,
         nodes_per_replica=1,
         pipeline_parallel=1,
+        extra_args=e.extra_args if d.prefill.extra_args is None else d.prefill.extra_args,
     )
     spec = dataclasses.replace(
         owner.spec, engine=engine, replicas=d.prefill.replicas, autoscaling=d.prefill.autoscaling
