@@ -158,8 +158,9 @@ async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
             assert set(await asyncio.gather(*flood)) == {4}
             events = await kubectl(kc, "get", "events", "-n", "ai", "--field-selector",
                                    "reason=PrefillScaledUp", "-o", "json")  # fmt: skip
-            (first, *_) = json.loads(events)["items"]
-            assert first["message"].startswith("prefill pool 2 -> 3"), first["message"]
+            # (A 1 -> 2 may come first: the switch to autoscaling adds the spare.)
+            messages = [e["message"] for e in json.loads(events)["items"]]
+            assert any(m.startswith("prefill pool 2 -> 3") for m in messages), messages
         finally:
             await client.close()
         assert await roles("engine") == ["active", "active"]  # decode: fixed, untouched
