@@ -135,6 +135,17 @@ def cluster_bench(out_dir: Path, services: int, runs: int, seconds: float, stead
     click.echo(f"wrote {out_dir / 'cluster.md'}")
 
 
+def _seeds(value: str) -> list[int]:
+    """`--seeds 1,2,3`, or a clear usage error."""
+    try:
+        seeds = [int(x) for x in _csv(value)]
+    except ValueError as exc:
+        raise click.UsageError(f"--seeds: {exc}") from exc
+    if not seeds:
+        raise click.UsageError("--seeds: at least one, e.g. 1,2,3")
+    return seeds
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -203,12 +214,7 @@ def routing_bench(
         raise click.UsageError(f"--loads: {exc}") from exc
     if not load_values or any(not 0 < x <= 2 for x in load_values):
         raise click.UsageError("--loads: shares of capacity in (0, 2], e.g. 0.5,0.8,0.95")
-    try:
-        seed_values = [int(x) for x in _csv(seeds)]
-    except ValueError as exc:
-        raise click.UsageError(f"--seeds: {exc}") from exc
-    if not seed_values:
-        raise click.UsageError("--seeds: at least one, e.g. 1,2,3")
+    seed_values = _seeds(seeds)
     from kvfleet_sim.catalog import CatalogError
     from kvfleet_sim.config import ConfigError
     from kvfleet_sim.fleet.workload_file import WorkloadFileError
@@ -338,12 +344,9 @@ def pd_bench(seeds: str, workloads: str, workers: int, live: bool, out_dir: Path
     unknown = set(_csv(workloads)) - set(by_name)
     if unknown:
         raise click.UsageError(f"unknown workload(s): {', '.join(sorted(unknown))}")
-    try:
-        seed_values = [int(x) for x in _csv(seeds)]
-    except ValueError as exc:
-        raise click.UsageError(f"--seeds: {exc}") from exc
-    if not seed_values or workers < 1:
-        raise click.UsageError("--seeds: at least one; --workers >= 1")
+    seed_values = _seeds(seeds)
+    if workers < 1:
+        raise click.UsageError("--workers >= 1")
 
     def say(message: str) -> None:
         click.echo(message, err=as_json)

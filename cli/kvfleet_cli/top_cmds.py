@@ -28,7 +28,7 @@ from kvfleet_operator.render.common import (
     ENGINE_PORT,
     ISVC_LABEL,
     ROLE_LABEL,
-    WORKER_INDEX_LABEL,
+    is_group_worker,
 )
 from kvfleet_operator.status import pod_ready
 
@@ -78,7 +78,7 @@ def read_replicas(cluster: Cluster, name: str, prometheus_url: str | None) -> li
     pods = [  # a multi-node replica is its leader: workers serve no metrics of their own
         p
         for p in cluster.items(POD, cluster.namespace, labelSelector=selector)
-        if (p["metadata"].get("labels") or {}).get(WORKER_INDEX_LABEL, "0") == "0"
+        if not is_group_worker(p["metadata"].get("labels") or {})
     ]
     by_pod: dict[str, dict[str, float]] = {}
     if prometheus_url:

@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from kvfleet_operator.render.common import COMPONENT_LABEL, ROLE_LABEL, WORKER_INDEX_LABEL
+from kvfleet_operator.render.common import COMPONENT_LABEL, ROLE_LABEL, is_group_worker
 from kvfleet_operator.status import pod_ready
 
 Json = dict[str, Any]
@@ -109,7 +109,7 @@ def _ready(obj: Json) -> str:
 
 def _role(labels: dict[str, str]) -> str:
     """A pod's role: active or warm; a multi-node replica's worker pods are workers."""
-    if labels.get(WORKER_INDEX_LABEL, "0") != "0":
+    if is_group_worker(labels):
         return "worker"
     return labels.get(ROLE_LABEL, "-")
 

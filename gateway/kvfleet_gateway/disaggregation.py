@@ -93,10 +93,11 @@ def _choose(policy: Policy, ex: Exchange, backends: list[Backend], pool: Backend
     return pool.backends[key]
 
 
-def _release_prefill(side: PrefillSide, ex: Exchange, backend: Backend) -> Callable[..., None]:
+def _release_prefill(
+    proxy: Proxy, side: PrefillSide, ex: Exchange, backend: Backend
+) -> Callable[..., None]:
     def done(task: asyncio.Task[None]) -> None:
-        backend.inflight_requests -= 1
-        backend.inflight_tokens -= ex.req.reserve_tokens
+        proxy.not_in_flight(backend, ex)
         side.policy.on_finished(ex.route, backend.url)
         if not task.cancelled():
             task.exception()  # retrieved: a late prefill failure is the decode engine's to report
@@ -131,12 +132,11 @@ async def open_disaggregated(
         wire = with_bootstrap(req.wire, bootstrap_host(prefill.url), port, room)
         for b in (prefill, decode):
             b.breaker.attempt()
-            b.inflight_requests += 1
-            b.inflight_tokens += req.reserve_tokens
+            proxy.in_flight(b, ex)
         ex.dispatched_at = time.monotonic()
         ex.deadline = ex.dispatched_at + proxy.response_wait(ex)
         prefill_task = asyncio.create_task(_prefill(proxy, prefill, path, wire))
-        prefill_task.add_done_callback(_release_prefill(side, ex, prefill))
+        prefill_task.add_done_callback(_release_prefill(proxy, side, ex, prefill))
         decode_task = asyncio.create_task(
             proxy.session.post(f"{decode.url}{path}", data=wire, headers=HEADERS)
         )

@@ -146,8 +146,7 @@ class Proxy:
             backend.breaker.attempt()
             # In flight from the moment it is chosen: routing must see requests whose
             # response has not started yet (a non-streaming answer arrives all at once).
-            backend.inflight_requests += 1
-            backend.inflight_tokens += req.reserve_tokens
+            self.in_flight(backend, ex)
             ex.dispatched_at = time.monotonic()
             ex.deadline = ex.dispatched_at + self.response_wait(ex)
             try:
@@ -429,6 +428,11 @@ class Proxy:
                     if not data:
                         return
                     buffer += data
+
+    @staticmethod
+    def in_flight(backend: Backend, ex: Exchange) -> None:
+        backend.inflight_requests += 1
+        backend.inflight_tokens += ex.req.reserve_tokens
 
     @staticmethod
     def not_in_flight(backend: Backend, ex: Exchange) -> None:

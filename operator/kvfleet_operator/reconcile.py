@@ -50,7 +50,7 @@ from kvfleet_operator.render.common import (
     selector_string,
 )
 from kvfleet_operator.render.disaggregation import prefill_owner
-from kvfleet_operator.replicas import prefill_pool, scaled_replicas
+from kvfleet_operator.replicas import PrefillPlan, prefill_pool, scaled_replicas
 from kvfleet_operator.scaling.autoscaler import Scaled, report
 from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
 
@@ -154,8 +154,8 @@ def reconcile(
             if total > 0 or scaled is not None:
                 replicas = desired_engine_replicas(owner, total)
         prefill = prefill_pool(kube, owner, prefill_scaled)
-        children = render_children(owner, replicas, prefill[1] if prefill else None)
-        _prefill_scaled_event(kube, body, owner, prefill, options)
+        children = render_children(owner, replicas, prefill.replicas if prefill else None)
+        _prefill_scaled_event(kube, body, prefill, options)
         _manual_scale(kube, body, owner, engine_live, replicas, options)
     except ConfigError as exc:
         out.error = str(exc)
@@ -189,7 +189,7 @@ def reconcile(
     if prefill is not None:  # the prefill pool's warm spares, as the engines'
         p_owner = prefill_owner(owner)
         p_pods = kube.list(POD, namespace, owner.selector_string(PREFILL))
-        _assign_roles(kube, p_owner, p_pods, prefill[1], out, prefill[0],
+        _assign_roles(kube, p_owner, p_pods, prefill.replicas, out, prefill.scaled,
                       owner.selector_string(PREFILL))  # fmt: skip
     _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
     if out.refused:
@@ -214,19 +214,18 @@ def _with_engine_key(kube: Kube, owner: Owner) -> Owner:
     return dataclasses.replace(owner, engine_key=key) if key else owner
 
 
-def _prefill_scaled_event(kube: Kube, body: Json, owner: Owner,
-                          prefill: tuple[Scaled | None, int] | None,
-                          options: ReconcileOptions) -> None:  # fmt: skip
+def _prefill_scaled_event(
+    kube: Kube, body: Json, prefill: PrefillPlan | None, options: ReconcileOptions
+) -> None:
     """An Event when the autoscaler resizes the prefill pool (the status reports the
     engines' decision; this says the prefill pool's)."""
-    if prefill is None or prefill[0] is None:
+    if prefill is None or prefill.scaled is None:
         return
-    live = kube.get(DEPLOYMENT, owner.namespace, owner.prefill_name)
-    have = ((live or {}).get("spec") or {}).get("replicas")
-    if have is None or have == prefill[1]:
+    have = prefill.current
+    if have is None or have == prefill.replicas:
         return
-    reason = "PrefillScaledUp" if prefill[1] > have else "PrefillScaledDown"
-    message = f"prefill pool {have} -> {prefill[1]}: {prefill[0].decision.reason}"
+    reason = "PrefillScaledUp" if prefill.replicas > have else "PrefillScaledDown"
+    message = f"prefill pool {have} -> {prefill.replicas}: {prefill.scaled.decision.reason}"
     post_event(kube, body, "Normal", reason, message, options)
 
 

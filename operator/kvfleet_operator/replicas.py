@@ -9,6 +9,8 @@ scaled the same way.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.kube import DEPLOYMENT, POD, Kube
 from kvfleet_operator.render import desired_engine_replicas
@@ -58,22 +60,31 @@ def scaled_replicas(
     return have - min(surplus, len(unready) + len(chosen))
 
 
-def prefill_pool(
-    kube: Kube, owner: Owner, scaled: Scaled | None
-) -> tuple[Scaled | None, int] | None:
+class PrefillPlan(NamedTuple):
+    """A disaggregated service's prefill pool this reconcile."""
+
+    scaled: Scaled | None
+    """The autoscaler's latest decision (None: not autoscaled, or none yet)."""
+    replicas: int
+    """What its Deployment gets."""
+    current: int | None = None
+    """What its Deployment has (read only when autoscaled)."""
+
+
+def prefill_pool(kube: Kube, owner: Owner, scaled: Scaled | None) -> PrefillPlan | None:
     """A disaggregated service's prefill pool: its latest decision (autoscaled) and the
     replicas its Deployment gets, scaled down as the engines are (idle warm pods first)."""
     if owner.spec.disaggregation is None:
         return None
     p_owner = prefill_owner(owner)
     if p_owner.spec.autoscaling is None:
-        return None, desired_engine_replicas(p_owner)
+        return PrefillPlan(None, desired_engine_replicas(p_owner))
     live = kube.get(DEPLOYMENT, owner.namespace, owner.prefill_name)
     current = ((live or {}).get("spec") or {}).get("replicas")
     if scaled is None:
-        return None, desired_engine_replicas(p_owner, current)
+        return PrefillPlan(None, desired_engine_replicas(p_owner, current), current)
     pods = kube.list(POD, owner.namespace, owner.selector_string(PREFILL))
-    return scaled, scaled_replicas(kube, p_owner, scaled, current, pods)
+    return PrefillPlan(scaled, scaled_replicas(kube, p_owner, scaled, current, pods), current)
 
 
 def removable_groups(leaders: list[Json], scaled: Scaled, have: int) -> int:

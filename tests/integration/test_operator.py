@@ -54,6 +54,16 @@ def children(env: Env, name: str = "llama") -> list[dict[str, Any]]:
     return out
 
 
+async def ready_because(k: Any, name: str, reason: str) -> dict[str, Any]:
+    """The InferenceService once its Ready condition gives this reason."""
+    return await until(  # type: ignore[no-any-return]
+        lambda: (
+            (b := k.get(ISVC, NS, name)) and condition(b, "Ready").get("reason") == reason and b
+        ),
+        what=f"{name} Ready reason {reason}",
+    )
+
+
 def has_event(env: Env, reason: str, text: str = "") -> bool:
     return any(
         e["reason"] == reason and text in (e.get("message") or "") + e["involvedObject"]["name"]
@@ -205,14 +215,7 @@ async def test_invalid_spec_is_refused_then_surfaces(
     await asyncio.to_thread(
         k.patch, ISVC, NS, "llama", {"spec": {"autoscaling": {"maxReplicas": 4}}}
     )
-    body = await until(
-        lambda: (
-            (b := k.get(ISVC, NS, "llama"))
-            and condition(b, "Ready").get("reason") == "InvalidSpec"
-            and b
-        ),
-        what="Ready=False InvalidSpec",
-    )
+    body = await ready_because(k, "llama", "InvalidSpec")
     assert condition(body, "Ready")["status"] == "False"
     assert "spec.replicas" in condition(body, "Ready")["message"]
     await until(lambda: has_event(env, "InvalidSpec"), what="an InvalidSpec warning")
@@ -228,14 +231,7 @@ async def test_a_multi_node_service_without_leader_worker_set_says_so(
     env, k = local_cluster, local_cluster.kube
     doc = isvc("big", engine={"gpuType": "h100", "tensorParallel": 8, "nodesPerReplica": 2})
     await asyncio.to_thread(k.create, doc)
-    body = await until(
-        lambda: (
-            (b := k.get(ISVC, NS, "big"))
-            and condition(b, "Ready").get("reason") == "LeaderWorkerSetMissing"
-            and b
-        ),
-        what="Ready=False LeaderWorkerSetMissing",
-    )
+    body = await ready_because(k, "big", "LeaderWorkerSetMissing")
     message = condition(body, "Ready")["message"]
     assert "spec.engine.nodesPerReplica" in message and "install LeaderWorkerSet" in message
     await until(lambda: has_event(env, "LeaderWorkerSetMissing"), what="a warning Event")

@@ -22,6 +22,13 @@ ISVC_LABEL = "kvfleet.dev/inferenceservice"
 ROLE_LABEL = "kvfleet.dev/role"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 """LeaderWorkerSet's label of a group's pod: "0" on the leader, 1.. on the workers."""
+
+
+def is_group_worker(labels: dict[str, str]) -> bool:
+    """A multi-node replica's worker pod (not its leader, not a one-node replica)."""
+    return labels.get(WORKER_INDEX_LABEL, "0") != "0"
+
+
 GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 """LeaderWorkerSet's label of a group's pods: the group's index (scale-down removes the
 highest first)."""

@@ -23,7 +23,7 @@ from kvfleet_operator.render.common import (
     GATEWAY,
     ISVC_LABEL,
     PREFILL,
-    WORKER_INDEX_LABEL,
+    is_group_worker,
 )
 from kvfleet_operator.scaling.observe import (
     DirectReader,
@@ -148,14 +148,20 @@ class Autoscaler:
             p
             for p in pods
             if (labels := p["metadata"].get("labels") or {}).get(comp) == "engine"
-            and labels.get(WORKER_INDEX_LABEL, "0") == "0"
+            and not is_group_worker(labels)
         ]
         gateways = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == GATEWAY]
         prefills = [p for p in pods if (p["metadata"].get("labels") or {}).get(comp) == PREFILL]
         return ServicePods(key[0], key[1], engines, gateways, prefills=prefills)
 
+    def _books(self, pool: Pool) -> tuple[dict[Key, State], dict[Key, Scaled], dict[Key, set[str]]]:
+        """A pool's states, latest decisions and pods seen ready, by service."""
+        if pool.name == ENGINE:
+            return self.states, self.latest, self._seen_ready
+        return self.prefill_states, self.prefill_latest, self._prefill_seen
+
     def _state(self, key: Key, body: Json, pool: Pool) -> State:
-        states = self.states if pool.name == ENGINE else self.prefill_states
+        states = self._books(pool)[0]
         if key not in states:  # a restart: continue from what the status recorded
             status = (
                 ((body.get("status") or {}).get("autoscaling") or {}) if pool.name == ENGINE else {}
@@ -166,9 +172,7 @@ class Autoscaler:
     def _learn(
         self, key: Key, svc: ServicePods, config: ScalingConfig, state: State, pool: Pool
     ) -> State:
-        seen = (self._seen_ready if pool.name == ENGINE else self._prefill_seen).setdefault(
-            key, set()
-        )
+        seen = self._books(pool)[2].setdefault(key, set())
         fresh: list[float] = []
         for pod in svc.engines:
             name = pod["metadata"]["name"]
@@ -269,11 +273,7 @@ class Autoscaler:
         new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s, idle,
                      obs.ttft_p99.get(key), queue, obs.cost_per_1k_tokens.get(key),
                      sig.arrival_rate)  # fmt: skip
-        states, latest = (
-            (self.states, self.latest)
-            if pool.name == ENGINE
-            else (self.prefill_states, self.prefill_latest)
-        )
+        states, latest, _ = self._books(pool)
         states[key] = state
         old = latest.get(key)
         latest[key] = new
