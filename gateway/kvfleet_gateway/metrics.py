@@ -19,8 +19,10 @@ from kvfleet_kernel.sglang_metrics import (
     COST,
     GATEWAY_PREFIX,
     HELD_REQUESTS,
+    ITL,
     REQUESTS,
     TOKENS,
+    TTFT,
 )
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -62,14 +64,14 @@ class GatewayMetrics:
             REQUESTS, "Requests by final HTTP status.", (*tm, "status"), registry=r
         )
         self.ttft = Histogram(
-            f"{p}time_to_first_token_seconds",
+            TTFT,
             "Client-side time to first token.",
             tm,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
-            f"{p}inter_token_latency_seconds",
+            ITL,
             "Client-side time between streamed chunks.",
             tm,
             buckets=ITL_BUCKETS,

@@ -37,6 +37,9 @@ REQUESTS = f"{GATEWAY_PREFIX}requests"
 INFLIGHT = f"{GATEWAY_PREFIX}inflight_requests"
 TTFT = f"{GATEWAY_PREFIX}time_to_first_token_seconds"
 """The client-side TTFT histogram: what a TTFT objective is judged on."""
+ITL = f"{GATEWAY_PREFIX}inter_token_latency_seconds"
+"""The client-side histogram of time between streamed chunks: what an inter-token latency
+objective is judged on (a disaggregated service's decode pool sets it)."""
 BUDGET_REMAINING = f"{GATEWAY_PREFIX}budget_remaining_tokens"
 BUDGET_RESERVED = f"{GATEWAY_PREFIX}budget_reserved_tokens"
 

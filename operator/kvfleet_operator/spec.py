@@ -291,12 +291,29 @@ class EngineSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Slo:
-    """The latency objective the autoscaler keeps: TTFT at the gateways (client-side)."""
+    """The latency objectives the autoscaler keeps, judged at the gateways (client-side)."""
 
-    ttft_seconds: float = fld(doc="Time to first token not to exceed.", minimum=0.01)
+    RULES: ClassVar = (
+        Rule(
+            "has(self.ttftSeconds) || has(self.itlSeconds)",
+            "an slo sets ttftSeconds, itlSeconds or both",
+            ".ttftSeconds",
+        ),
+    )
+    ttft_seconds: float | None = fld(
+        None, "Time to first token not to exceed.", minimum=0.01, maximum=3600
+    )
+    itl_seconds: float | None = fld(
+        None,
+        "Inter-token latency (time between streamed chunks) not to exceed: over it, one more"
+        " replica — the decode pool of a disaggregated service (more replicas, smaller"
+        " batches, shorter steps).",
+        minimum=0.001,
+        maximum=60,
+    )
     attainment: float = fld(
         0.99,
-        "Share of requests within ttftSeconds: the TTFT quantile judged (0.99: the p99).",
+        "Share of requests within the objectives: the quantile judged (0.99: the p99).",
         minimum=0.5,
         maximum=0.9999,
     )
@@ -342,8 +359,9 @@ class Autoscaling:
     )
     slo: Slo | None = fld(
         None,
-        "A TTFT objective: a TTFT over it adds a replica, and a tick over it does not count"
-        " as a rate the fleet served well when the capacity per replica is learned.",
+        "Latency objectives: a TTFT or inter-token latency over its objective adds a replica,"
+        " and a tick over one does not count as a rate the fleet served well when the"
+        " capacity per replica is learned.",
     )
 
 
@@ -366,6 +384,13 @@ class PrefillPool:
             f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{_MANAGED_RE}'))",
             "extraArgs may not set flags the operator manages (see engine.extraArgs)",
             ".extraArgs",
+        ),
+        Rule(
+            "!has(self.autoscaling) || !has(self.autoscaling.slo)"
+            " || !has(self.autoscaling.slo.itlSeconds)",
+            "the prefill pool makes the first token only: set itlSeconds on the decode pool's"
+            " autoscaling.slo",
+            ".autoscaling.slo.itlSeconds",
         ),
     )
     replicas: int | None = fld(

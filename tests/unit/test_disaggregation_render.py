@@ -150,3 +150,24 @@ def test_the_prefill_pool_has_its_own_extra_flags() -> None:
     assert "--enable-torch-compile" in inherited
     with pytest.raises(ConfigError, match="manages"):
         parse_spec(_service(prefill={"extraArgs": ["--disaggregation-mode=decode"]})["spec"])
+
+
+def test_the_latency_objectives_go_to_the_pool_that_sets_them() -> None:
+    """The decode pool may keep an inter-token latency objective; the prefill pool, which
+    makes the first token only, may not; an slo names at least one objective."""
+    slo = {"minReplicas": 1, "maxReplicas": 4}
+    spec = _service()["spec"]
+    del spec["replicas"]
+    spec["autoscaling"] = {**slo, "slo": {"itlSeconds": 0.05, "attainment": 0.9}}
+    spec["disaggregation"]["prefill"] = {"autoscaling": {**slo, "slo": {"ttftSeconds": 2}}}
+    parsed = parse_spec(spec)
+    assert parsed.autoscaling is not None and parsed.autoscaling.slo is not None
+    assert (
+        parsed.autoscaling.slo.itl_seconds == 0.05 and parsed.autoscaling.slo.ttft_seconds is None
+    )
+    spec["disaggregation"]["prefill"]["autoscaling"]["slo"]["itlSeconds"] = 0.05
+    with pytest.raises(ConfigError, match="set itlSeconds on the decode pool"):
+        parse_spec(spec)
+    spec["disaggregation"]["prefill"]["autoscaling"]["slo"] = {"attainment": 0.9}
+    with pytest.raises(ConfigError, match="ttftSeconds, itlSeconds or both"):
+        parse_spec(spec)

@@ -63,7 +63,7 @@ def test_the_capacity_boundary_outvotes_a_burst_and_a_lucky_tick() -> None:
     assert c.per_replica == pytest.approx(0.9 * 10.0)  # under the first failure past 9
 
 
-def test_gateway_counters_give_arrivals_and_a_ttft_quantile() -> None:
+def test_gateway_counters_give_arrivals_and_latency_quantiles() -> None:
     text = "\n".join([
         "# TYPE kvfleet_gateway_requests counter",
         'kvfleet_gateway_requests_total{tenant="a",model="m",status="200"} 90',
@@ -76,6 +76,10 @@ def test_gateway_counters_give_arrivals_and_a_ttft_quantile() -> None:
         'kvfleet_gateway_time_to_first_token_seconds_bucket{tenant="a",model="m",le="+Inf"} 100',
         'kvfleet_gateway_time_to_first_token_seconds_count{tenant="a",model="m"} 100',
         'kvfleet_gateway_time_to_first_token_seconds_sum{tenant="a",model="m"} 60',
+        "# TYPE kvfleet_gateway_inter_token_latency_seconds histogram",
+        'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.02"} 900',
+        'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.04"} 990',
+        'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="+Inf"} 1000',
         "",
     ])  # fmt: skip
     totals = parse_gateway(text) + parse_gateway(text)  # two gateway pods
@@ -86,6 +90,9 @@ def test_gateway_counters_give_arrivals_and_a_ttft_quantile() -> None:
     assert quantile(buckets, 0.7) == pytest.approx(0.75)  # interpolated in (0.5, 1.0]
     assert quantile(buckets, 0.99) == pytest.approx(1.0)  # the +Inf bucket: its lower bound
     assert quantile({}, 0.99) is None
+    itl = dict(totals.itl)  # the inter-token latency's histogram, summed apart from TTFT's
+    assert itl == {0.02: 1800, 0.04: 1980, float("inf"): 2000}
+    assert quantile(itl, 0.99) == pytest.approx(0.04)
 
 
 def test_mooncake_hash_ids_replay_as_shared_prefixes(tmp_path: Path) -> None:

@@ -322,3 +322,24 @@ def test_a_draining_backlog_orders_no_more_replicas() -> None:
     state = State(desired_active=8, last_queue=4000)
     d, state = decide(config, state, fleet, signals(8, queue=2500, kv=0.9), 15.0)
     assert d.desired_active == 8  # draining: KV alone speaks, within tolerance of 8
+
+
+def test_a_latency_objective_over_its_bound_adds_a_replica_and_names_itself() -> None:
+    """An inter-token latency over `slo_itl_s` (a decode batch so large every step is slow,
+    with KV and queue quiet) adds one replica, unless capacity is already starting; within
+    the objective, or with no objective, the same fleet keeps its size. The TTFT objective
+    works the same way and each names its own term."""
+    quiet = replace(signals(2, kv=0.4), itl=0.08, ttft=3.0)
+    for config, term in (
+        (ScalingConfig(max_replicas=8, slo_itl_s=0.05), "itl"),
+        (ScalingConfig(max_replicas=8, slo_ttft_s=2.0), "slo"),
+    ):
+        d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), quiet, 0.0)
+        assert (d.desired_active, d.bound_by) == (3, term), d.reason
+        said = "inter-token latency 80ms over the SLO 50ms" if term == "itl" else "TTFT 3.00s"
+        assert said in d.reason
+        d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 1), quiet, 0.0)
+        assert d.desired_active == 2  # one is starting: it answers the breach
+    for config in (ScalingConfig(max_replicas=8, slo_itl_s=0.1), ScalingConfig(max_replicas=8)):
+        d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), quiet, 0.0)
+        assert d.desired_active == 2 and d.bound_by != "itl"

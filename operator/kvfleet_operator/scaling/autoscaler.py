@@ -26,6 +26,7 @@ from kvfleet_operator.render.common import (
     is_group_worker,
 )
 from kvfleet_operator.scaling.observe import (
+    Demand,
     DirectReader,
     Key,
     Observation,
@@ -91,6 +92,7 @@ def config_of(
         cold_start_s=float(a.cold_start_seconds),
         warm_auto=a.warm_pool == "auto",
         slo_ttft_s=a.slo.ttft_seconds if a.slo else None,
+        slo_itl_s=a.slo.itl_seconds if a.slo else None,
         interval_s=interval_s,
     )
 
@@ -125,8 +127,8 @@ class Autoscaler:
     """A disaggregated service's prefill pool, scaled on its own (prefill.autoscaling)."""
     _seen_ready: dict[Key, set[str]] = field(default_factory=dict)
     _prefill_seen: dict[Key, set[str]] = field(default_factory=dict)
-    _last_gateway: dict[Key, tuple[float, float, dict[float, float]]] = field(default_factory=dict)
-    """Direct scrape: (time, arrivals counter, TTFT buckets) at the previous tick."""
+    _last_gateway: dict[Key, _GatewayCounters] = field(default_factory=dict)
+    """Direct scrape: the gateways' counters at the previous tick."""
 
     def __post_init__(self) -> None:
         self.reader: PrometheusReader | DirectReader = (
@@ -185,24 +187,24 @@ class Autoscaler:
                 fresh.append(max(0.0, ready - parse_time(created)))
         return learn_cold_start(config, state, fresh)
 
-    def _demand(
-        self, key: Key, obs: Observation, now: float, q: float
-    ) -> tuple[float | None, float | None]:
-        """This service's arrival rate and SLO TTFT: Prometheus computes them; a direct
+    def _demand(self, key: Key, obs: Observation, now: float, q: float) -> Demand:
+        """This service's arrival rate and SLO latencies: Prometheus computes them; a direct
         scrape gives counters, differenced against the previous tick (a counter that went
         down — a gateway restarted — gives nothing this tick)."""
         if obs.source != "direct":
-            return obs.arrival_rate.get(key), obs.slo_ttft.get(key)
-        total, buckets = obs.arrivals_total.get(key), obs.ttft_buckets.get(key, {})
+            return Demand(obs.arrival_rate.get(key), obs.slo_ttft.get(key), obs.slo_itl.get(key))
+        total = obs.arrivals_total.get(key)
         if total is None:
-            return None, None
+            return Demand()
+        seen = _GatewayCounters(now, total, obs.ttft_buckets.get(key, {}),
+                                obs.itl_buckets.get(key, {}))  # fmt: skip
         last = self._last_gateway.get(key)
-        self._last_gateway[key] = (now, total, buckets)
-        if last is None or now <= last[0] or total < last[1]:
-            return None, None
-        delta = {le: n - last[2].get(le, 0.0) for le, n in buckets.items()}
-        ttft = quantile(delta, q) if all(v >= 0 for v in delta.values()) else None
-        return (total - last[1]) / (now - last[0]), ttft
+        self._last_gateway[key] = seen
+        if last is None or now <= last.at or total < last.arrivals:
+            return Demand()
+        rate = (total - last.arrivals) / (now - last.at)
+        return Demand(rate, _delta_quantile(seen.ttft, last.ttft, q),
+                      _delta_quantile(seen.itl, last.itl, q))  # fmt: skip
 
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
         """One decision per autoscaled pool (a service's engines; a disaggregated service's
@@ -245,7 +247,7 @@ class Autoscaler:
         return changed
 
     def _decide(self, key: Key, body: Json, pool: Pool, svc: ServicePods, obs: Observation,
-                now: float, demand: tuple[float | None, float | None]) -> bool:  # fmt: skip
+                now: float, demand: Demand) -> bool:  # fmt: skip
         """Decide one pool; True when the decision or its reported numbers changed."""
         config = pool.config
         state = self._learn(key, svc, config, self._state(key, body, pool), pool)
@@ -286,6 +288,20 @@ class Autoscaler:
 
 
 @dataclass(frozen=True)
+class _GatewayCounters:
+    at: float
+    arrivals: float
+    ttft: dict[float, float]
+    itl: dict[float, float]
+
+
+def _delta_quantile(now: dict[float, float], before: dict[float, float], q: float) -> float | None:
+    """`q` of the observations between two scrapes of a cumulative histogram."""
+    delta = {le: n - before.get(le, 0.0) for le, n in now.items()}
+    return quantile(delta, q) if all(v >= 0 for v in delta.values()) else None
+
+
+@dataclass(frozen=True)
 class Pool:
     """One autoscaled pool of a service: its engines (ENGINE) or its prefill pool (PREFILL)."""
 
@@ -301,7 +317,10 @@ def pools_of(spec: InferenceServiceSpec, interval_s: float) -> list[Pool]:
         pools.append(Pool(ENGINE, config_of(spec.autoscaling, max_running, interval_s)))
     d = spec.disaggregation
     if d is not None and d.prefill.autoscaling is not None:
-        pools.append(Pool(PREFILL, config_of(d.prefill.autoscaling, max_running, interval_s)))
+        prefill = config_of(d.prefill.autoscaling, max_running, interval_s)
+        # Tokens after the first come from the decode pool: a slow stream is not the prefill
+        # pool's to fix (its spec refuses itlSeconds; this keeps the policy's view the same).
+        pools.append(Pool(PREFILL, dataclasses.replace(prefill, slo_itl_s=None)))
     return pools
 
 

@@ -27,6 +27,7 @@ from kvfleet_kernel.sglang_metrics import (
     COST,
     HELD_REQUESTS,
     INFLIGHT,
+    ITL,
     REQUESTS,
     TOKENS,
     TTFT,
@@ -72,6 +73,10 @@ class Observation:
     """Prometheus: the gateways' TTFT at the service's SLO quantile over the last minute."""
     ttft_buckets: dict[Key, dict[float, float]] = field(default_factory=dict)
     """Direct scrape: the gateways' cumulative TTFT histogram (upper bound → count)."""
+    slo_itl: dict[Key, float] = field(default_factory=dict)
+    """Prometheus: the gateways' inter-token latency at the SLO quantile over the last minute."""
+    itl_buckets: dict[Key, dict[float, float]] = field(default_factory=dict)
+    """Direct scrape: the gateways' cumulative inter-token latency histogram."""
     error: str | None = None
 
 
@@ -92,6 +97,18 @@ class ServicePods:
         """The prefill pool as a service of its own (its gateways are the service's, read
         once with the engines)."""
         return ServicePods(self.namespace, self.name, self.prefills, [], self.ttft_quantile)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One service's demand and latency over the last tick, as the gateways saw them."""
+
+    arrival_rate: float | None = None
+    """Requests per second arriving."""
+    ttft: float | None = None
+    """TTFT at the SLO's quantile, seconds."""
+    itl: float | None = None
+    """Inter-token latency (between streamed chunks) at the SLO's quantile, seconds."""
 
 
 def ready_since(pod: Json) -> float | None:
@@ -115,11 +132,11 @@ def signals_for(
     now: float,
     stale_s: float,
     grace_s: float,
-    demand: tuple[float | None, float | None] = (None, None),
+    demand: Demand = Demand(),
 ) -> Signals:
     """The policy's view of one service: fresh metrics of its active ready pods (the ones
-    without fresh data named as missing), and `demand`: its arrival rate and the TTFT its
-    SLO is judged on, as the autoscaler derived them (`Demand`)."""
+    without fresh data named as missing), and `demand`: its arrival rate and the latencies
+    its SLO is judged on, as the autoscaler derived them."""
     if obs.error is not None:
         return Signals(error=obs.error)
     replicas, missing = [], []
@@ -136,8 +153,8 @@ def signals_for(
             continue
         replicas.append(ReplicaSignals(name, m.queue, m.running, m.kv_usage, young=young))
     held = obs.held.get((svc.namespace, svc.name), 0.0)
-    rate, ttft = demand
-    return Signals(tuple(replicas), tuple(missing), held, arrival_rate=rate, ttft=ttft)
+    return Signals(tuple(replicas), tuple(missing), held, arrival_rate=demand.arrival_rate,
+                   ttft=demand.ttft, itl=demand.itl)  # fmt: skip
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
@@ -202,15 +219,8 @@ class PrometheusReader:
                 f" + sum by ({by_svc}) (deriv({INFLIGHT}[{self.rate_window}]))",
                 svc,
             )
-            slo: dict[tuple[str, ...], float] = {}
-            for q in sorted({s.ttft_quantile for s in services}):
-                found = self._vector(
-                    f"histogram_quantile({q:g}, sum by ({by_svc}, le)"
-                    f" (rate({TTFT}_bucket[{self.rate_window}])))",
-                    svc,
-                )
-                wanted = {(s.namespace, s.name) for s in services if s.ttft_quantile == q}
-                slo.update({k: v for k, v in found.items() if k in wanted})
+            slo = self._at_slo_quantile(TTFT, services)
+            slo_itl = self._at_slo_quantile(ITL, services)
         except Exception as exc:  # any failure of the reader: the policy holds and says why
             return Observation("prometheus", error=f"Prometheus at {self.url}: {exc}"[:300])
         pods = {
@@ -225,7 +235,24 @@ class PrometheusReader:
             {(a, b): v for (a, b), v in cost.items() if math.isfinite(v)},
             arrival_rate={(a, b): max(0.0, v) for (a, b), v in arrivals.items()},
             slo_ttft={(a, b): v for (a, b), v in slo.items() if math.isfinite(v)},
+            slo_itl={(a, b): v for (a, b), v in slo_itl.items() if math.isfinite(v)},
         )
+
+    def _at_slo_quantile(
+        self, histogram: str, services: Sequence[ServicePods]
+    ) -> dict[tuple[str, ...], float]:
+        """The gateways' `histogram` at each service's SLO quantile (one query per quantile)."""
+        by_svc = "namespace, inferenceservice"
+        out: dict[tuple[str, ...], float] = {}
+        for q in sorted({s.ttft_quantile for s in services}):
+            found = self._vector(
+                f"histogram_quantile({q:g}, sum by ({by_svc}, le)"
+                f" (rate({histogram}_bucket[{self.rate_window}])))",
+                ("namespace", "inferenceservice"),
+            )
+            wanted = {(s.namespace, s.name) for s in services if s.ttft_quantile == q}
+            out.update({k: v for k, v in found.items() if k in wanted})
+        return out
 
     async def read(self, services: Sequence[ServicePods]) -> Observation:
         return await asyncio.to_thread(self.read_sync, services)
@@ -250,25 +277,34 @@ class GatewayTotals:
     """Requests answered plus in flight: a counter of arrivals."""
     ttft: tuple[tuple[float, float], ...] = ()
     """The TTFT histogram's cumulative buckets (upper bound, count)."""
+    itl: tuple[tuple[float, float], ...] = ()
+    """The inter-token latency histogram's cumulative buckets."""
 
     def __add__(self, other: GatewayTotals) -> GatewayTotals:
-        buckets = dict(self.ttft)
-        for le, n in other.ttft:
-            buckets[le] = buckets.get(le, 0.0) + n
         return GatewayTotals(
             self.held + other.held,
             self.cost + other.cost,
             self.tokens + other.tokens,
             self.arrivals + other.arrivals,
-            tuple(sorted(buckets.items())),
+            _summed(self.ttft, other.ttft),
+            _summed(self.itl, other.itl),
         )
+
+
+def _summed(
+    a: tuple[tuple[float, float], ...], b: tuple[tuple[float, float], ...]
+) -> tuple[tuple[float, float], ...]:
+    buckets = dict(a)
+    for le, n in b:
+        buckets[le] = buckets.get(le, 0.0) + n
+    return tuple(sorted(buckets.items()))
 
 
 def parse_gateway(text: str) -> GatewayTotals:
     """A gateway pod's held requests, its lifetime cost, billed tokens and arrivals, and its
-    TTFT histogram."""
+    TTFT and inter-token latency histograms."""
     held = cost = tokens = arrivals = 0.0
-    buckets: dict[float, float] = {}
+    histograms: dict[str, dict[float, float]] = {TTFT: {}, ITL: {}}
     for family in text_string_to_metric_families(text):
         samples = [s for s in family.samples if not s.name.endswith("_created")]
         # cached tokens are counted among the prompt's already
@@ -281,12 +317,14 @@ def parse_gateway(text: str) -> GatewayTotals:
             tokens += total
         elif family.name in (REQUESTS, f"{REQUESTS}_total", INFLIGHT):
             arrivals += total
-        elif family.name == TTFT:
+        elif family.name in histograms:
+            buckets = histograms[family.name]
             for s in samples:
                 if s.name.endswith("_bucket"):
                     le = float(s.labels["le"])
                     buckets[le] = buckets.get(le, 0.0) + s.value
-    return GatewayTotals(held, cost, tokens, arrivals, tuple(sorted(buckets.items())))
+    ttft, itl = (tuple(sorted(histograms[h].items())) for h in (TTFT, ITL))
+    return GatewayTotals(held, cost, tokens, arrivals, ttft, itl)
 
 
 def quantile(buckets: dict[float, float], q: float) -> float | None:
@@ -358,6 +396,7 @@ class DirectReader:
             obs.held[key] = totals.held
             obs.arrivals_total[key] = totals.arrivals
             obs.ttft_buckets[key] = dict(totals.ttft)
+            obs.itl_buckets[key] = dict(totals.itl)
             if totals.tokens > 0:
                 obs.cost_per_1k_tokens[key] = 1000 * totals.cost / totals.tokens
         return obs

@@ -27,7 +27,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   constant: capacity is ordered before a ramp arrives, and a scale-down waits for the
   forecast too.
 - **The SLO.** With `slo.ttftSeconds`, a TTFT over it adds a replica (unless capacity is
-  already starting): the symptom the other terms missed.
+  already starting): the symptom the other terms missed. With `slo.itlSeconds`, so does an
+  inter-token latency over it: a decode batch so large that every step is slow (the KV
+  cache may still have room), which only more replicas — smaller batches — shorten.
 - **Missing data, per direction.** An active replica without a fresh scrape counts as
   saturated (its KV full) for scale-up, and blocks scale-down; the decision names it. A
   reader failure, or silence from every replica (a scrape problem, not load), holds the size.
@@ -84,6 +86,7 @@ class ScalingConfig:
         False, "Size the warm pool by forecast risk too (at least warm_replicas)."
     )
     slo_ttft_s: float | None = fld(None, "TTFT objective; over it, one more replica.")
+    slo_itl_s: float | None = fld(None, "Inter-token latency objective; over it, one more replica.")
     interval_s: float = fld(15.0, "Seconds between decisions (the forecast's step).")
 
 
@@ -118,6 +121,8 @@ class Signals:
     """Requests per second arriving at the gateways since the last tick (None: unknown)."""
     ttft: float | None = None
     """The TTFT the SLO is judged on (the p99, or the spec's attainment quantile), seconds."""
+    itl: float | None = None
+    """The inter-token latency the SLO is judged on (the same quantile), seconds."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,8 @@ class Decision:
     need_queue: float = 0.0
     """Replicas the queue asks for (0 when the queue is under its target)."""
     bound_by: str = "steady"
-    """The term that set the size: forecast, queue, kv, slots, slo, min, max, window, held."""
+    """The term that set the size: forecast, queue, kv, slots, slo (TTFT), itl, min, max,
+    window, held."""
     forecast_rate: float | None = None
     """Requests per second expected one cold start ahead."""
     capacity_per_replica: float | None = None
@@ -243,15 +249,25 @@ def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals
     if load > max(1, fleet.active):
         return False  # over the KV or slot target at this rate
     over = queue > config.target_queue_depth * max(1, fleet.active)
-    within_slo = (
-        None
-        if config.slo_ttft_s is None or signals.ttft is None
-        else signals.ttft <= config.slo_ttft_s
-    )
+    within_slo = None if not _judged(config, signals) else not _breaches(config, signals)
     if over:
         draining = state.last_queue is not None and queue < state.last_queue
         return None if draining else False
     return None if within_slo is False else True
+
+
+def _breaches(config: ScalingConfig, signals: Signals) -> set[str]:
+    """The objectives this tick's latencies exceed: "slo" (TTFT), "itl"."""
+    judged = (("slo", config.slo_ttft_s, signals.ttft), ("itl", config.slo_itl_s, signals.itl))
+    return {term for term, bound, seen in judged if bound is not None and seen is not None
+            and seen > bound}  # fmt: skip
+
+
+def _judged(config: ScalingConfig, signals: Signals) -> bool:
+    """Whether any objective has a latency to be judged on this tick."""
+    return (config.slo_ttft_s is not None and signals.ttft is not None) or (
+        config.slo_itl_s is not None and signals.itl is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -303,11 +319,15 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     need_f = ahead / per if ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
     need_f_down = max(ahead or 0.0, level) / per if per else 0.0
-    slo = config.slo_ttft_s
-    breach = slo is not None and signals.ttft is not None and signals.ttft > slo
-    need_slo = float(current + 1) if breach and fleet.starting == 0 and current > 0 else 0.0
-    up = {"kv": kv_up, "queue": need_q, "slots": slots, "forecast": need_f, "slo": need_slo}
-    down = max(kv_down / target, need_q, slots, need_f_down, need_slo)
+    # An objective breached while nothing is starting: one more replica (what is starting
+    # will answer it otherwise).
+    one_more = float(current + 1) if fleet.starting == 0 and current > 0 else 0.0
+    over = _breaches(config, signals)
+    need_slo = one_more if "slo" in over else 0.0
+    need_itl = one_more if "itl" in over else 0.0
+    up = {"kv": kv_up, "queue": need_q, "slots": slots, "forecast": need_f, "slo": need_slo,
+          "itl": need_itl}  # fmt: skip
+    down = max(kv_down / target, need_q, slots, need_f_down, need_slo, need_itl)
     mean_kv = sum(kv) / len(kv) if kv else None
     return _Terms(up, down, queue, running, mean_kv, from_zero, ahead, max(1, fleet.active))
 
@@ -434,6 +454,8 @@ def _explain(config: ScalingConfig, state: State, terms: _Terms, need: float, ra
         f"{config.max_running_requests} slots, over target {config.target_kv_cache_usage:g}",
         "forecast": demand,
         "slo": f"TTFT {signals.ttft or 0:.2f}s over the SLO {config.slo_ttft_s or 0:g}s",
+        "itl": f"inter-token latency {1000 * (signals.itl or 0):.0f}ms over the SLO"
+        f" {1000 * (config.slo_itl_s or 0):g}ms",
     }
     missing = f"; no fresh metrics from {', '.join(sorted(signals.missing)[:3])} (counted full)"
     tail = missing if signals.missing else ""
