@@ -40,6 +40,7 @@ GPUS = 8
 MODEL, GPU = "llama-3.1-8b", "h100"
 RATIOS = ((2, 6), (3, 5), (4, 4), (5, 3), (6, 2))
 LINKS = ("ib400", "eth100")
+"""Catalogue links (the simulator's `links:`) the KV crosses in the PD shapes."""
 ATTAINMENT = 0.9
 """DistServe's goodput: the rate at which this share of requests meets both SLOs."""
 MOONCAKE = Path(__file__).parent / "data" / "mooncake-sample.jsonl"
@@ -134,7 +135,7 @@ def serve(shape: Shape, reqs: list[Arrival]) -> tuple[list[RequestRecord], list[
         sim = routed_fleet(FleetConfig(engine, replicas=GPUS), "kvfleet", KvfleetTuning())
         return sim.run(_Replay(reqs)).records, []  # type: ignore[arg-type]
     assert shape.link is not None
-    config = PdFleetConfig(engine, engine, shape.prefill, shape.decode, shape.link)
+    config = PdFleetConfig(engine, engine, shape.prefill, shape.decode, BUILTIN.link(shape.link))
     result = PdFleet(config, make_policy("kvfleet"), make_policy("least_load")).run(reqs)
     return result.records, result.transfer_s
 

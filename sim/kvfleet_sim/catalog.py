@@ -1,6 +1,7 @@
 """Hardware and model catalogues: the numbers the cost model is built from.
 
-Every entry is a frozen dataclass; the built-ins below cite their public spec sheets and
+Every entry is a frozen dataclass (GPUs, models, and the links a prefill engine's KV crosses
+to its decode engine); the built-ins in data/catalog.yaml cite their public spec sheets and
 model configs. More entries can be loaded from a YAML file (`load_catalog_file`) with the
 same field names, so a new GPU or model needs no code change.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,17 @@ ALIASES: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class LinkSpec:
+    """A path between a prefill engine's GPUs and a decode engine's (disaggregated serving)."""
+
+    name: str
+    bandwidth: float
+    """Bytes/s per GPU, one direction: each GPU sends its shard of the KV over its own path."""
+    setup_latency_s: float = 0.002
+    """Per hand-off: the decode side's bootstrap query and the transfer's registration."""
+
+
 class CatalogError(ValueError):
     """An unknown name or a malformed catalogue file."""
 
@@ -125,6 +137,7 @@ class CatalogError(ValueError):
 class Catalog:
     gpus: Mapping[str, GpuSpec]
     models: Mapping[str, ModelSpec]
+    links: Mapping[str, LinkSpec] = field(default_factory=dict)
 
     def _key(self, name: str) -> str:
         low = name.lower()
@@ -143,8 +156,15 @@ class Catalog:
             raise CatalogError(f"unknown model {name!r}; known: {', '.join(sorted(self.models))}")
         return self.models[key]
 
-    def extended(self, gpus: Mapping[str, GpuSpec], models: Mapping[str, ModelSpec]) -> Catalog:
-        return Catalog(gpus={**self.gpus, **gpus}, models={**self.models, **models})
+    def link(self, name: str) -> LinkSpec:
+        if name.lower() not in self.links:
+            raise CatalogError(f"unknown link {name!r}; known: {', '.join(sorted(self.links))}")
+        return self.links[name.lower()]
+
+    def extended(self, gpus: Mapping[str, GpuSpec], models: Mapping[str, ModelSpec],
+                 links: Mapping[str, LinkSpec] | None = None) -> Catalog:  # fmt: skip
+        return Catalog({**self.gpus, **gpus}, {**self.models, **models},
+                       {**self.links, **(links or {})})  # fmt: skip
 
 
 def _coerce(cls: type[Any], name: str, key: str, value: Any, kind: Any) -> Any:
@@ -181,20 +201,22 @@ def _build(cls: type[Any], name: str, fields: Any) -> Any:
 
 
 def parse_catalog(text: str, base: Catalog, origin: str) -> Catalog:
-    """Extend `base` with the `gpus:` and `models:` mappings of a YAML document."""
+    """Extend `base` with the `gpus:`, `models:` and `links:` mappings of a YAML document."""
     try:
         doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise CatalogError(f"cannot parse catalogue {origin}: {exc}") from exc
-    if not isinstance(doc, dict) or set(doc) - {"gpus", "models"}:
-        raise CatalogError(f"{origin}: expected a mapping with only 'gpus' and/or 'models'")
+    if not isinstance(doc, dict) or set(doc) - {"gpus", "models", "links"}:
+        raise CatalogError(f"{origin}: expected a mapping of 'gpus', 'models' and/or 'links'")
     gpus = {k: _build(GpuSpec, k, v) for k, v in (doc.get("gpus") or {}).items()}
+    links = {str(k).lower(): _build(LinkSpec, str(k).lower(), v)
+             for k, v in (doc.get("links") or {}).items()}  # fmt: skip
     models = {
         k: _from_config(k, v, origin) if isinstance(v, Mapping) and "config" in v
         else _build(ModelSpec, k, v)
         for k, v in (doc.get("models") or {}).items()
     }  # fmt: skip
-    return base.extended(gpus, models)
+    return base.extended(gpus, models, links)
 
 
 def _from_config(name: str, fields: Mapping[str, Any], origin: str) -> ModelSpec:

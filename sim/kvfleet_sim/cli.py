@@ -14,9 +14,10 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options
+from kvfleet_sim.catalog import CatalogError
+from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options, load_catalog
 from kvfleet_sim.config import ConfigError, derive_layout
-from kvfleet_sim.disaggregation import LINKS, MODES, TRANSFER_BACKENDS, DisaggConfig
+from kvfleet_sim.disaggregation import DEFAULT_LINK, MODES, TRANSFER_BACKENDS, DisaggConfig
 from kvfleet_sim.faults import FaultPlan
 from kvfleet_sim.kv_events import KvEventsConfig
 from kvfleet_sim.multinode import DistConfig, DistConfigError, serve_worker
@@ -138,10 +139,10 @@ def sim() -> None:
 )
 @click.option(
     "--disaggregation-link",
-    type=click.Choice(sorted(LINKS)),
-    default=default_of(DisaggConfig, "link"),
+    default=DEFAULT_LINK,
     show_default=True,
-    help="Simulator: the link the KV crosses between prefill and decode engines.",
+    help="Simulator: the catalogue link the KV crosses between prefill and decode engines"
+    " (nvlink, ib400, roce200, eth100, or a `links:` entry of --catalog).",
 )
 @click.option("--log-level", default="info", show_default=True)
 def serve(**kw: Any) -> None:
@@ -151,17 +152,22 @@ def serve(**kw: Any) -> None:
     )
     model_arg = kw["model"]
     profile = kw.pop("profile")
+    catalog = load_catalog(kw["catalog_file"])
+    try:
+        link = catalog.link(kw.pop("disaggregation_link"))
+    except CatalogError as exc:
+        raise click.BadParameter(str(exc), param_hint="--disaggregation-link") from exc
     disagg = DisaggConfig(
         kw.pop("disaggregation_mode"),
         kw.pop("disaggregation_bootstrap_port"),
         kw.pop("disaggregation_transfer_backend"),
-        kw.pop("disaggregation_link"),
+        link,
     )
     kw.pop("disaggregation_ib_device")
     if disagg.mode == "decode" and not kw.pop("disaggregation_decode_enable_radix_cache"):
         kw["disable_radix_cache"] = True  # as SGLang's decode servers run by default
     kw.pop("disaggregation_decode_enable_radix_cache", None)
-    engine = build_engine_config(kw)
+    engine = build_engine_config(kw, catalog)
     try:
         derive_layout(engine)
     except ConfigError as exc:

@@ -145,13 +145,23 @@ ENGINE_KEYS = (
 )
 
 
-def build_engine_config(kw: dict[str, Any]) -> EngineConfig:
-    """Pop the engine flags out of `kw` and build the config, or fail with a clear message."""
+def load_catalog(catalog_file: Path | None) -> Catalog:
+    """The built-in catalogue, extended by `--catalog FILE` (or a clear usage error)."""
+    try:
+        return load_catalog_file(catalog_file) if catalog_file else BUILTIN
+    except CatalogError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def build_engine_config(kw: dict[str, Any], catalog: Catalog | None = None) -> EngineConfig:
+    """Pop the engine flags out of `kw` and build the config, or fail with a clear message
+    (`catalog`: the one `--catalog` gave, when the caller has read it already)."""
     values = {k: kw.pop(k) for k in ENGINE_KEYS}
     catalog_file = values.pop("catalog_file")
     name, config_file = values.pop("model"), values.pop("model_config")
+    if catalog is None:
+        catalog = load_catalog(catalog_file)
     try:
-        catalog: Catalog = load_catalog_file(catalog_file) if catalog_file else BUILTIN
         if config_file is not None:
             model = load_model_config(config_file, name)
         elif name is None:

@@ -8,10 +8,10 @@ naming this request's KV hand-off); the client reads the decode server's answer.
 * A **prefill** server computes the prompt and its first token (it generates nothing more),
   then offers the KV under the room on its bootstrap port.
 * A **decode** server asks the prefill server's bootstrap port for the room, waits while the
-  KV crosses the link (bytes of the prompt's KV over the link's bandwidth: the catalogue's
-  per-GPU KV bytes times the prefill engine's GPUs, each GPU sending its shard over its own
-  path), then admits the request with its KV already in place: no prefill compute, its first
-  token out at once, decoding from there. A request without bootstrap fields is refused (400).
+  KV crosses the link (the prompt's KV bytes per GPU over the catalogue link's per-GPU
+  bandwidth, each GPU sending its shard over its own path), then admits the request with
+  its KV already in place: no prefill compute, its first token out at once, decoding from
+  there. A request without bootstrap fields is refused (400).
 
 What is simulated is the timing and the admission, not the transfer engine: the hand-off
 between simulated engines is an HTTP long poll on the bootstrap port, not Mooncake or NIXL
@@ -30,23 +30,16 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from kvfleet_sim.catalog import BUILTIN, LinkSpec
+
 log = logging.getLogger("kvfleet.sim.disaggregation")
 Mode = Literal["null", "prefill", "decode"]
 MODES: tuple[Mode, ...] = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
 """SGLang 0.5.23's --disaggregation-transfer-backend choices (accepted; the timing is the
 link's)."""
-LINKS: dict[str, float] = {
-    "nvlink": 4.5e11,
-    "ib400": 5.0e10,
-    "roce200": 2.5e10,
-    "eth100": 1.25e10,
-}
-"""Bytes/s per GPU between a prefill and a decode engine: NVLink 4 (both in one node or an
-NVL72 domain), one 400 Gb/s InfiniBand NIC per GPU (HGX H100 clusters), 200 Gb/s RoCE, and
-100 Gb/s Ethernet."""
-TRANSFER_SETUP_S = 0.002
-"""Per hand-off: the decode side's bootstrap query and the transfer's registration."""
+DEFAULT_LINK = "ib400"
+"""The catalogue link a simulated engine's KV crosses unless told (`--disaggregation-link`)."""
 WAIT_TIMEOUT_S = 300.0
 """How long a decode server waits for a room's KV (SGLang's
 SGLANG_DISAGGREGATION_WAITING_TIMEOUT default)."""
@@ -60,8 +53,8 @@ class DisaggConfig:
     """`--disaggregation-bootstrap-port`: where a prefill server offers KV hand-offs."""
     transfer_backend: str = "mooncake"
     """`--disaggregation-transfer-backend` (accepted, not modelled apart)."""
-    link: str = "ib400"
-    """The simulator's `--disaggregation-link`: which of LINKS the KV crosses."""
+    link: LinkSpec = field(default_factory=lambda: BUILTIN.link(DEFAULT_LINK))
+    """The simulator's `--disaggregation-link`: the catalogue link the KV crosses."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -70,15 +63,14 @@ class DisaggConfig:
             raise ValueError(
                 f"--disaggregation-transfer-backend must be one of {', '.join(TRANSFER_BACKENDS)}"
             )
-        if self.link not in LINKS:
-            raise ValueError(f"--disaggregation-link must be one of {', '.join(LINKS)}")
 
 
-def transfer_seconds(prompt_tokens: int, kv_bytes_per_token_per_gpu: float, gpus: int,
-                     link: str) -> float:  # fmt: skip
+def transfer_seconds(
+    prompt_tokens: int, kv_bytes_per_token_per_gpu: float, link: LinkSpec
+) -> float:
     """Time for a prompt's KV to cross the link: each of the prefill engine's GPUs sends its
     shard in parallel over its own path."""
-    return TRANSFER_SETUP_S + prompt_tokens * kv_bytes_per_token_per_gpu / LINKS[link]
+    return link.setup_latency_s + prompt_tokens * kv_bytes_per_token_per_gpu / link.bandwidth
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def _offer_prefilled(st: SimState, outcome: StepOutcome) -> None:
         room = st.pending_rooms.pop(req.rid, None)
         if room is not None:
             seconds = transfer_seconds(req.prompt_len, layout.kv_bytes_per_token_per_gpu,
-                                       st.config.engine.tp_size, st.config.disagg.link)  # fmt: skip
+                                       st.config.disagg.link)  # fmt: skip
             st.rooms.offer(room, HandOff(req.prompt_len, req.cached_tokens, seconds))
     for req in outcome.finished:  # finished or aborted without a first token
         st.pending_rooms.pop(req.rid, None)

@@ -76,3 +76,31 @@ def test_catalogue_extends_from_yaml(tmp_path: Path) -> None:
     f.write_text("gpus:\n  x:\n    memory: 1\n")
     with pytest.raises(CatalogError, match="unknown fields"):
         load_catalog_file(f)
+
+
+def test_the_links_a_kv_transfer_crosses_are_catalogue_entries(tmp_path: Path) -> None:
+    """The built-in links, and a user's own (`links:` in --catalog): the transfer time of a
+    disaggregated request is its KV bytes per GPU over the link's per-GPU bandwidth."""
+    from click.testing import CliRunner
+
+    from kvfleet_cli.main import cli
+    from kvfleet_sim.disaggregation import transfer_seconds
+
+    assert sorted(BUILTIN.links) == ["eth100", "ib400", "nvlink", "roce200"]
+    user = tmp_path / "links.yaml"
+    user.write_text("links:\n  XDR800:\n    bandwidth: 1.0e+11\n    setup_latency_s: 0.001\n")
+    catalog = load_catalog_file(user)
+    xdr = catalog.link("xdr800")
+    assert catalog.link("ib400") == BUILTIN.link("ib400")  # the built-ins stay
+    assert transfer_seconds(8192, 128 * 1024, xdr) == pytest.approx(0.001 + 8192 * 131072 / 1e11)
+    assert transfer_seconds(8192, 128 * 1024, xdr) < transfer_seconds(
+        8192, 128 * 1024, BUILTIN.link("eth100")
+    )
+    user.write_text("links:\n  slow:\n    gbps: 10\n")
+    with pytest.raises(CatalogError, match="unknown fields \\['gbps'\\]"):
+        load_catalog_file(user)
+    argv = ["sim", "serve", "--model", "llama-3.1-8b", "--gpu", "h100",
+            "--disaggregation-mode", "decode", "--disaggregation-link", "warp9"]  # fmt: skip
+    refused = CliRunner().invoke(cli, argv)
+    assert refused.exit_code == 2
+    assert "unknown link 'warp9'; known: eth100, ib400, nvlink, roce200" in refused.output

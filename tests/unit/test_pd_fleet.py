@@ -8,7 +8,6 @@ from kvfleet_bench.pd import WORKLOADS, Shape, arrivals, attainment, serve
 from kvfleet_bench.pd_report import goals
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
-from kvfleet_sim.disaggregation import LINKS, TRANSFER_SETUP_S
 from kvfleet_sim.fleet.pd import PdFleet, PdFleetConfig
 from kvfleet_sim.fleet.routing import make_policy
 
@@ -17,7 +16,7 @@ PREFILL_HEAVY = next(w for w in WORKLOADS if w.name == "prefill-heavy")
 
 
 def _fleet(link: str, p: int = 2, d: int = 2) -> PdFleet:
-    config = PdFleetConfig(ENGINE, ENGINE, p, d, link)
+    config = PdFleetConfig(ENGINE, ENGINE, p, d, BUILTIN.link(link))
     return PdFleet(config, make_policy("kvfleet"), make_policy("least_load"))
 
 
@@ -26,7 +25,8 @@ def test_the_kv_crosses_the_link_before_decoding() -> None:
     fast, slow = _fleet("nvlink").run(reqs), _fleet("eth100").run(reqs)
     assert len(fast.records) == len(slow.records) == len(reqs)
     kv = derive_layout(ENGINE).kv_bytes_per_token_per_gpu
-    assert slow.transfer_s[0] == TRANSFER_SETUP_S + 8192 * kv / LINKS["eth100"]
+    eth = BUILTIN.link("eth100")
+    assert slow.transfer_s[0] == eth.setup_latency_s + 8192 * kv / eth.bandwidth
     # An 8k-token prompt's KV (1 GiB for Llama-3.1-8B) takes ~86 ms over 100G Ethernet.
     assert 0.07 < slow.transfer_s[0] < 0.1
     ttft = sorted(r.ttft for r in slow.records)[len(reqs) // 2]

@@ -21,9 +21,10 @@ from typing import Any
 
 from kvfleet_gateway.routing import Candidate, Policy, RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
+from kvfleet_sim.catalog import BUILTIN, LinkSpec
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
-from kvfleet_sim.disaggregation import transfer_seconds
+from kvfleet_sim.disaggregation import DEFAULT_LINK, transfer_seconds
 from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
 from kvfleet_sim.fleet.collector import RequestRecord
 from kvfleet_sim.fleet.routing import signals_of
@@ -41,7 +42,8 @@ class PdFleetConfig:
     servers run by default)."""
     prefill_replicas: int
     decode_replicas: int
-    link: str = "ib400"
+    link: LinkSpec = field(default_factory=lambda: BUILTIN.link(DEFAULT_LINK))
+    """The catalogue link the KV crosses from a prefill engine to a decode engine."""
     profile: str = DEFAULT_PROFILE
     scrape_interval_s: float = 1.0
 
@@ -150,8 +152,7 @@ class PdFleet:
         node.inflight_tokens -= req.prompt_len + flight.arrival.max_new_tokens
         self.prefill_policy.on_first_token(flight.route, node.key)
         self.prefill_policy.on_finished(flight.route, node.key)
-        seconds = transfer_seconds(req.prompt_len, self._kv_per_token,
-                                   self.config.prefill.tp_size, self.config.link)  # fmt: skip
+        seconds = transfer_seconds(req.prompt_len, self._kv_per_token, self.config.link)
         self._transfers.append(seconds)
         handed = Request(req.rid, req.prompt_ids, flight.arrival.max_new_tokens,
                          flight.arrival.time, seed=req.seed)  # fmt: skip
