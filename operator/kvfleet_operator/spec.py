@@ -413,6 +413,11 @@ class PrefillPool:
         max_items=64,
         max_length=512,
     )
+    resources: ResourceOverrides | None = fld(
+        None,
+        "CPU and memory overrides of the prefill engines instead of engine.resources (unset:"
+        " the same): a prefill engine holds a batch of long prompts, not many streams.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -96,14 +96,23 @@ def test_kv_over_rdma_asks_for_the_nic_and_pinned_memory() -> None:
         assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
 
 
-def test_the_prefill_pool_has_its_own_gpus() -> None:
-    objs = _objs(_service(prefill={"replicas": 3, "tensorParallel": 8, "gpuType": "h200"}))
+def test_the_prefill_pool_has_its_own_gpus_and_resources() -> None:
+    own = {"requests": {"memory": "400Gi", "cpu": "48"}}
+    doc = _service(
+        prefill={"replicas": 3, "tensorParallel": 8, "gpuType": "h200", "resources": own}
+    )
+    doc["spec"]["engine"]["resources"] = {"requests": {"cpu": "12"}}
+    objs = _objs(doc)
     dep = objs[("Deployment", "llama-70b-pd-prefill")]
     c = _container(dep)
     assert dep["spec"]["replicas"] == 3 and _flag(c["args"], "--tp-size") == "8"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] == "400Gi"
+    assert c["resources"]["requests"]["cpu"] == "48"
     selector = dep["spec"]["template"]["spec"]["nodeSelector"]
     assert selector["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    decode = _container(objs[("Deployment", "llama-70b-pd-engine")])["resources"]
+    assert decode["requests"]["cpu"] == "12" and decode["requests"]["memory"] == "128Gi"
 
 
 @pytest.mark.parametrize(

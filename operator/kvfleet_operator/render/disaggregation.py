@@ -33,6 +33,7 @@ def prefill_owner(owner: Owner) -> Owner:
         nodes_per_replica=1,
         pipeline_parallel=1,
         extra_args=e.extra_args if d.prefill.extra_args is None else d.prefill.extra_args,
+        resources=e.resources if d.prefill.resources is None else d.prefill.resources,
     )
     spec = dataclasses.replace(
         owner.spec, engine=engine, replicas=d.prefill.replicas, autoscaling=d.prefill.autoscaling
