@@ -33,6 +33,7 @@ from kvfleet_gateway.disaggregation import prefill_pool_running, prefill_side
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import ClientGone, GatewayError
 from kvfleet_gateway.exchange import Exchange
+from kvfleet_gateway.fair_gate import FairGate
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.kv_events.prompts import PromptTokenizer
@@ -292,7 +293,8 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     try:
         async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
             try:
-                return await gw.proxy.forward(request, ex, headers)
+                async with gw.fair.slot(ex, limits):
+                    return await gw.proxy.forward(request, ex, headers)
             except GatewayError as err:
                 ex.status = err.status
                 return err.response(headers)
@@ -412,14 +414,17 @@ def make_app(config: GatewayConfig) -> web.Application:
     if prefill is not None:
         policy = make_policy(LeastLoad.name)
     engine_headers = engine_auth_headers(config.backends.engine_api_key_file)
+    pool = BackendPool(
+        config.backends.static, config.health_interval, config.routing.scrape_interval
+    )
+    metrics = GatewayMetrics()
     gw = Gateway(
         config=config,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
         store=make_store(config),
-        pool=BackendPool(
-            config.backends.static, config.health_interval, config.routing.scrape_interval
-        ),
-        metrics=GatewayMetrics(),
+        pool=pool,
+        metrics=metrics,
+        fair=FairGate(config.fairness, pool, metrics),
         events=events,
         prompts=prompts,
         pre=PreAdmission(config.requests.body_bytes_per_second, 2.0 * config.max_body_bytes),
@@ -441,7 +446,11 @@ def make_app(config: GatewayConfig) -> web.Application:
             connector=connector, timeout=timeout, headers=engine_headers
         ) as session:
             gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold, prefill)
-            async with gw.pool.running(session), prefill_pool_running(prefill, config, session):
+            async with (
+                gw.pool.running(session),
+                prefill_pool_running(prefill, config, session),
+                gw.fair.running_pump(),
+            ):
                 yield
 
     async def key_watcher(app: web.Application) -> AsyncIterator[None]:

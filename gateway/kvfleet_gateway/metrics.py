@@ -20,6 +20,7 @@ from kvfleet_kernel.sglang_metrics import (
     GATEWAY_PREFIX,
     HELD_REQUESTS,
     ITL,
+    QUEUED_REQUESTS,
     REQUESTS,
     TOKENS,
     TTFT,
@@ -110,6 +111,27 @@ class GatewayMetrics:
             HELD_REQUESTS,
             "Requests waiting for a replica of their model (none can take them yet).",
             ("model",),
+            registry=r,
+        )
+        self.queued = Gauge(
+            QUEUED_REQUESTS,
+            "Requests waiting at this gateway because every replica of their model is"
+            " saturated (fair queueing under overload).",
+            ("model",),
+            registry=r,
+        )
+        self.shed = Counter(
+            f"{p}shed_requests",
+            "Requests refused under overload, by why: sheddable, queue_full, timeout.",
+            ("tenant", "model", "reason"),
+            registry=r,
+        )
+        self.fair_service = Gauge(
+            f"{p}fair_share_service",
+            "The service a tenant received under fair sharing (weighted prompt and output"
+            " tokens over its weight, lifted when it starts waiting): who goes next is the"
+            " waiting tenant with the least.",
+            ("tenant", "model"),
             registry=r,
         )
         self.upstream_errors = Counter(

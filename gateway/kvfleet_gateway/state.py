@@ -9,6 +9,7 @@ from aiohttp import web
 
 from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import GatewayConfig
+from kvfleet_gateway.fair_gate import FairGate
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.limiter import LimitStore
@@ -27,6 +28,8 @@ class Gateway:
     store: LimitStore
     pool: BackendPool
     metrics: GatewayMetrics
+    fair: FairGate
+    """The overload queue (fairness)."""
     proxy: Proxy | None = None
     events: EventIndex | None = None
     """Exact prefix state from the engines' KV events (prefixIndex.source: events)."""

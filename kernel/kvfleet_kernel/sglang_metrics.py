@@ -30,6 +30,8 @@ GAUGES: dict[str, Combine] = {
 GATEWAY_PREFIX = "kvfleet_gateway_"
 HELD_REQUESTS = f"{GATEWAY_PREFIX}held_requests"
 """Requests a gateway holds for a service with no ready replica (scale from zero)."""
+QUEUED_REQUESTS = f"{GATEWAY_PREFIX}queued_requests"
+"""Requests a gateway queues because every replica is saturated (fair sharing): demand too."""
 COST = f"{GATEWAY_PREFIX}cost"
 TOKENS = f"{GATEWAY_PREFIX}tokens"
 REQUESTS = f"{GATEWAY_PREFIX}requests"

@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from kvfleet_gateway.allowlist import Governed
+from kvfleet_gateway.config.fairness import Fairness
+from kvfleet_gateway.fairness import PRIORITIES, Priority
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
 from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
 
@@ -48,6 +50,7 @@ __all__ = [
     "Connections",
     "CostConfig",
     "Duration",
+    "Fairness",
     "GatewayConfig",
     "Hold",
     "KubernetesBackends",
@@ -105,6 +108,19 @@ class Limits:
         minimum=1,
     )
     token_budget: TokenBudget | None = fld(None, "Tokens per period (the GPU-cost budget).")
+    priority: Priority | None = fld(
+        None,
+        "Under overload (fairness on): critical goes before standard, standard before"
+        " sheddable, and sheddable is refused rather than queued. Unset: standard.",
+        enum=PRIORITIES,
+    )
+    fair_share_weight: float | None = fld(
+        None,
+        "Under overload, this tenant's share of the service relative to others (2: twice a"
+        " tenant of weight 1). Unset: 1.",
+        minimum=0.01,
+        maximum=1000,
+    )
 
     def merged(self, override: Limits | None) -> Limits:
         """`override`'s set fields win over ours."""
@@ -514,6 +530,7 @@ class GatewayConfig:
     cost: CostConfig = fld(CostConfig, "Cost accounting.")
     timeouts: Timeouts = fld(Timeouts, "Upstream and client timeouts.")
     hold: Hold = fld(Hold, "Waiting for capacity (scale from zero).")
+    fairness: Fairness = fld(Fairness, "Fair sharing and shedding under overload.")
     requests: Requests = fld(Requests, "Which request fields are forwarded to engines.")
     max_body_bytes: int = fld(4 * 2**20, "Largest request body accepted.", minimum=1024)
     health_interval: Duration = fld(Duration(2), "Period of active /health checks.")

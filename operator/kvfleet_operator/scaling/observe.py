@@ -28,6 +28,7 @@ from kvfleet_kernel.sglang_metrics import (
     HELD_REQUESTS,
     INFLIGHT,
     ITL,
+    QUEUED_REQUESTS,
     REQUESTS,
     TOKENS,
     TTFT,
@@ -58,7 +59,7 @@ class Observation:
     pods: dict[Key, PodMetrics] = field(default_factory=dict)
     """(namespace, pod) → engine gauges."""
     held: dict[Key, float] = field(default_factory=dict)
-    """(namespace, InferenceService) → requests the gateway holds."""
+    """(namespace, InferenceService) → requests waiting at its gateways (held or queued)."""
     ttft_p99: dict[Key, float] = field(default_factory=dict)
     cost_per_1k_tokens: dict[Key, float] = field(default_factory=dict)
     """(namespace, InferenceService) → money per 1,000 tokens billed (prompt + completion):
@@ -201,7 +202,9 @@ class PrometheusReader:
             at = self._vector(
                 f"max by ({by}) (timestamp({selector('num_queue_reqs', SERVED)}))", pod
             )
-            held = self._vector(f"sum by (namespace, inferenceservice) ({HELD_REQUESTS})", svc)
+            # Held (no replica yet) and queued (every replica saturated): demand waiting.
+            waiting = f'{{__name__=~"{HELD_REQUESTS}|{QUEUED_REQUESTS}"}}'
+            held = self._vector(f"sum by (namespace, inferenceservice) ({waiting})", svc)
             ttft = self._vector(
                 "histogram_quantile(0.99, sum by (namespace, inferenceservice, le) "
                 f"(rate({selector('time_to_first_token_seconds_bucket', SERVED)}[5m])))",
@@ -309,7 +312,7 @@ def parse_gateway(text: str) -> GatewayTotals:
         samples = [s for s in family.samples if not s.name.endswith("_created")]
         # cached tokens are counted among the prompt's already
         total = sum(s.value for s in samples if s.labels.get("kind") != "cached")
-        if family.name == HELD_REQUESTS:
+        if family.name in (HELD_REQUESTS, QUEUED_REQUESTS):  # waiting at the gateway
             held += total
         elif family.name == COST:
             cost += total

@@ -114,7 +114,8 @@ class Signals:
     missing: tuple[str, ...] = ()
     """Active, ready replicas without fresh metrics (stale, not scraped yet, partial)."""
     held: float = 0.0
-    """Requests the gateway holds because no replica can take them (scale from zero)."""
+    """Requests waiting at the gateways: held because no replica can take them (scale from
+    zero), or queued because every replica is saturated (fair sharing under overload)."""
     error: str | None = None
     """The reader failed altogether (Prometheus down, gateway unreachable)."""
     arrival_rate: float | None = None
