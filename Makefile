@@ -65,6 +65,7 @@ bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench cluster
 	$(BIN)/kvfleet bench routing
 	$(BIN)/kvfleet bench pd
+	$(BIN)/kvfleet bench fairness
 	$(BIN)/kvfleet bench autoscale --trace-file bench/kvfleet_bench/data/azure-sample.csv \
 		--trace-file bench/kvfleet_bench/data/mooncake-sample.jsonl --rate-scale 8
 

@@ -12,6 +12,9 @@ from kvfleet_bench.autoscale import TRACES as AUTOSCALE_TRACES
 from kvfleet_bench.autoscale import Plan as AutoscalePlan
 from kvfleet_bench.autoscale import cells_json as autoscale_json
 from kvfleet_bench.autoscale import run_autoscale_bench
+from kvfleet_bench.fairness import dump_json as fairness_json
+from kvfleet_bench.fairness import run_fairness_bench
+from kvfleet_bench.fairness_report import write_report as write_fairness_report
 from kvfleet_bench.fidelity import run_sim_bench
 from kvfleet_bench.gateway import run_gateway_bench
 from kvfleet_bench.pd import WORKLOADS as PD_WORKLOADS
@@ -367,3 +370,29 @@ def pd_bench(seeds: str, workloads: str, workers: int, live: bool, out_dir: Path
     say(f"goals met: {sum(g['met'] for g in checks)} of {len(checks)}; wrote {out_dir / 'pd.md'}")
     if as_json:
         click.echo(pd_json(cells))
+
+
+@bench.command("fairness")
+@click.option("--seeds", default="1,2,3", show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="Seeds run in parallel.")
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def fairness_bench(seeds: str, workers: int, out_dir: Path, as_json: bool) -> None:
+    """Fair sharing under overload: a flooding tenant beside two steady ones, FIFO vs fair."""
+    seed_values = _seeds(seeds)
+    if workers < 1:
+        raise click.UsageError("--workers >= 1")
+
+    def say(message: str) -> None:
+        click.echo(message, err=as_json)
+
+    runs = run_fairness_bench(say, seed_values, workers)
+    checks = write_fairness_report(out_dir, runs)
+    for g in checks:
+        say(f"{'met' if g['met'] else 'MISSED'}: {g['goal']}: {g['detail']}")
+    say(f"goals met: {sum(g['met'] for g in checks)} of {len(checks)}; wrote "
+        f"{out_dir / 'fairness.md'}")  # fmt: skip
+    if as_json:
+        click.echo(fairness_json(runs))

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from kvfleet_sim.fleet.collector import percentile
+from kvfleet_sim.fleet.workloads import Arrival
 from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
 
 
@@ -229,3 +230,16 @@ async def stream_chat(
             return out
     except aiohttp.ClientError:
         return ChatOutcome(0, error_code="connection")
+
+
+class Replay:
+    """Arrivals already drawn, as a workload the fleet simulator iterates."""
+
+    def __init__(self, arrivals: list[Arrival]) -> None:
+        self.arrivals = arrivals
+
+    def __iter__(self) -> Iterator[Arrival]:
+        return iter(self.arrivals)
+
+    def follow_up(self, *_: Any) -> None:
+        return None

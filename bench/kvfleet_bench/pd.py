@@ -19,12 +19,13 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfleet_bench.common import Replay
 from kvfleet_gateway.routing import KvfleetTuning
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
@@ -93,19 +94,6 @@ def _engine() -> EngineConfig:
     return EngineConfig.for_model(BUILTIN.model(MODEL), BUILTIN.gpu(GPU), tp_size=1)
 
 
-class _Replay:
-    """Arrivals already drawn, as a workload the fleet simulator iterates."""
-
-    def __init__(self, arrivals: list[Arrival]) -> None:
-        self.arrivals = arrivals
-
-    def __iter__(self) -> Iterator[Arrival]:
-        return iter(self.arrivals)
-
-    def follow_up(self, *_: Any) -> None:
-        return None
-
-
 WINDOW_S = 30.0
 """Seconds of arrivals per trial: goodput is a sustained rate, not a burst absorbed."""
 MIN_REQUESTS = 100
@@ -133,7 +121,7 @@ def serve(shape: Shape, reqs: list[Arrival]) -> tuple[list[RequestRecord], list[
     engine = _engine()
     if shape.mode == "colocated":
         sim = routed_fleet(FleetConfig(engine, replicas=GPUS), "kvfleet", KvfleetTuning())
-        return sim.run(_Replay(reqs)).records, []  # type: ignore[arg-type]
+        return sim.run(Replay(reqs)).records, []  # type: ignore[arg-type]
     assert shape.link is not None
     config = PdFleetConfig(engine, engine, shape.prefill, shape.decode, BUILTIN.link(shape.link))
     result = PdFleet(config, make_policy("kvfleet"), make_policy("least_load")).run(reqs)

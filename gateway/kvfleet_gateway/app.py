@@ -445,7 +445,16 @@ def make_app(config: GatewayConfig) -> web.Application:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, headers=engine_headers
         ) as session:
-            gw.proxy = Proxy(session, gw.pool, policy, t, gw.metrics, config.hold, prefill)
+            gw.proxy = Proxy(
+                session,
+                gw.pool,
+                policy,
+                t,
+                gw.metrics,
+                config.hold,
+                prefill,
+                config.fairness.saturation() if config.fairness.enabled else None,
+            )
             async with (
                 gw.pool.running(session),
                 prefill_pool_running(prefill, config, session),

@@ -24,8 +24,9 @@ from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import Fairness, Limits
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
-from kvfleet_gateway.fairness import FairQueue, saturated
+from kvfleet_gateway.fairness import FairQueue, goes_now
 from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.routing import Candidate
 from kvfleet_gateway.tasks import every
 
 PUMP_INTERVAL_S = 0.05
@@ -37,21 +38,20 @@ class FairGate:
     config: Fairness
     pool: BackendPool
     metrics: GatewayMetrics
-    queues: dict[str, FairQueue[asyncio.Future[None]]] = field(default_factory=dict)
+    queues: dict[str, FairQueue[asyncio.Future[bool]]] = field(default_factory=dict)
     running: Counter[str] = field(default_factory=Counter)
     """Requests of each model this gateway let through that have not ended."""
 
-    def _queue(self, model: str) -> FairQueue[asyncio.Future[None]]:
+    def _queue(self, model: str) -> FairQueue[asyncio.Future[bool]]:
         q = self.queues.get(model)
         if q is None:
             q = self.queues[model] = FairQueue(self.config.max_waiting,
                                                self.config.service_weights())  # fmt: skip
         return q
 
-    def _saturated(self, model: str) -> bool:
+    def _candidates(self, model: str) -> list[Candidate]:
         now = time.monotonic()
-        candidates = [b.candidate(now) for b in self.pool.routable(model)]
-        return saturated(self.running[model], candidates, self.config.saturation())
+        return [b.candidate(now) for b in self.pool.routable(model)]
 
     def _refuse(self, ex: Exchange, reason: str, message: str) -> GatewayError:
         self.metrics.shed.labels(ex.tenant, ex.req.model, reason).inc()
@@ -68,10 +68,11 @@ class FairGate:
         model, tenant = ex.req.model, ex.tenant
         weight = limits.fair_share_weight or 1.0
         q = self._queue(model)
-        if len(q) or self._saturated(model):
-            await self._wait(ex, q, limits)
-        else:
+        if goes_now(q, tenant, self.running[model], self._candidates(model),
+                    self.config.saturation()):  # fmt: skip
             self.running[model] += 1
+        else:
+            await self._wait(ex, q, limits)
         q.charge(tenant, weight, prompt_tokens=ex.route.prompt_tokens)
         self._report(model, tenant, q)
         try:
@@ -82,22 +83,28 @@ class FairGate:
             self._report(model, tenant, q)
             self.pump(model)
 
-    async def _wait(self, ex: Exchange, q: FairQueue[asyncio.Future[None]],
+    async def _wait(self, ex: Exchange, q: FairQueue[asyncio.Future[bool]],
                     limits: Limits) -> None:  # fmt: skip
         model = ex.req.model
         priority = limits.priority or "standard"
         if priority == "sheddable":
             raise self._refuse(ex, "sheddable", f"'{model}' is overloaded: sheddable requests"
                                " are refused until it has room; retry later")  # fmt: skip
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not q.push(granted, ex.tenant, priority):
-            raise self._refuse(ex, "queue_full", f"'{model}' is overloaded and"
-                               f" {len(q)} requests already wait; retry later")  # fmt: skip
+        # The future's result: True, let through; False, displaced by a less served tenant.
+        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        for displaced in q.push(granted, ex.tenant, priority):
+            if displaced is granted:
+                raise self._refuse(ex, "queue_full", f"'{model}' is overloaded and"
+                                   f" {len(q)} requests already wait; retry later")  # fmt: skip
+            displaced.set_result(False)
         gauge = self.metrics.queued.labels(model)
         gauge.inc()
         try:
             async with asyncio.timeout(float(self.config.timeout)):
-                await asyncio.shield(granted)
+                if not await asyncio.shield(granted):
+                    raise self._refuse(ex, "displaced", f"'{model}' is overloaded and its queue"
+                                       " is full: your tenant holds the most of it; retry"
+                                       " later")  # fmt: skip
         except TimeoutError:
             if not granted.done():
                 q.remove(granted)
@@ -107,7 +114,7 @@ class FairGate:
                     f"'{model}' stayed overloaded for {float(self.config.timeout):g}s; retry later",
                 ) from None
         except asyncio.CancelledError:  # the client left
-            if granted.done():
+            if granted.done() and granted.result():
                 self.running[model] -= 1  # let through, never used
                 self.pump(model)
             else:
@@ -117,16 +124,18 @@ class FairGate:
             gauge.dec()
 
     def pump(self, model: str) -> None:
-        """Let waiting requests of `model` through while the pool has room."""
+        """Let waiting requests of `model` through, in fair order, while the pool has room."""
         q = self.queues.get(model)
-        while q is not None and len(q) and self.pool.routable(model) and not self._saturated(model):
+        if q is None:
+            return
+        candidates = self._candidates(model)
+        while q.releasable(self.running[model], candidates, self.config.saturation()):
             popped = q.pop()
             assert popped is not None
-            granted, _ = popped
             self.running[model] += 1
-            granted.set_result(None)
+            popped[0].set_result(True)
 
-    def _report(self, model: str, tenant: str, q: FairQueue[asyncio.Future[None]]) -> None:
+    def _report(self, model: str, tenant: str, q: FairQueue[asyncio.Future[bool]]) -> None:
         self.metrics.fair_service.labels(tenant, model).set(q.counters.get(tenant, 0.0))
 
     @contextlib.asynccontextmanager

@@ -46,6 +46,7 @@ from kvfleet_gateway.config import Hold, Timeouts
 from kvfleet_gateway.disaggregation import PrefillSide, open_disaggregated
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
+from kvfleet_gateway.fairness import Saturation, with_room
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.routing import Policy
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
@@ -86,6 +87,8 @@ class Proxy:
     hold: Hold = field(default_factory=Hold)
     prefill: PrefillSide | None = None
     """Disaggregated serving: the prefill pool (`pool` is then the decode pool)."""
+    saturation: Saturation | None = None
+    """Fairness on: a replica at its slot bound gets nothing while another has room."""
     _held: int = 0
 
     async def wait_for_capacity(self, model: str) -> list[Backend]:
@@ -140,7 +143,10 @@ class Proxy:
             if attempt:
                 await asyncio.sleep(self.retry_backoff(attempt))
             now = time.monotonic()
-            key = self.policy.choose(ex.route, [b.candidate(now) for b in candidates])
+            offered = [b.candidate(now) for b in candidates]
+            if self.saturation is not None:
+                offered = with_room(offered, self.saturation)
+            key = self.policy.choose(ex.route, offered)
             backend = self.pool.backends[key]
             tried.add(key)
             backend.breaker.attempt()

@@ -525,10 +525,34 @@ class GatewaySpec:
     )
     default_limits: Limits = fld(Limits, "Limits of every tenant.")
     tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
+    fair_sharing: FairSharing | None = fld(
+        None,
+        "Under overload, queue at the gateway and share fairly between tenants (each"
+        " tenant's priority and fairShareWeight are limits). Unset: the engines queue what"
+        " they cannot run, first come first served.",
+    )
     service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = fld(
         "ClusterIP", "Type of the gateway Service."
     )
     resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FairSharing:
+    """When every replica is saturated, requests wait at the gateway and go out by fair share
+    of the service each tenant received (VTC), critical before standard before sheddable
+    (sheddable refused at once). A replica is saturated at engine.maxRunningRequests requests
+    from the gateways (split between gateway replicas); without it, when its engine reports a
+    waiting request."""
+
+    max_waiting: int = fld(1000, "Requests waiting per gateway; more are refused.", minimum=1)
+    timeout_seconds: int = fld(60, "Longest wait; then 503 with Retry-After.", minimum=1)
+    reserve_per_replica: int = fld(
+        1,
+        "Batch slots per replica kept for a tenant under its fair share, so it starts at once"
+        " rather than after a flood's request ends (with engine.maxRunningRequests).",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

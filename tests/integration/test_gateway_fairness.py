@@ -36,10 +36,11 @@ def keys_file(tmp: Path) -> Path:
 
 
 async def gateway(sim_server: Any, gateway_server: Any, tmp: Path, **fairness: Any) -> str:
-    """One simulated engine taking one request at a time from the gateway."""
+    """One simulated engine taking one request at a time from the gateway (unless told)."""
     engine = await sim_server()
     config = gateway_config([engine], keys_file(tmp))
-    settings = {"enabled": True, "max_inflight_per_replica": 1, **fairness}
+    settings = {"enabled": True, "max_inflight_per_replica": 1, "reserve_per_replica": 0,
+                **fairness}  # fmt: skip
     return str(await gateway_server(dataclasses.replace(config, fairness=Fairness(**settings))))
 
 
@@ -89,6 +90,23 @@ async def test_a_tenant_that_arrives_behind_a_flood_goes_next(
     assert service > await metric(queued, "kvfleet_gateway_fair_share_service", tenant="steady")
 
 
+async def test_a_reserved_slot_lets_a_tenant_under_its_share_start_at_once(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Two slots, one reserved: a flood fills one and waits for it; a steady tenant's
+    request takes the reserved slot at once and ends while the flood's first still runs."""
+    url = await gateway(sim_server, gateway_server, tmp_path, max_inflight_per_replica=2,
+                        reserve_per_replica=1)  # fmt: skip
+    metrics = metrics_url_of(url, gateway_server)
+    async with aiohttp.ClientSession() as s:
+        floods = [asyncio.create_task(chat(s, url, "flood", tokens=120)) for _ in range(3)]
+        await until(lambda: metric(metrics, "kvfleet_gateway_queued_requests"), 10, "a queue")
+        steady = await chat(s, url, "steady", tokens=10)
+        flood = await asyncio.gather(*floods)
+    assert sum(f["end"] < steady["end"] for f in flood) == 0
+    assert steady["first"] < min(f["first"] for f in flood[1:])
+
+
 def metrics_url_of(url: str, servers: Any) -> str:
     return metrics_url(servers.state(url).config)
 
@@ -117,24 +135,38 @@ async def test_critical_goes_first_and_sheddable_is_refused_unbilled(
     assert sum(f["end"] < urgent["end"] for f in flood) == 1  # the running one only
 
 
-async def test_a_full_queue_and_a_passed_deadline_are_refused(
+async def test_a_full_queue_refuses_the_tenant_holding_it_and_a_deadline_passes(
     sim_server: Any, gateway_server: Any, tmp_path: Path
 ) -> None:
+    """A queue of two, full of a flooding tenant's requests: its next one is refused; a
+    steady tenant's displaces the flood's newest; the rest wait out their 0.5 s deadline.
+    Every refusal is a 503 with Retry-After and nothing billed."""
     url = await gateway(sim_server, gateway_server, tmp_path, max_waiting=2,
                         timeout=Duration(0.5))  # fmt: skip
     metrics = metrics_url_of(url, gateway_server)
     async with aiohttp.ClientSession() as s:
         long = asyncio.create_task(chat(s, url, "flood", tokens=200))  # ~1.5 s: runs
         await asyncio.sleep(0.1)
-        waiting = [asyncio.create_task(chat(s, url, "steady")) for _ in range(2)]
-        await until(lambda: metric(metrics, "kvfleet_gateway_queued_requests"), 10, "a queue")
-        full = await chat(s, url, "urgent")
-        late = await asyncio.gather(*waiting)
+        waiting = [asyncio.create_task(chat(s, url, "flood")) for _ in range(2)]
+
+        async def two_wait() -> bool:
+            return await metric(metrics, "kvfleet_gateway_queued_requests") == 2
+
+        await until(two_wait, 10, "two waiting")
+        full = await chat(s, url, "flood")
+        steady = await chat(s, url, "steady")
+        flood = await asyncio.gather(*waiting)
         assert (await long)["status"] == 200
-    assert full["status"] == 503 and "already wait" in json.loads(full["body"])["error"]["message"]
-    assert [r["status"] for r in late] == [503, 503]
-    assert "stayed overloaded for 0.5s" in json.loads(late[0]["body"])["error"]["message"]
-    assert await metric(metrics, "kvfleet_gateway_shed_requests_total", reason="queue_full") == 1
-    assert await metric(metrics, "kvfleet_gateway_shed_requests_total", reason="timeout") == 2
+
+    def message(r: dict[str, Any]) -> str:
+        assert r["status"] == 503 and int(r["headers"]["Retry-After"]) >= 1
+        return str(json.loads(r["body"])["error"]["message"])
+
+    assert "already wait" in message(full)
+    assert "stayed overloaded for 0.5s" in message(steady)
+    said = sorted(message(r) for r in flood)
+    assert "your tenant holds the most of it" in said[0] and "stayed overloaded" in said[1]
+    for reason, n in (("queue_full", 1), ("displaced", 1), ("timeout", 2)):
+        assert await metric(metrics, "kvfleet_gateway_shed_requests_total", reason=reason) == n
     assert await metric(metrics, "kvfleet_gateway_queued_requests") == 0
     assert await metric(metrics, "kvfleet_gateway_tokens_total", tenant="steady") == 0

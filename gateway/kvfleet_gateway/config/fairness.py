@@ -25,6 +25,12 @@ class Fairness:
             " kvCacheUsage",
             ".enabled",
         ),
+        Rule(
+            "!has(self.maxInflightPerReplica)"
+            " || self.reservePerReplica < self.maxInflightPerReplica",
+            "reservePerReplica must leave slots for everyone: less than maxInflightPerReplica",
+            ".reservePerReplica",
+        ),
     )
     enabled: bool = fld(False, "Queue and share fairly under overload.")
     max_inflight_per_replica: int | None = fld(
@@ -32,6 +38,13 @@ class Fairness:
         "Requests this gateway keeps in flight on one replica: the engine's batch slots"
         " (--max-running-requests) over the gateway replicas. The exact bound (counted here).",
         minimum=1,
+    )
+    reserve_per_replica: int = fld(
+        1,
+        "Of maxInflightPerReplica, slots kept for a tenant under its fair share: it starts at"
+        " once instead of waiting for a flood's request to end (costs that many slots of"
+        " batch when no such tenant comes).",
+        minimum=0,
     )
     queue_per_replica: float | None = fld(
         None,
@@ -57,7 +70,7 @@ class Fairness:
 
     def saturation(self) -> Saturation:
         return Saturation(self.max_inflight_per_replica, self.queue_per_replica,
-                          self.kv_cache_usage)  # fmt: skip
+                          self.kv_cache_usage, self.reserve_per_replica)  # fmt: skip
 
     def service_weights(self) -> ServiceWeights:
         return ServiceWeights(self.prompt_weight, self.output_weight)

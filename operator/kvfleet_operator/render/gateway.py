@@ -8,6 +8,7 @@ back its `to_dict()`, so the operator can only render a config the gateway accep
 from __future__ import annotations
 
 import hashlib
+import math
 
 import yaml
 
@@ -125,8 +126,28 @@ def gateway_config(owner: Owner) -> GatewayConfig:
             "gpuHourlyPrice": spec.cost.gpu_hourly_price,
             "gpusPerReplica": spec.engine.tensor_parallel,
         },
+        **_fairness(owner),
     }
     return GatewayConfig.from_dict(doc)
+
+
+def _fairness(owner: Owner) -> Json:
+    """The gateway's overload queue: saturation at the engines' batch slots, split between
+    the gateway replicas (each counts only its own requests); without a slot count, at one
+    request waiting in an engine's queue (its scraped signal)."""
+    f = owner.spec.gateway.fair_sharing
+    if f is None:
+        return {}
+    doc: Json = {"enabled": True, "maxWaiting": f.max_waiting, "timeout": f.timeout_seconds}
+    slots = owner.spec.engine.max_running_requests
+    if slots:
+        per_gateway = math.ceil(slots / owner.spec.gateway.replicas)
+        doc["maxInflightPerReplica"] = per_gateway
+        doc["reservePerReplica"] = min(f.reserve_per_replica, per_gateway - 1)
+    else:
+        doc["queuePerReplica"] = 1
+        doc["reservePerReplica"] = 0
+    return {"fairness": doc}
 
 
 def gateway_configmap(owner: Owner) -> Json:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvfleet_gateway.fairness import with_room
 from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.routing import Candidate, EventIndex, Policy, RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
@@ -20,6 +21,7 @@ from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
 from kvfleet_sim.fleet.collector import Collector, FleetSummary, RequestRecord
+from kvfleet_sim.fleet.fair_gate import FleetGate
 from kvfleet_sim.fleet.kv_events import FleetKvEvents
 from kvfleet_sim.fleet.routing import ReplicaView, signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
@@ -165,6 +167,8 @@ class FleetSimulator:
         self._target = Target(config.replicas)
         self.roles_trace: list[tuple[float, int, int, int]] = []
         """(time, active, warm, starting) at every scaling tick and change."""
+        self.gate: FleetGate | None = None
+        """The gateway's overload queue (fairness on); None: every arrival goes at once."""
         for _ in range(config.replicas):
             self._add_replica(0.0, ready_at=0.0)
 
@@ -268,6 +272,8 @@ class FleetSimulator:
             )
             load = None if r.load is None else signals_of(r.load, now - r.scraped_at)
             offered.append(Candidate(r.key, reqs, tokens, load))
+        if self.gate is not None:  # as the gateway's proxy does with fairness on
+            offered = with_room(offered, self.gate.saturation)
         key = self._policy(gw).choose(route, offered)
         rep = next(r for r in candidates if r.key == key)
         n = next(self._rid)
@@ -288,6 +294,33 @@ class FleetSimulator:
             counts[1] += req.prompt_len + req.max_new_tokens
         self._kick(rep)
 
+    def _candidates(self) -> list[Candidate]:
+        """The routable replicas as the (one) gateway knows them."""
+        now = self.clock.t
+        return [
+            Candidate(r.key, r.inflight_requests, r.inflight_tokens,
+                      None if r.load is None else signals_of(r.load, now - r.scraped_at))
+            for r in self._routable()
+        ]  # fmt: skip
+
+    def _admit(self, arrival: Arrival) -> None:
+        if self.gate is None:
+            self._route(arrival)
+            return
+        said = self.gate.arrive(arrival, self._candidates(), self.clock.t)
+        if said == "go":
+            self._route(arrival)
+        elif said in ("shed", "displaced"):  # one request fewer to finish, either way
+            self._outstanding -= 1
+
+    def _release_gate(self) -> None:
+        if self.gate is None or not len(self.gate.queue):
+            return
+        ready, timed_out = self.gate.ready(self._candidates(), self.clock.t)
+        self._outstanding -= timed_out
+        for arrival in ready:
+            self._route(arrival)
+
     def _step_end(self, rep: Replica, step: Step, workload: Workload) -> None:
         rep.stepping = False
         rep.busy_s += step.duration
@@ -306,6 +339,8 @@ class FleetSimulator:
             rep.inflight_requests -= 1
             rep.inflight_tokens -= req.prompt_len + req.max_new_tokens
             self._outstanding -= 1
+            if self.gate is not None:
+                self.gate.finished(arrival.tenant, req.output_len, self.clock.t)
             self.collector.add(
                 RequestRecord(
                     arrival=req.arrival_time,
@@ -333,6 +368,7 @@ class FleetSimulator:
                 if nxt is not None:
                     self._outstanding += 1
                     self._push(nxt.time, ARRIVAL, (nxt, False))
+        self._release_gate()
         self._kick(rep)
 
     def _roles(self) -> tuple[list[Replica], list[Replica], list[Replica]]:
@@ -458,7 +494,7 @@ class FleetSimulator:
                     if nxt is not None:
                         self._outstanding += 1
                         self._push(nxt.time, ARRIVAL, (nxt, True))
-                self._route(arrival)
+                self._admit(arrival)
             elif kind == READY:
                 rep = payload
                 if rep.removed_at is None:
@@ -475,6 +511,7 @@ class FleetSimulator:
             elif kind == SCRAPE and periodic_alive:
                 for rep in self._live():
                     rep.load, rep.scraped_at = rep.engine.load(), t
+                self._release_gate()
                 self._push(t + self.config.scrape_interval_s, SCRAPE)
             elif kind == SCALE and periodic_alive:
                 self._scale()

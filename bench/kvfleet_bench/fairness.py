@@ -1,0 +1,160 @@
+"""`kvfleet bench fairness`: a noisy neighbour floods a saturated fleet while two tenants send
+steady traffic; first come first served (the engines queue everything) against the
+gateway's fair queue (the product's VTC order and slot reserve, in the fleet simulator),
+and each steady tenant alone on the same fleet.
+
+The fleet: 4 replicas of Llama-3.1-8B on H100, 32 batch slots each (`--max-running-requests
+32`; the gateway keeps as many in flight per replica). Its capacity is measured first, in
+the same run: requests per second finished under a saturating load. The steady tenants send
+15% of it each; the flood sends 5× its fair share (a third of capacity), so the fleet is
+offered about twice what it serves. Every tenant's requests: random prompts of 256–768
+tokens, 128-token answers, Poisson arrivals for `WINDOW_S` seconds, measured after
+`WARMUP_S`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from kvfleet_bench.common import Replay
+from kvfleet_gateway.fairness import Saturation
+from kvfleet_gateway.routing import KvfleetTuning
+from kvfleet_sim.catalog import BUILTIN
+from kvfleet_sim.config import EngineConfig
+from kvfleet_sim.fleet.collector import RequestRecord
+from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.fair_gate import FleetGate
+from kvfleet_sim.fleet.routing import routed_fleet
+from kvfleet_sim.fleet.traces import RateTrace
+from kvfleet_sim.fleet.workloads import Arrival, Workload, WorkloadSpec
+
+REPLICAS, SLOTS, RESERVE = 4, 32, 1
+WINDOW_S = 120.0
+"""Seconds of arrivals."""
+WARMUP_S = 10.0
+"""Measured from here on (every mode alike): the first seconds start from an empty fleet
+and zero service counters, which no running gateway has."""
+STEADY_SHARE = 0.15
+"""Each steady tenant's rate, as a share of the fleet's capacity."""
+FLOOD_FACTOR = 5.0
+"""The flood's rate over its fair share (a third of capacity)."""
+STEADY, FLOOD = ("steady-a", "steady-b"), "flood"
+INPUT_LEN, OUTPUT_LEN = 512, 128
+MODES = ("alone", "fifo", "fair")
+
+
+def _engine() -> EngineConfig:
+    return EngineConfig.for_model(BUILTIN.model("llama-3.1-8b"), BUILTIN.gpu("h100"),
+                                  tp_size=1, max_running_requests=SLOTS)  # fmt: skip
+
+
+def tenant_arrivals(tenant: str, rate: float, seed: int, salt: int) -> list[Arrival]:
+    n = max(1, round(rate * WINDOW_S))
+    spec = WorkloadSpec("random", n, seed=seed * 101 + salt, input_len=INPUT_LEN,
+                        output_len=OUTPUT_LEN, range_ratio=0.5)  # fmt: skip
+    vocab = _engine().model.vocab_size
+    drawn = Workload(spec, RateTrace("poisson", rate=rate), vocab)
+    return [dataclasses.replace(a, tenant=tenant) for a in drawn if a.time < WINDOW_S]
+
+
+def serve(arrivals: list[Arrival], gate: FleetGate | None) -> list[RequestRecord]:
+    sim = routed_fleet(FleetConfig(_engine(), replicas=REPLICAS), "kvfleet", KvfleetTuning())
+    sim.gate = gate
+    return sim.run(Replay(arrivals)).records  # type: ignore[arg-type]
+
+
+def fair_gate() -> FleetGate:
+    """The gateway's fairness settings for this fleet: the engines' slots, the default
+    reserve, the product's default queue bounds and weights."""
+    return FleetGate(Saturation(max_inflight_per_replica=SLOTS, reserve_per_replica=RESERVE),
+                     max_waiting=1000, timeout_s=60.0)  # fmt: skip
+
+
+def capacity(seed: int) -> float:
+    """Requests per second the fleet finishes under a load it cannot keep up with."""
+    flood = tenant_arrivals(FLOOD, 200.0, seed, salt=99)
+    records = serve(flood, None)
+    done = [r for r in records if WINDOW_S / 4 <= r.finish < WINDOW_S]
+    return len(done) / (WINDOW_S * 3 / 4)
+
+
+def _merge(*streams: list[Arrival]) -> list[Arrival]:
+    return list(heapq.merge(*streams, key=lambda a: a.time))
+
+
+def _p99(xs: Sequence[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)] if xs else math.nan
+
+
+def cells_of(mode: str, records: list[RequestRecord], seed: int,
+             gate: FleetGate | None) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    tenants = sorted({r.tenant for r in records})
+    for tenant in tenants:
+        mine = [r for r in records if r.tenant == tenant and r.arrival >= WARMUP_S]
+        done = sum(r.output_tokens for r in records
+                   if r.tenant == tenant and WARMUP_S <= r.finish <= WINDOW_S)  # fmt: skip
+        shed = sum(1 for s in gate.shed if s.arrival.tenant == tenant) if gate else 0
+        waits = [w for t, who, w in gate.waits if who == tenant and t >= WARMUP_S] if gate else []
+        out.append({"tenant": tenant, "mode": mode, "seed": seed,
+                    "ttft_p99": round(_p99([r.ttft for r in mine]), 4),
+                    "output_throughput": round(done / (WINDOW_S - WARMUP_S), 1),
+                    "served": len(mine), "shed": shed,
+                    "waited": round(sum(w > 0 for w in waits) / max(1, len(waits)), 4),
+                    "wait_p99": round(_p99(waits), 4) if waits else 0.0})  # fmt: skip
+    return out
+
+
+def run_seed(seed: int) -> dict[str, Any]:
+    """One seed: the capacity, then alone (each steady tenant), FIFO and fair."""
+    cap = capacity(seed)
+    rates = {STEADY[0]: STEADY_SHARE * cap, STEADY[1]: STEADY_SHARE * cap,
+             FLOOD: FLOOD_FACTOR * cap / 3}  # fmt: skip
+    streams = {t: tenant_arrivals(t, r, seed, salt=i) for i, (t, r) in enumerate(rates.items())}
+    cells: list[dict[str, Any]] = []
+    for tenant in STEADY:
+        gate = fair_gate()
+        cells += cells_of("alone", serve(streams[tenant], gate), seed, gate)
+    everyone = _merge(*streams.values())
+    fifo = serve(everyone, None)
+    cells += cells_of("fifo", fifo, seed, None)
+    gate = fair_gate()
+    fair = serve(everyone, gate)
+    cells += cells_of("fair", fair, seed, gate)
+    return {"seed": seed, "capacity": cap, "rates": rates, "cells": cells,
+            "service": {"fifo": _service(fifo), "fair": _service(fair)}}  # fmt: skip
+
+
+def _service(records: list[RequestRecord]) -> dict[str, list[tuple[float, int]]]:
+    """Tenant → cumulative output tokens at each finish (each tenant's service over time)."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    totals: dict[str, int] = {}
+    for r in sorted(records, key=lambda r: r.finish):
+        totals[r.tenant] = totals.get(r.tenant, 0) + r.output_tokens
+        out.setdefault(r.tenant, []).append((r.finish, totals[r.tenant]))
+    return out
+
+
+def run_fairness_bench(log: Callable[[str], None], seeds: Sequence[int],
+                       workers: int = 2) -> list[dict[str, Any]]:  # fmt: skip
+    runs = []
+    with ProcessPoolExecutor(workers) as pool:
+        for run in pool.map(run_seed, seeds):
+            runs.append(run)
+            log(f"seed {run['seed']}: capacity {run['capacity']:.1f} req/s")
+            for c in run["cells"]:
+                log(f"  {c['mode']:5} {c['tenant']:9} TTFT p99 {c['ttft_p99'] * 1000:7.0f} ms,"
+                    f" {c['output_throughput']:8.1f} tok/s, shed {c['shed']}")  # fmt: skip
+    return runs
+
+
+def dump_json(runs: list[dict[str, Any]]) -> str:
+    keys = ("tenant", "mode", "ttft_p99", "output_throughput", "seed")
+    return json.dumps({"cells": [{k: c[k] for k in keys} for r in runs for c in r["cells"]]})

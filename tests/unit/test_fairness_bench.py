@@ -1,0 +1,51 @@
+"""The fairness benchmark's pieces: the fleet simulator behind the gateway's fair queue puts a
+steady tenant ahead of a flood's backlog, and the goals can fail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfleet_bench.fairness import _merge, fair_gate, serve, tenant_arrivals
+from kvfleet_bench.fairness_report import goals
+
+
+def _p99(xs: list[float]) -> float:
+    return sorted(xs)[int(0.99 * len(xs))]
+
+
+def test_the_fair_queue_keeps_a_steady_tenant_out_of_a_floods_backlog() -> None:
+    flood = [a for a in tenant_arrivals("flood", 150.0, seed=1, salt=0) if a.time < 6.0]
+    steady = [a for a in tenant_arrivals("steady", 5.0, seed=1, salt=1) if a.time < 6.0]
+    everyone = _merge(flood, steady)
+    gate = fair_gate()
+    fair, fifo = serve(everyone, gate), serve(everyone, None)
+    late = [r.ttft for r in fifo if r.tenant == "steady" and r.arrival > 3.0]
+    kept = [r.ttft for r in fair if r.tenant == "steady" and r.arrival > 3.0]
+    assert _p99(late) > 10 * _p99(kept), (_p99(late), _p99(kept))
+    assert not [s for s in gate.shed if s.arrival.tenant == "steady"]
+    assert gate.running == 0 and not len(gate.queue)  # every slot given back
+
+
+def _run(seed: int, alone: float, fair: float, flood: float, fifo: float) -> dict[str, Any]:
+    cell = {"ttft_p99": 0.03, "output_throughput": 1000.0}
+    cells = [
+        {**cell, "mode": "alone", "tenant": t, "ttft_p99": alone} for t in ("steady-a", "steady-b")
+    ]
+    cells += [
+        {**cell, "mode": "fair", "tenant": t, "ttft_p99": fair} for t in ("steady-a", "steady-b")
+    ]
+    cells += [{**cell, "mode": "fair", "tenant": "flood", "output_throughput": flood}]
+    cells += [{**cell, "mode": "fifo", "tenant": "flood", "output_throughput": fifo}]
+    return {"seed": seed, "cells": cells}
+
+
+def test_the_goals_can_fail() -> None:
+    good = _run(1, alone=0.030, fair=0.033, flood=5000.0, fifo=7000.0)
+    assert [g["met"] for g in goals([good])] == [True, True, True]
+    assert [g["met"] for g in goals([good, _run(2, 0.030, 0.050, 5000.0, 7000.0)])] == [
+        False, True, True,
+    ]  # fmt: skip
+    # The flood's 3,000 of the 3,000 the steady tenants leave: met; 2,000 of them: missed.
+    assert goals([_run(3, 0.030, 0.033, 3000.0, 5000.0)])[1]["met"]
+    assert not goals([_run(4, 0.030, 0.033, 2000.0, 5000.0)])[1]["met"]
+    assert not goals([_run(5, 0.030, 0.033, 5000.0, 8000.0)])[2]["met"]  # 7,000 vs FIFO 8,000
