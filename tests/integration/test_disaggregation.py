@@ -184,3 +184,51 @@ async def test_a_decode_engine_lost_mid_stream_ends_the_stream_with_an_error(
     assert await store.active_leases("team-a", now) == 0
     # Billed the prompt and the few tokens streamed, not the 50-token reservation's bound.
     assert 0 < await budget_in_use(store, "team-a", budget, now) < 200
+
+
+async def test_the_prefix_index_follows_the_prefill_pools_kv_events(
+    sim_processes: Any, gateway_server: Any
+) -> None:
+    """prefixIndex: events in PD mode subscribes to the prefill engines — where prompts are
+    computed and prefixes cached — not the decode engines (which keep no prefix cache): the
+    stored pages of a prompt arrive from the prefill engine that computed it, and the same
+    prompt again goes there and finds its prefix cached."""
+    from dataclasses import replace
+
+    from kvfleet_gateway.config import PrefixIndexConfig
+    from tests.integration.test_kv_events import PAGE, TOKENIZER, engine_flags, prompt
+    from tests.integration.test_kv_events import metric as read_metric
+    from tests.support.waiting import until
+
+    prefills = [_prefill(sim_processes, *engine_flags()) for _ in range(2)]
+    decode = sim_processes("--disaggregation-mode", "decode", "--tokenizer-path", str(TOKENIZER))
+    engines = tuple(PrefillEngine(url=u, bootstrap_port=p) for u, p in prefills)
+    base = gateway_config([decode], prefill=PrefillBackends(static=engines))
+    index = PrefixIndexConfig(source="events", tokenizer=str(TOKENIZER))
+    config = replace(base, routing=replace(base.routing, prefix_index=index))
+    url, metrics = await gateway_server(config), metrics_url(config)
+
+    def gauge(name: str, **labels: str) -> float:
+        return read_metric(metrics, name, **labels)
+
+    await until(lambda: gauge("kvfleet_gateway_kv_event_streams_live") == 2, 15, "two streams")
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+    try:
+        a = prompt(7)
+        first = await client.chat.completions.create(model="llama-3.1-8b", messages=a,  # type: ignore[arg-type]
+                                                     max_tokens=2)  # fmt: skip
+        (p,) = [u for u, _ in prefills if _counter(u, "prompt_tokens") > 0]
+        await until(lambda: gauge("kvfleet_gateway_kv_events_total", backend=p, kind="stored"),
+                    10, "the prefill engine's stored pages")  # fmt: skip
+        # (the gateway serves on this loop: its metrics are read from a thread)
+        assert (
+            await asyncio.to_thread(gauge, "kvfleet_gateway_kv_events_total", backend=decode) == 0
+        )
+        again = await client.chat.completions.create(model="llama-3.1-8b", messages=a,  # type: ignore[arg-type]
+                                                     max_tokens=2)  # fmt: skip
+    finally:
+        await client.close()
+    assert first.usage is not None and again.usage is not None
+    assert again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - PAGE
+    assert _counter(p, "prompt_tokens") == 2 * first.usage.prompt_tokens  # both went to p

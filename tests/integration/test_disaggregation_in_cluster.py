@@ -1,7 +1,8 @@
 """A disaggregated service as users deploy it: `examples/llama-3.1-70b-disaggregated.yaml`
 applied with kubectl, the operator rendering a prefill pool beside the decode engines, every
 pod a process. Streamed chats through the gateway are computed on the prefill pool and
-decoded on the decode pool; a prefill pod deleted under load loses no request."""
+decoded on the decode pool; a prefill pod deleted under load loses no request, and a decode
+pod deleted mid-stream ends its clients' streams with an error and leaves nothing reserved."""
 
 from __future__ import annotations
 
@@ -38,11 +39,19 @@ async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
     return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
-def _generated(pod: dict[str, Any]) -> float:
+def _engine_metric(pod: dict[str, Any], name: str) -> float:
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:30000/metrics") as r:
         text = r.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("sglang:generation_tokens_total"))  # fmt: skip
+               if line.startswith(name))  # fmt: skip
+
+
+def _generated(pod: dict[str, Any]) -> float:
+    return _engine_metric(pod, "sglang:generation_tokens_total")
+
+
+def _running(pod: dict[str, Any]) -> float:
+    return _engine_metric(pod, "sglang:num_running_reqs")
 
 
 async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str = "") -> int:
@@ -107,8 +116,46 @@ async def test_a_disaggregated_service_serves_through_both_pools(cluster: LocalC
                       "--grace-period=0", "--force")  # fmt: skip
         await asyncio.gather(*callers)
         assert len(done) > 8 and set(done) == {16}, done
+        await _a_decode_pod_lost_mid_stream(kc, gateway["status"]["podIP"])
     finally:
         await client.close()
+
+
+async def _a_decode_pod_lost_mid_stream(kc: Path, gateway_ip: str) -> None:
+    """A decode pod killed (no grace) while it streams: its clients' streams end with an
+    error (not a hang, not a quiet cut), the other decode engine's finish, and the budgeted
+    tenant's reservations are all settled — none is left reserved."""
+    budgeted = openai.AsyncOpenAI(base_url=f"http://{gateway_ip}:8080/v1", api_key="bar",
+                                  max_retries=0)  # fmt: skip
+    outcomes: list[int | str] = []
+
+    async def long_stream(i: int) -> None:
+        try:
+            outcomes.append(await _chat(budgeted, 20, 1500, unique=f"stream {i}:"))
+        except openai.APIError as exc:
+            outcomes.append(type(exc).__name__)
+
+    try:
+        streams = [asyncio.create_task(long_stream(i)) for i in range(4)]
+        await asyncio.sleep(1.0)  # every stream under way (1,500 tokens take several seconds)
+        busiest = max(await _pods(kc, "engine"), key=_running)
+        assert _running(busiest) > 0
+        await kubectl(kc, "delete", "pod", busiest["metadata"]["name"], "-n", "ai",
+                      "--grace-period=0", "--force")  # fmt: skip
+        await asyncio.wait_for(asyncio.gather(*streams), 60)
+    finally:
+        await budgeted.close()
+    assert 1500 in outcomes and any(isinstance(o, str) for o in outcomes), outcomes
+
+    def reserved() -> float:
+        url = f"http://{gateway_ip}:9090/metrics"
+        with urllib.request.urlopen(url) as r:
+            text = r.read().decode()
+        series = 'kvfleet_gateway_budget_reserved_tokens{tenant="chat-app"'
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(series))  # fmt: skip
+
+    await until(lambda: reserved() == 0, 15, "the budget's reservations settled")
 
 
 async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
