@@ -76,6 +76,10 @@ def test_gateway_counters_give_arrivals_and_latency_quantiles() -> None:
         'kvfleet_gateway_time_to_first_token_seconds_bucket{tenant="a",model="m",le="+Inf"} 100',
         'kvfleet_gateway_time_to_first_token_seconds_count{tenant="a",model="m"} 100',
         'kvfleet_gateway_time_to_first_token_seconds_sum{tenant="a",model="m"} 60',
+        "# TYPE kvfleet_gateway_held_requests gauge",
+        'kvfleet_gateway_held_requests{model="m"} 2',
+        "# TYPE kvfleet_gateway_queued_requests gauge",
+        'kvfleet_gateway_queued_requests{model="m"} 5',
         "# TYPE kvfleet_gateway_inter_token_latency_seconds histogram",
         'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.02"} 900',
         'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.04"} 990',
@@ -84,6 +88,7 @@ def test_gateway_counters_give_arrivals_and_latency_quantiles() -> None:
     ])  # fmt: skip
     totals = parse_gateway(text) + parse_gateway(text)  # two gateway pods
     assert totals.arrivals == 2 * 105
+    assert totals.held == 2 * (2 + 5)  # held for a replica, or queued under overload: waiting
     buckets = dict(totals.ttft)
     assert buckets[1.0] == 180 and buckets[float("inf")] == 200
     assert quantile(buckets, 0.5) == pytest.approx(0.5)
