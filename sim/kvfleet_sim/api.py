@@ -44,6 +44,8 @@ class GenRequest:
     model: str | None = None
     cache_salt: str | None = None
     """SGLang's cache namespace: a prompt only reuses prefixes cached under the same salt."""
+    lora_path: str | None = None
+    """The LoRA adapter by name (`model: "<served>:<adapter>"` says it too)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,6 +125,7 @@ def parse_generate(body: Any) -> GenRequest:
         ignore_eos=bool(sp.get("ignore_eos", False)),
         seed=_seed(sp.get("seed")),
         cache_salt=_salt(body),
+        lora_path=_typed(body, "lora_path", str, "an adapter's name"),
     )
 
 
@@ -150,6 +153,7 @@ def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
         "ignore_eos": bool(body.get("ignore_eos", False)),
         "seed": _seed(body.get("seed")),
         "cache_salt": _salt(body),
+        "lora_path": _typed(body, "lora_path", str, "an adapter's name"),
         "model": model,
         "rid": f"{uuid.uuid4().hex}",
     }

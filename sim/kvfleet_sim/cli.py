@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -15,7 +16,14 @@ from rich.console import Console
 from rich.table import Table
 
 from kvfleet_sim.catalog import CatalogError
-from kvfleet_sim.cli_options import build_engine_config, default_of, engine_options, load_catalog
+from kvfleet_sim.cli_options import (
+    build_engine_config,
+    build_lora_config,
+    default_of,
+    engine_options,
+    load_catalog,
+    lora_options,
+)
 from kvfleet_sim.config import ConfigError, derive_layout
 from kvfleet_sim.disaggregation import DEFAULT_LINK, MODES, TRANSFER_BACKENDS, DisaggConfig
 from kvfleet_sim.faults import FaultPlan
@@ -36,6 +44,7 @@ def sim() -> None:
 
 @sim.command("serve")
 @engine_options
+@lora_options
 @click.option("--host", default=default_of(ServerConfig, "host"), show_default=True)
 @click.option("--port", type=int, default=default_of(ServerConfig, "port"), show_default=True)
 @click.option("--served-model-name", default=None, help="Default: the model path as given.")
@@ -167,7 +176,12 @@ def serve(**kw: Any) -> None:
     if disagg.mode == "decode" and not kw.pop("disaggregation_decode_enable_radix_cache"):
         kw["disable_radix_cache"] = True  # as SGLang's decode servers run by default
     kw.pop("disaggregation_decode_enable_radix_cache", None)
+    lora = build_lora_config(kw)
     engine = build_engine_config(kw, catalog)
+    if lora.enabled:
+        engine = dataclasses.replace(
+            engine, max_loras_per_batch=lora.max_loras_per_batch, lora_rank=lora.rank
+        )
     try:
         derive_layout(engine)
     except ConfigError as exc:
@@ -220,6 +234,7 @@ def serve(**kw: Any) -> None:
         tokenizer_path=tokenizer_path,
         dist=dist,
         disagg=disagg,
+        lora=lora,
     )
     with contextlib.suppress(ImportError):  # uvloop: the same asyncio API, cheaper sockets
         import uvloop

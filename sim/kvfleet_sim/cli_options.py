@@ -19,6 +19,7 @@ from kvfleet_sim.config import (
 )
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES
 from kvfleet_sim.hf_config import load_model_config
+from kvfleet_sim.lora import LoraConfig, parse_lora_path
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -172,4 +173,46 @@ def build_engine_config(kw: dict[str, Any], catalog: Catalog | None = None) -> E
             model = catalog.model(name)
         return EngineConfig.for_model(model, catalog.gpu(values.pop("gpu")), **values)
     except (CatalogError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def lora_options(func: F) -> F:
+    """SGLang's LoRA flags (`--lora-paths` repeatable here; SGLang takes them space-separated
+    after one flag, which the local cluster's kubelet rewrites)."""
+    options = [
+        click.option("--enable-lora", is_flag=True, default=None, help="Serve LoRA adapters."),
+        click.option(
+            "--lora-paths",
+            multiple=True,
+            help="An adapter loaded at start: PATH, NAME=PATH or SGLang's JSON (repeatable).",
+        ),
+        click.option(
+            "--max-loras-per-batch",
+            type=int,
+            default=default_of(LoraConfig, "max_loras_per_batch"),
+            show_default=True,
+        ),
+        click.option("--max-lora-rank", type=int, default=None),
+        click.option("--max-loaded-loras", type=int, default=None),
+        click.option("--lora-target-modules", multiple=True, help="Accepted for SGLang parity."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_lora_config(kw: dict[str, Any]) -> LoraConfig:
+    """Pop the LoRA flags out of `kw` (`--lora-paths` turns LoRA on, as in SGLang)."""
+    kw.pop("lora_target_modules")
+    paths = kw.pop("lora_paths")
+    enabled = kw.pop("enable_lora")
+    try:
+        return LoraConfig(
+            enabled=bool(paths) if enabled is None else enabled,
+            adapters=tuple(parse_lora_path(p) for p in paths),
+            max_loras_per_batch=kw.pop("max_loras_per_batch"),
+            max_lora_rank=kw.pop("max_lora_rank"),
+            max_loaded_loras=kw.pop("max_loaded_loras"),
+        )
+    except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

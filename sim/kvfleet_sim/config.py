@@ -63,6 +63,11 @@ class EngineConfig:
     """`--page-size`: KV allocation granularity (1 on CUDA)."""
     schedule_conservativeness: float = 1.0
     """`--schedule-conservativeness`: scales the initial new_token_ratio."""
+    max_loras_per_batch: int | None = None
+    """`--enable-lora` with `--max-loras-per-batch`: distinct adapters one batch may run;
+    None: LoRA off."""
+    lora_rank: int = 16
+    """`--max-lora-rank` (the rank adapters are sized at for their copy-in cost)."""
 
     @classmethod
     def for_model(

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from kvfleet_sim.config import EngineConfig, EngineLayout, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, CostModel, RooflineCostModel
+from kvfleet_sim.lora import MIX_COST
 from kvfleet_sim.request import Request
 from kvfleet_sim.scheduler import Batch, Scheduler, StepOutcome
 from kvfleet_sim.tokenizer import Tokenizer
@@ -134,7 +135,11 @@ class Engine:
                 cb(req)
         if batch is None:
             return None
-        return Step(batch=batch, start=now, duration=self.cost.step_time(batch.shape))
+        duration = self.cost.step_time(batch.shape)
+        if self.scheduler.max_loras:
+            adapters = len({r.adapter for r in batch.reqs if r.adapter is not None})
+            duration = duration * (1 + MIX_COST * max(0, adapters - 1)) + batch.lora_copy_s
+        return Step(batch=batch, start=now, duration=duration)
 
     def end_step(self, step: Step) -> StepOutcome:
         now = self.clock.now()

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvfleet_sim import api
+from kvfleet_sim.lora_http import adapter_cards
 from kvfleet_sim.request import Request
 from kvfleet_sim.responses import wait_finished
 from kvfleet_sim.scheduler import QueueFullError
@@ -157,7 +158,8 @@ async def models(request: web.Request) -> web.Response:
                     "owned_by": "sglang",
                     "root": st.config.served_model_name,
                     "max_model_len": st.engine.layout.context_length,
-                }
+                },
+                *adapter_cards(st),
             ],
         }
     )

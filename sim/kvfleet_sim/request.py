@@ -22,6 +22,8 @@ class Request:
     """Output length at which a stop string completes (precomputed by the server)."""
     stop_matched: str | None = None
     cache_salt: str | None = None
+    adapter: str | None = None
+    """The LoRA adapter it runs with (None: the base model)."""
     """The radix cache's namespace for this request (SGLang's `cache_salt`)."""
     tag: object = None
     """Opaque owner data (the server's stream, the fleet's record); the engine never reads it."""

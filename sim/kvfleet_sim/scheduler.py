@@ -17,12 +17,13 @@ step over every running request, never both (SGLang's default: no mixed chunked 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_sim.config import EngineLayout
 from kvfleet_sim.costmodel import StepShape
+from kvfleet_sim.lora import copy_in_seconds
 from kvfleet_sim.radix import DisabledCache, RadixCache
 from kvfleet_sim.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request
 
@@ -53,6 +54,8 @@ class Batch:
     shape: StepShape = field(default_factory=StepShape)
     cached_tokens: int = 0
     """Prefill only: input tokens served from the cache in this batch."""
+    lora_copy_s: float = 0.0
+    """Seconds of adapter weights copied into the GPU pool before this step runs."""
 
 
 @dataclass(slots=True)
@@ -111,6 +114,10 @@ class Scheduler:
         """KV slots held by requests outside the cache (their uncached tail)."""
         self.last_hit_rate = 0.0
         self.retracted_total = 0
+        self.max_loras = cfg.max_loras_per_batch
+        self.gpu_loras: OrderedDict[str, None] = OrderedDict()
+        """Adapters in the GPU pool (as many slots as adapters per batch), oldest use first."""
+        self._copy_in_s = copy_in_seconds(cfg.model, cfg.lora_rank) if self.max_loras else 0.0
 
     # ---- memory ---------------------------------------------------------------------------
     @property
@@ -266,10 +273,13 @@ class Scheduler:
                 break
             if budget.input <= 0 or budget.chunk <= 0:
                 break
+            if self.max_loras and not self._lora_head(batch):
+                break
             added = self._admit_head(now, batch, budget, held)
             if added is None:
                 break
             held += added
+            self._lora_joined(batch, batch.reqs[-1])
         if not batch.reqs:
             return None
         computed = sum(batch.extend_lens)
@@ -282,6 +292,43 @@ class Scheduler:
         total = computed + batch.cached_tokens
         self.last_hit_rate = batch.cached_tokens / total if total else 0.0
         return batch
+
+    def batch_adapters(self, batch: Batch | None = None) -> set[str]:
+        """The distinct adapters of the running requests (and of `batch`)."""
+        reqs = self.running + (batch.reqs if batch is not None else [])
+        return {r.adapter for r in reqs if r.adapter is not None}
+
+    def _lora_head(self, batch: Batch) -> bool:
+        """Put at the head of the queue the first request whose adapter fits the batch (at
+        most `max_loras` distinct adapters: the others are skipped, as SGLang does); False
+        when none fits."""
+        active = self.batch_adapters(batch)
+        assert self.max_loras is not None
+        for i, req in enumerate(self.waiting):
+            if req.adapter is None or req.adapter in active or len(active) < self.max_loras:
+                if i:
+                    del self.waiting[i]
+                    self.waiting.appendleft(req)
+                return True
+        return False
+
+    def _lora_joined(self, batch: Batch, req: Request) -> None:
+        """An adapter not in the GPU pool is copied in (the least recently used, not running,
+        makes room)."""
+        if req.adapter is None:
+            return
+        if req.adapter in self.gpu_loras:
+            self.gpu_loras.move_to_end(req.adapter)
+            return
+        batch.lora_copy_s += self._copy_in_s
+        self.gpu_loras[req.adapter] = None
+        active = self.batch_adapters(batch)
+        assert self.max_loras is not None
+        for name in list(self.gpu_loras):
+            if len(self.gpu_loras) <= self.max_loras:
+                break
+            if name not in active:
+                del self.gpu_loras[name]
 
     def _admit_head(
         self, now: float, batch: Batch, budget: _PrefillBudget, held: float

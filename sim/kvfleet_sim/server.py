@@ -41,6 +41,8 @@ from kvfleet_sim.info import (
     server_info,
 )
 from kvfleet_sim.kv_events import ZmqKvEventPublisher
+from kvfleet_sim.lora import Registry
+from kvfleet_sim.lora_http import adapter_of, load_lora_adapter, unload_lora_adapter
 from kvfleet_sim.metrics import EngineMetrics
 from kvfleet_sim.multinode import Rendezvous
 from kvfleet_sim.realtime import Channel, RealtimeRunner
@@ -113,6 +115,7 @@ def build_request(st: SimState, gen: api.GenRequest) -> Request:
         arrival_time=st.engine.clock.now(),
         seed=seed,
         cache_salt=gen.cache_salt,
+        adapter=adapter_of(st, gen.model, gen.lora_path),
     )
     if gen.stop and max_new:
         text = tok.decode(tok.generate_ids(seed, max_new))
@@ -284,6 +287,7 @@ def make_app(config: ServerConfig) -> web.Application:
         runner=RealtimeRunner(engine, clock),
         metrics=EngineMetrics(engine, config.served_model_name, config.engine.tp_size),
         faults=FaultState(config.faults),
+        adapters=Registry(config.lora),
     )
     middlewares = [_auth_middleware(config.api_key)] if config.api_key else []
     app = web.Application(middlewares=middlewares, client_max_size=64 * 2**20)
@@ -341,6 +345,8 @@ def make_app(config: ServerConfig) -> web.Application:
     r.add_get("/v1/models", models)
     r.add_get("/metrics", metrics)
     r.add_route("*", "/flush_cache", flush_cache)
+    r.add_post("/load_lora_adapter", load_lora_adapter)
+    r.add_post("/unload_lora_adapter", unload_lora_adapter)
     r.add_post("/generate", generate)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)

@@ -13,6 +13,7 @@ from kvfleet_sim.disaggregation import DisaggConfig, Rooms
 from kvfleet_sim.engine import Engine
 from kvfleet_sim.faults import FaultPlan, FaultState
 from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
+from kvfleet_sim.lora import LoraConfig, Registry
 from kvfleet_sim.metrics import EngineMetrics
 from kvfleet_sim.multinode import DistConfig, Rendezvous
 from kvfleet_sim.realtime import RealtimeRunner
@@ -47,6 +48,9 @@ class ServerConfig:
     """`--nnodes`, `--node-rank`, `--dist-init-addr`: this is rank 0 of a multi-node engine."""
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
     """`--disaggregation-*`: a prefill or a decode server of a disaggregated service."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """`--enable-lora`, `--lora-paths`, ...: LoRA adapters (the engine config's
+    max_loras_per_batch is set from it)."""
 
 
 @dataclass
@@ -63,6 +67,8 @@ class SimState:
     """Prefill mode: the KV hand-offs offered to decode servers."""
     pending_rooms: dict[str, int] = field(default_factory=dict)
     """Prefill mode: request id → its room, until its first token."""
+    adapters: Registry = field(default_factory=lambda: Registry(LoraConfig()))
+    """The LoRA adapters loaded (make_app builds it from the config)."""
 
     @property
     def loaded(self) -> bool:
