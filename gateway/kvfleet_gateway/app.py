@@ -39,6 +39,7 @@ from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.kv_events.streams import KvEventStreams
 from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
+from kvfleet_gateway.lora import AdapterManager, Target, resolve
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.pre_admission import PreAdmission
 from kvfleet_gateway.probes import healthz, make_metrics_app, readyz
@@ -182,6 +183,7 @@ async def _read_json(gw: Gateway, request: web.Request, tenant: str) -> dict[str
 async def list_models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     authenticate(gw, request)
+    models = _models(gw)
     data = [
         {
             "id": name,
@@ -190,9 +192,28 @@ async def list_models(request: web.Request) -> web.Response:
             "owned_by": "kvfleet",
             **({"max_model_len": ctx} if ctx else {}),
         }
-        for name, ctx in _models(gw).items()
+        for name, ctx in models.items()
     ]
+    adapters = gw.lora.known(list(gw.pool.backends.values()), models)
+    data += [{"id": name, "object": "model", "created": 0, "owned_by": "kvfleet",
+              "parent": base, "root": base} for name, base in sorted(adapters.items())]  # fmt: skip
     return web.json_response({"object": "list", "data": data})
+
+
+def _target(gw: Gateway, kind: inbound.Kind, body: dict[str, Any],
+            models: dict[str, int | None]) -> Target | None:  # fmt: skip
+    """What the body's `model` names; an adapter's request is sent to the engines as
+    `<base>:<adapter>` (SGLang's form)."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        return None
+    target = resolve(model, models, gw.lora.known(list(gw.pool.backends.values()), models))
+    if target.adapter is not None:
+        if kind == "generate":
+            raise GatewayError(400, "LoRA adapters are served on /v1/chat/completions and"
+                               " /v1/completions", param="model")  # fmt: skip
+        body["model"] = target.engine_model
+    return target
 
 
 LONG_PROMPT_CHARS = 16_384
@@ -237,8 +258,10 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         body["cache_salt"] = salt
     models = _models(gw)
     default_model = next(iter(models)) if len(models) == 1 else None
+    target = _target(gw, kind, body, models)
     req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
-    if req.model not in models and not models:
+    base = target.base if target is not None else req.model
+    if base not in models and not models:
         log.warning("no healthy backend: no replica answers /v1/models (is any running?)")
         raise GatewayError(
             503,
@@ -246,7 +269,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             "server_error",
             "no_healthy_backend",
         )
-    if req.model not in models:
+    if base not in models:
         raise GatewayError(
             404,
             f"the model '{req.model}' does not exist",
@@ -254,10 +277,10 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
             "model_not_found",
             "model",
         )
-    inbound.check_context(req, models[req.model])
+    inbound.check_context(req, models[base])
     pages, page_tokens, prompt_tokens = await _engine_pages(gw, req, salt)
     route = RouteRequest(
-        req.model,
+        base,
         isolation.salted_units(salt, req.prompt_text),
         text_blocks(req.prompt_text, salt=salt),
         prompt_tokens or req.estimated_prompt_tokens,
@@ -288,7 +311,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         gw.metrics.requests.labels(tenant.name, req.model, str(err.status)).inc()
         return err.response(headers)
     assert decision.lease is not None
-    ex = Exchange(tenant.name, req, route)
+    ex = Exchange(tenant.name, req, route, adapter=target.adapter if target else None)
     gw.pre.inflight[tenant.name] += 1
     try:
         async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
@@ -418,8 +441,11 @@ def make_app(config: GatewayConfig) -> web.Application:
         config.backends.static, config.health_interval, config.routing.scrape_interval
     )
     metrics = GatewayMetrics()
+    lora = AdapterManager(config.lora, config.models[0].name if config.models else None)
+    pool.track_adapters = bool(config.lora.adapters)
     gw = Gateway(
         config=config,
+        lora=lora,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
         store=make_store(config),
         pool=pool,
@@ -454,6 +480,7 @@ def make_app(config: GatewayConfig) -> web.Application:
                 config.hold,
                 prefill,
                 config.fairness.saturation() if config.fairness.enabled else None,
+                lora,
             )
             async with (
                 gw.pool.running(session),

@@ -45,6 +45,9 @@ class Backend:
     inflight_tokens: int = 0
     models: dict[str, int | None] = field(default_factory=dict)
     """Served model name → context length, from the backend's /v1/models."""
+    adapters: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters the engine holds → their base model (its /v1/models entries with a
+    parent)."""
     signals: EngineSignals | None = None
     scraped_at: float = 0.0
     breaker: Breaker = field(default_factory=Breaker)
@@ -78,6 +81,8 @@ class BackendPool:
         self.scrape_interval_s = scrape_interval_s
         self.removed_hook: Callable[[str], None] | None = None
         """Told about every backend that leaves for good (the routing policy forgets it)."""
+        self.track_adapters = False
+        """Re-read /v1/models at every probe (LoRA: what each engine holds changes)."""
         self.set_members(urls)
 
     def set_members(self, urls: Iterable[str]) -> None:
@@ -124,7 +129,7 @@ class BackendPool:
         try:
             async with session.get(f"{b.url}/health", timeout=timeout) as r:
                 ok = r.status == 200
-            if ok and not b.models:
+            if ok and (not b.models or self.track_adapters):
                 async with session.get(f"{b.url}/v1/models", timeout=timeout) as r:
                     if r.status in (401, 403):  # /health needs no key; the API does
                         if not b.probed or b.healthy:
@@ -135,7 +140,9 @@ class BackendPool:
                             )  # fmt: skip
                         raise ValueError("engine key refused")
                     data = await r.json()
-                b.models = {m["id"]: m.get("max_model_len") for m in data.get("data", [])}
+                cards = data.get("data", [])
+                b.models = {m["id"]: m.get("max_model_len") for m in cards if not m.get("parent")}
+                b.adapters = {m["id"]: m["parent"] for m in cards if m.get("parent")}
         except aiohttp.ClientConnectorError:
             ok, gone = False, True  # nothing listens: the replica is gone, eject it now
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):

@@ -115,10 +115,11 @@ async def open_disaggregated(
     tried_prefill: set[str] = set()
     last_error = "no healthy engine pair serves this model"
     for attempt in range(max_attempts):
-        decodes = [b for b in proxy.pool.routable(req.model) if b.url not in tried_decode]
-        if not decodes and attempt == 0 and not proxy.pool.has_members(req.model):
-            decodes = await proxy.wait_for_capacity(req.model)
-        prefills = [b for b in side.pool.routable(req.model) if b.url not in tried_prefill]
+        model = ex.route.model
+        decodes = [b for b in proxy.pool.routable(model) if b.url not in tried_decode]
+        if not decodes and attempt == 0 and not proxy.pool.has_members(model):
+            decodes = await proxy.wait_for_capacity(model)
+        prefills = [b for b in side.pool.routable(model) if b.url not in tried_prefill]
         if not decodes or not prefills:
             if not prefills:
                 last_error = "no prefill engine is available"

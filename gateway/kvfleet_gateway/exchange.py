@@ -36,6 +36,8 @@ class Exchange:
     on_first_token: Callable[[], None] | None = None
     engine_accepted: bool = False
     """The request reached an engine (it may have done the work): billed even with no counts."""
+    adapter: str | None = None
+    """The LoRA adapter it runs with (its base model is `route.model`)."""
     deadline: float = 0.0
     """Monotonic time by which the response must begin (a non-streaming one: be whole)."""
     """An engine answered 200 and started on the request (its prefill is under way)."""

@@ -65,7 +65,7 @@ class FairGate:
         if not self.config.enabled:
             yield
             return
-        model, tenant = ex.req.model, ex.tenant
+        model, tenant = ex.route.model, ex.tenant
         weight = limits.fair_share_weight or 1.0
         q = self._queue(model)
         if goes_now(q, tenant, self.running[model], self._candidates(model),
@@ -85,7 +85,7 @@ class FairGate:
 
     async def _wait(self, ex: Exchange, q: FairQueue[asyncio.Future[bool]],
                     limits: Limits) -> None:  # fmt: skip
-        model = ex.req.model
+        model = ex.route.model
         priority = limits.priority or "standard"
         if priority == "sheddable":
             raise self._refuse(ex, "sheddable", f"'{model}' is overloaded: sheddable requests"

@@ -126,6 +126,13 @@ class GatewayMetrics:
             ("tenant", "model", "reason"),
             registry=r,
         )
+        self.adapters = Gauge(
+            f"{p}lora_adapter_loaded",
+            "1 for each LoRA adapter a replica's engine holds (its /v1/models, read at every"
+            " health probe).",
+            ("backend", "adapter"),
+            registry=r,
+        )
         self.fair_service = Gauge(
             f"{p}fair_share_service",
             "The service a tenant received under fair sharing (weighted prompt and output"

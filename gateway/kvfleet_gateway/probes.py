@@ -62,6 +62,10 @@ async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     if isinstance(gw.store, RedisStore):
         gw.metrics.settlements_pending.set(len(gw.store.pending))
+    gw.metrics.adapters.clear()  # what each engine holds now, as its /v1/models said
+    for b in gw.pool.backends.values():
+        for adapter in b.adapters:
+            gw.metrics.adapters.labels(b.url, adapter).set(1)
     return web.Response(
         body=generate_latest(gw.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},

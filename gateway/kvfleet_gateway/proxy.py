@@ -47,6 +47,7 @@ from kvfleet_gateway.disaggregation import PrefillSide, open_disaggregated
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
 from kvfleet_gateway.fairness import Saturation, with_room
+from kvfleet_gateway.lora import AdapterManager
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.routing import Policy
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
@@ -89,6 +90,8 @@ class Proxy:
     """Disaggregated serving: the prefill pool (`pool` is then the decode pool)."""
     saturation: Saturation | None = None
     """Fairness on: a replica at its slot bound gets nothing while another has room."""
+    lora: AdapterManager | None = None
+    """LoRA: replicas holding a request's adapter first; one loads it when none does."""
     _held: int = 0
 
     async def wait_for_capacity(self, model: str) -> list[Backend]:
@@ -135,9 +138,12 @@ class Proxy:
         tried: set[str] = set()
         last_error = "no healthy backend serves this model"
         for attempt in range(MAX_ATTEMPTS):
-            candidates = [b for b in self.pool.routable(req.model) if b.url not in tried]
-            if not candidates and attempt == 0 and not self.pool.has_members(req.model):
-                candidates = await self.wait_for_capacity(req.model)
+            model = ex.route.model
+            candidates = [b for b in self.pool.routable(model) if b.url not in tried]
+            if not candidates and attempt == 0 and not self.pool.has_members(model):
+                candidates = await self.wait_for_capacity(model)
+            if ex.adapter is not None and self.lora is not None:
+                candidates = self.lora.holders(candidates, ex.adapter) or candidates
             if not candidates:
                 break
             if attempt:
@@ -149,6 +155,8 @@ class Proxy:
             key = self.policy.choose(ex.route, offered)
             backend = self.pool.backends[key]
             tried.add(key)
+            if ex.adapter is not None and self.lora is not None:
+                await self.lora.ensure(self.session, backend, ex.adapter, model)
             backend.breaker.attempt()
             # In flight from the moment it is chosen: routing must see requests whose
             # response has not started yet (a non-streaming answer arrives all at once).
@@ -435,15 +443,17 @@ class Proxy:
                         return
                     buffer += data
 
-    @staticmethod
-    def in_flight(backend: Backend, ex: Exchange) -> None:
+    def in_flight(self, backend: Backend, ex: Exchange) -> None:
         backend.inflight_requests += 1
         backend.inflight_tokens += ex.req.reserve_tokens
+        if ex.adapter is not None and self.lora is not None:
+            self.lora.started(backend, ex.adapter)
 
-    @staticmethod
-    def not_in_flight(backend: Backend, ex: Exchange) -> None:
+    def not_in_flight(self, backend: Backend, ex: Exchange) -> None:
         backend.inflight_requests -= 1
         backend.inflight_tokens -= ex.req.reserve_tokens
+        if ex.adapter is not None and self.lora is not None:
+            self.lora.ended(backend, ex.adapter)
 
     def _upstream_failed(self, ex: Exchange, kind: str, why: str = "") -> str:
         assert ex.backend is not None

@@ -13,6 +13,7 @@ from kvfleet_gateway.fair_gate import FairGate
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.limiter import LimitStore
+from kvfleet_gateway.lora import AdapterManager
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.pre_admission import PreAdmission
 from kvfleet_gateway.proxy import Proxy
@@ -30,6 +31,8 @@ class Gateway:
     metrics: GatewayMetrics
     fair: FairGate
     """The overload queue (fairness)."""
+    lora: AdapterManager
+    """LoRA adapters: which model a request names, where its adapter is."""
     proxy: Proxy | None = None
     events: EventIndex | None = None
     """Exact prefix state from the engines' KV events (prefixIndex.source: events)."""

@@ -16,6 +16,7 @@ from kvfleet_sim.lora import AdapterRef, LoraConfig
 from tests.conftest import engine_config
 
 BASE = "llama-3.1-8b"
+ADAPTERS = ("sql", "chat", "code")
 
 
 async def lora_sim(sim_server: Any, per_batch: int = 8, loaded: int | None = None,
@@ -92,3 +93,105 @@ async def test_a_batch_runs_at_most_max_loras_per_batch_adapters(sim_server: Any
     (_, first_end) = await first
     assert same[1] < first_end  # the same adapter shared the batch
     assert other[1] > first_end  # the other waited for a batch without "sql"
+
+
+async def test_the_gateway_routes_adapters_by_affinity_and_loads_them_on_demand(
+    sim_server: Any, gateway_server: Any
+) -> None:
+    """Two replicas, one holding `sql`: requests for `sql` go there; `chat`, held nowhere, is
+    loaded on one replica and its next requests follow it; a replica at its bound of two
+    adapters unloads its least recently used one to load a third; an unknown adapter is a
+    404; /v1/models lists the adapters beside the base model."""
+    import dataclasses
+
+    from kvfleet_gateway.config import AdapterSource, Lora
+    from tests.support.gateway import gateway_config
+
+    holder = await lora_sim(sim_server, per_batch=2)
+    other = str(await sim_server(engine=engine_config(max_loras_per_batch=2),
+                                 lora=LoraConfig(enabled=True, max_loras_per_batch=2),
+                                 time_scale=0.05))  # fmt: skip
+    sources = tuple(AdapterSource(name=n, path=f"/adapters/{n}") for n in ADAPTERS)
+    lora = Lora(adapters=sources, max_adapters_per_replica=2)
+    config = dataclasses.replace(gateway_config([holder, other]), lora=lora)
+    url = await gateway_server(config)
+
+    async def served(engine: str) -> set[str]:
+        async with aiohttp.ClientSession() as s, s.get(f"{engine}/v1/models") as r:
+            return {m["id"] for m in (await r.json())["data"] if m.get("parent")}
+
+    async def prompts(engine: str) -> float:
+        async with aiohttp.ClientSession() as s, s.get(f"{engine}/metrics") as r:
+            text = await r.text()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("sglang:prompt_tokens_total"))  # fmt: skip
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+
+    async def ask(model: str) -> None:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"a question for {model}"}],
+            max_tokens=2,
+        )  # fmt: skip
+
+    try:
+        listed = {
+            m.id: (m.model_extra or {}).get("parent") for m in (await client.models.list()).data
+        }
+        assert listed == {BASE: None, "sql": BASE, "chat": BASE, "code": BASE}
+        for _ in range(3):
+            await ask("sql")
+        assert await prompts(other) == 0  # every sql request went to the replica holding it
+        await ask("chat")
+        chat_on = holder if "chat" in await served(holder) else other
+        assert "chat" in await served(chat_on)
+        before = await prompts(chat_on)
+        await ask(f"{BASE}:chat")
+        assert await prompts(chat_on) > before
+        with pytest.raises(openai.NotFoundError):
+            await ask("nope")
+    finally:
+        await client.close()
+    assert len(await served(holder)) <= 2 and len(await served(other)) <= 2
+
+
+async def test_a_replica_at_its_adapter_bound_unloads_the_least_recently_used(
+    sim_server: Any, gateway_server: Any
+) -> None:
+    import dataclasses
+
+    from kvfleet_gateway.config import AdapterSource, Lora
+    from tests.support.gateway import gateway_config
+
+    engine = await lora_sim(sim_server, per_batch=2)  # holds sql
+    sources = tuple(AdapterSource(name=n, path=f"/adapters/{n}") for n in ADAPTERS)
+    lora = Lora(adapters=sources, max_adapters_per_replica=2)
+    config = dataclasses.replace(gateway_config([engine]), lora=lora)
+    url = await gateway_server(config)
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+    try:
+        for model in ("chat", "sql", "code"):  # chat loaded; sql used last; code needs room
+            await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    finally:
+        await client.close()
+    async with aiohttp.ClientSession() as s, s.get(f"{engine}/v1/models") as r:
+        held = {m["id"] for m in (await r.json())["data"] if m.get("parent")}
+    assert held == {"sql", "code"}  # chat, the least recently used, made room
+    # What each replica holds is exported, as its engine reports it (read at each probe).
+    from tests.support.gateway import metrics_url
+
+    async def exported() -> set[str]:
+        async with aiohttp.ClientSession() as s, s.get(metrics_url(config)) as r:
+            text = await r.text()
+        return {line.split('adapter="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("kvfleet_gateway_lora_adapter_loaded{")}  # fmt: skip
+
+    from tests.support.waiting import until
+
+    await until(lambda: _equal(exported(), held), 5, "the held adapters exported")
+
+
+async def _equal(found: Any, expected: set[str]) -> bool:
+    return bool(await found == expected)

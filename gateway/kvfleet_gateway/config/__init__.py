@@ -35,6 +35,7 @@ import yaml
 
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.config.fairness import Fairness
+from kvfleet_gateway.config.lora import AdapterSource, Lora
 from kvfleet_gateway.fairness import PRIORITIES, Priority
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
 from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
@@ -42,6 +43,7 @@ from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_js
 __all__ = [
     "DEFAULT_POLICY",
     "POLICY_NAMES",
+    "AdapterSource",
     "Auth",
     "Backends",
     "CacheGroup",
@@ -57,6 +59,7 @@ __all__ = [
     "Limits",
     "LimitsConfig",
     "Listen",
+    "Lora",
     "ModelConfig",
     "RedisOutage",
     "Requests",
@@ -531,6 +534,7 @@ class GatewayConfig:
     timeouts: Timeouts = fld(Timeouts, "Upstream and client timeouts.")
     hold: Hold = fld(Hold, "Waiting for capacity (scale from zero).")
     fairness: Fairness = fld(Fairness, "Fair sharing and shedding under overload.")
+    lora: Lora = fld(Lora, "LoRA adapters: routed by affinity, loaded on demand.")
     requests: Requests = fld(Requests, "Which request fields are forwarded to engines.")
     max_body_bytes: int = fld(4 * 2**20, "Largest request body accepted.", minimum=1024)
     health_interval: Duration = fld(Duration(2), "Period of active /health checks.")

@@ -1,0 +1,139 @@
+"""LoRA adapters at the gateway: which model a request names, which replicas hold its adapter
+(as their engines' /v1/models say), and loading it where none does.
+
+A client names an adapter as `model: "<adapter>"` or `"<base>:<adapter>"`; the engine is sent
+`"<base>:<adapter>"` (SGLang's form). Replicas that hold the adapter are preferred (the
+routing policy balances load and prefix hits among them); when none does, the policy's
+choice among all replicas loads it first — at most `maxConcurrentLoads` at once per replica,
+unloading the least recently used adapter not in use when the replica holds
+`maxAdaptersPerReplica`. What a replica holds is re-read from its engine at every health
+probe, so an adapter loaded or unloaded behind the gateway's back is known within a probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvfleet_gateway.backends import Backend
+from kvfleet_gateway.config.lora import AdapterSource, Lora
+from kvfleet_gateway.errors import GatewayError
+
+log = logging.getLogger("kvfleet.gateway.lora")
+LOAD_TIMEOUT_S = 120.0
+"""Longest an adapter load may take (weights read from disk or downloaded)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request's `model` names: a base model, and maybe one of its adapters."""
+
+    base: str
+    adapter: str | None = None
+
+    @property
+    def engine_model(self) -> str:
+        return self.base if self.adapter is None else f"{self.base}:{self.adapter}"
+
+
+def resolve(model: str, served: dict[str, int | None], adapters: dict[str, str]) -> Target:
+    """`model` as a base model, `<adapter>`, or `<base>:<adapter>`; `adapters` maps each known
+    adapter to its base. Unknown names are left as they are (the caller's 404)."""
+    if model in served:
+        return Target(model)
+    if model in adapters:
+        return Target(adapters[model], model)
+    base, sep, name = model.rpartition(":")
+    if sep and base in served and adapters.get(name) == base:
+        return Target(base, name)
+    return Target(model)
+
+
+@dataclass
+class AdapterManager:
+    config: Lora
+    default_base: str | None = None
+    in_use: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(backend, adapter) → requests running with it there (never unloaded while running)."""
+    last_used: dict[tuple[str, str], float] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    def sources(self) -> dict[str, AdapterSource]:
+        return {a.name: a for a in self.config.adapters}
+
+    def known(self, backends: list[Backend], served: dict[str, int | None]) -> dict[str, str]:
+        """Adapter → base model: the configured ones, and those the engines report."""
+        only = next(iter(served)) if len(served) == 1 else self.default_base
+        out = {a.name: a.base or only or "" for a in self.config.adapters}
+        for b in backends:
+            for name, parent in b.adapters.items():
+                out.setdefault(name, parent)
+        return {k: v for k, v in out.items() if v}
+
+    def holders(self, candidates: list[Backend], adapter: str) -> list[Backend]:
+        return [b for b in candidates if adapter in b.adapters]
+
+    def started(self, backend: Backend, adapter: str) -> None:
+        self.in_use[(backend.url, adapter)] += 1
+        self.last_used[(backend.url, adapter)] = time.monotonic()
+
+    def ended(self, backend: Backend, adapter: str) -> None:
+        key = (backend.url, adapter)
+        self.in_use[key] -= 1
+        if self.in_use[key] <= 0:
+            del self.in_use[key]
+
+    async def ensure(self, session: aiohttp.ClientSession, backend: Backend, adapter: str,
+                     base: str) -> None:  # fmt: skip
+        """Make `backend` hold `adapter` (a 503 when it cannot be loaded there)."""
+        if adapter in backend.adapters:
+            return
+        source = self.sources().get(adapter)
+        if source is None:
+            raise GatewayError(503, f"no replica holds the adapter '{adapter}' and the gateway"
+                               " has no source to load it from", "server_error",
+                               "adapter_unavailable")  # fmt: skip
+        lock = self._locks.setdefault(
+            backend.url, asyncio.Semaphore(self.config.max_concurrent_loads)
+        )
+        async with lock:
+            if adapter in backend.adapters:  # another request loaded it meanwhile
+                return
+            await self._make_room(session, backend)
+            body = {"lora_name": adapter, "lora_path": source.path}
+            answer = await self._post(session, backend, "/load_lora_adapter", body)
+            if answer is None or not answer.get("success"):
+                why = (answer or {}).get("error_message") or "no answer"
+                raise GatewayError(503, f"the adapter '{adapter}' could not be loaded: {why}",
+                                   "server_error", "adapter_unavailable")  # fmt: skip
+            backend.adapters = {n: base for n in (answer.get("loaded_adapters") or {adapter: ""})}
+            log.info("loaded adapter %s on %s", adapter, backend.url)
+
+    async def _make_room(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        """Unload the least recently used adapter not in use when the replica is full."""
+        idle = [n for n in backend.adapters if not self.in_use.get((backend.url, n))]
+        if len(backend.adapters) < self.config.max_adapters_per_replica or not idle:
+            return
+        victim = min(idle, key=lambda n: self.last_used.get((backend.url, n), 0.0))
+        answer = await self._post(session, backend, "/unload_lora_adapter", {"lora_name": victim})
+        if answer is not None and answer.get("success"):
+            backend.adapters.pop(victim, None)
+            self.last_used.pop((backend.url, victim), None)
+            log.info("unloaded adapter %s on %s (least recently used)", victim, backend.url)
+
+    @staticmethod
+    async def _post(session: aiohttp.ClientSession, backend: Backend, path: str,
+                    body: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
+        try:
+            timeout = aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)
+            async with session.post(f"{backend.url}{path}", json=body, timeout=timeout) as r:
+                answer = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return answer if isinstance(answer, dict) else None
