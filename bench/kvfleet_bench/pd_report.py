@@ -50,17 +50,7 @@ def goals(cells: list[dict[str, Any]], live: list[dict[str, Any]]) -> list[dict[
         "detail": "; ".join(no_gain) if no_gain else "PD paid everywhere measured",
     })  # fmt: skip
     if live:
-        ours = max(r["kvfleet"]["ttft_p99"] for r in live)
-        theirs = min(r["sglang-router"]["ttft_p99"] for r in live)
-        mean_ours = sum(r["kvfleet"]["ttft_p99"] for r in live) / len(live)
-        mean_theirs = sum(r["sglang-router"]["ttft_p99"] for r in live) / len(live)
-        out.append({
-            "goal": "live: kvfleet's TTFT p99 ≤ sglang-router's (PD mode, same engines)",
-            "met": mean_ours <= mean_theirs,
-            "detail": f"mean over {len(live)} seeds {mean_ours * 1000:.0f} vs "
-            f"{mean_theirs * 1000:.0f} ms (kvfleet's worst seed {ours * 1000:.0f} ms, the "
-            f"router's best {theirs * 1000:.0f} ms)",
-        })  # fmt: skip
+        out.append(_live_goal(live))
     return out
 
 
@@ -99,9 +89,11 @@ def write_report(
     lines += [f"- {'✅' if g['met'] else '❌'} {g['goal']}: {g['detail']}" for g in checks]
     if live:
         lines += ["", "## Live check", "",
-                  "One prefill and one decode simulator engine (processes); kvfleet's gateway and "
-                  "sglang-router 0.3.2 `--pd-disaggregation` in front of them, requests "
-                  "alternating between the two at one offered rate, TTFT timed by the client:",
+                  "Two prefill and two decode simulator engines (processes); kvfleet's gateway "
+                  "and sglang-router 0.3.2 `--pd-disaggregation --policy cache_aware` in front "
+                  "of them, requests alternating between the two at one offered rate (prompts "
+                  "of ~1,550 tokens, 1,400 of them one of 8 shared prefixes with Zipf "
+                  "popularity), TTFT timed by the client:",
                   ""]  # fmt: skip
         for r in live:
             lines.append(
@@ -114,6 +106,20 @@ def write_report(
     (out_dir / "pd.md").write_text("\n".join(lines))
     _plot(out_dir / "pd.png", s)
     return checks
+
+
+def _live_goal(live: list[dict[str, Any]]) -> dict[str, Any]:
+    """Met only when kvfleet's TTFT p99 is at most the router's on every seed."""
+    ms = [(r["kvfleet"]["ttft_p99"] * 1000, r["sglang-router"]["ttft_p99"] * 1000) for r in live]
+    wins = sum(ours <= theirs for ours, theirs in ms)
+    closest = max(ms, key=lambda m: m[0] - m[1])
+    mean = [sum(m[i] for m in ms) / len(ms) for i in (0, 1)]
+    return {
+        "goal": "live: kvfleet's TTFT p99 ≤ sglang-router's on every seed (PD mode, same engines)",
+        "met": wins == len(ms),
+        "detail": f"{wins} of {len(ms)} seeds; mean {mean[0]:.0f} vs {mean[1]:.0f} ms; the "
+        f"closest seed {closest[0]:.0f} vs {closest[1]:.0f} ms",
+    }
 
 
 def _link_effect(s: dict[tuple[str, str], dict[str, float]]) -> str:

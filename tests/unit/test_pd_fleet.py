@@ -68,3 +68,7 @@ def test_the_goals_can_fail() -> None:
     assert [g["met"] for g in goals(_cells(10, 20), live_win)] == [True, False, True]
     assert [g["met"] for g in goals(_cells(10, 12), live_loss)] == [False, False, False]
     assert [g["met"] for g in goals(_cells(10, 9), [])] == [False, True]
+    # The live goal holds on every seed or not at all: one losing seed of three fails it.
+    mixed = [*live_win, *live_win, *live_loss]
+    (live,) = [g for g in goals(_cells(10, 20), mixed) if g["goal"].startswith("live")]
+    assert not live["met"] and live["detail"].startswith("2 of 3 seeds")
