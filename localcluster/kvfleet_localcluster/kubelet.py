@@ -91,7 +91,13 @@ SIM_FLAGS: dict[str, bool] = {
     "--disaggregation-transfer-backend": True,
     "--disaggregation-bootstrap-port": True,
     "--disaggregation-ib-device": True,
+    "--enable-lora": False,
+    "--max-loras-per-batch": True,
+    "--max-lora-rank": True,
+    "--max-loaded-loras": True,
 }
+SIM_LISTS = ("--lora-paths", "--lora-target-modules")
+"""SGLang flags taking several values after one flag; the simulator repeats the flag."""
 SIM_VALUES = {"--quantization": {"none", "fp8"}, "--schedule-policy": {"fcfs", "lpm"}}
 
 
@@ -181,6 +187,13 @@ def sglang_to_sim(args: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(args):
         arg = args[i]
+        if arg in SIM_LISTS:
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                out += [arg, args[j]]
+                j += 1
+            i = j
+            continue
         flag, _, inline = arg.partition("=")
         takes = SIM_FLAGS.get(flag)
         has_next = i + 1 < len(args) and not args[i + 1].startswith("--")

@@ -149,6 +149,72 @@ class ModelSource:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoraAdapter:
+    name: str = fld(
+        doc="The adapter's name: what clients put in `model` (alone or as <model>:<name>).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=128,
+    )
+    source: ModelSource = fld(
+        doc="Where its weights come from: huggingFace (the engine downloads the repo), pvc"
+        " (mounted read-only), or uri."
+    )
+    preload: bool = fld(
+        False,
+        "Load it when an engine starts (--lora-paths); otherwise the gateway loads it on a"
+        " replica when a request first needs it there.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """LoRA adapters on the engines (SGLang's --enable-lora), routed by the gateway to the
+    replicas that hold them and loaded on demand."""
+
+    RULES: ClassVar = (
+        Rule(
+            "(has(self.adapters) && self.adapters.exists(a, has(a.preload) && a.preload))"
+            " || (has(self.maxLoraRank) && has(self.targetModules))",
+            "with no preloaded adapter SGLang sizes its LoRA buffers from maxLoraRank and"
+            " targetModules: set both",
+            ".maxLoraRank",
+        ),
+        Rule(
+            "!has(self.maxLoadedLoras) || self.maxLoadedLoras >= self.maxLorasPerBatch",
+            "maxLoadedLoras must be at least maxLorasPerBatch",
+            ".maxLoadedLoras",
+        ),
+        Rule(
+            "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b,"
+            " b.name == a.name))",
+            "adapter names must be unique",
+            ".adapters",
+        ),
+    )
+    adapters: tuple[LoraAdapter, ...] = fld((), "The adapters clients may use.", max_items=1000)
+    max_loras_per_batch: int = fld(
+        8, "Distinct adapters one batch runs (SGLang --max-loras-per-batch).", minimum=1,
+        maximum=64,
+    )  # fmt: skip
+    max_lora_rank: int | None = fld(
+        None, "Largest adapter rank to size buffers for (--max-lora-rank).", minimum=1,
+        maximum=1024,
+    )  # fmt: skip
+    max_loaded_loras: int | None = fld(
+        None,
+        "Adapters one engine holds at once (--max-loaded-loras); the gateway unloads the least"
+        " recently used beyond it. Unset: maxLorasPerBatch.",
+        minimum=1,
+    )
+    target_modules: tuple[str, ...] | None = fld(
+        None,
+        "Modules adapters may target (--lora-target-modules, e.g. q_proj v_proj, or all).",
+        max_items=32,
+        max_length=64,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class SecretKey:
     name: str = fld(doc="Secret name (same namespace).")
     key: str = fld("token", "Key inside the Secret.")
@@ -632,6 +698,7 @@ class InferenceServiceSpec:
         "Prefill/decode disaggregation: a prefill pool beside the engines, which become the"
         " decode pool (engine, replicas and autoscaling describe it).",
     )
+    lora: LoraSpec | None = fld(None, "LoRA adapters served beside the model.")
     gateway: GatewaySpec = fld(GatewaySpec, "The routing gateway.")
     cost: CostSpec = fld(CostSpec, "Cost accounting.")
     scheduling: SchedulingSpec = fld(SchedulingSpec, "Where engine pods may run.")

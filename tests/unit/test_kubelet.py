@@ -127,3 +127,18 @@ def test_two_local_clusters_at_once_get_their_own_pod_addresses() -> None:
         assert again.octet <= taken  # a released range is claimed again
     finally:
         again.release()
+
+
+def test_sglangs_list_flags_become_the_simulators_repeated_ones() -> None:
+    """--lora-paths a=x b=y (several values after one flag, as SGLang parses them) →
+    --lora-paths a=x --lora-paths b=y; the flag after them is read as usual."""
+    flags, dropped = sglang_to_sim(
+        ["--enable-lora", "--lora-paths", "sql=acme/sql", "chat=/lora/c", "--max-loras-per-batch",
+         "4", "--lora-target-modules", "q_proj", "v_proj"]
+    )  # fmt: skip
+    assert flags == [
+        "--enable-lora", "--lora-paths", "sql=acme/sql", "--lora-paths", "chat=/lora/c",
+        "--max-loras-per-batch", "4", "--lora-target-modules", "q_proj",
+        "--lora-target-modules", "v_proj",
+    ]  # fmt: skip
+    assert dropped == []

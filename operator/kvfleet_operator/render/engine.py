@@ -31,6 +31,8 @@ from kvfleet_operator.spec import (
     Disaggregation,
     EngineSpec,
     InferenceServiceSpec,
+    LoraAdapter,
+    LoraSpec,
 )
 
 
@@ -152,10 +154,44 @@ def engine_args(spec: InferenceServiceSpec, component: str = ENGINE) -> list[str
         args.append("--disable-radix-cache")
     if uses_kv_events(spec):
         args += ["--kv-events-config", kv_events_config()]
+    if spec.lora is not None:
+        args += lora_args(spec.lora)
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
     args += ["--api-key", f"$({ENGINE_KEY_ENV})"]  # the kubelet expands it from the env
     return args + list(e.extra_args)
+
+
+LORA_MOUNT = "/lora"
+"""Where adapters on PersistentVolumeClaims are mounted: /lora/<claim>/<path>."""
+
+
+def adapter_path(adapter: LoraAdapter) -> str:
+    """SGLang's lora_path of an adapter: a Hugging Face repo (the engine downloads it), the
+    mounted claim's directory, or the URI."""
+    src = adapter.source
+    if src.hugging_face:
+        return src.hugging_face
+    if src.pvc:
+        return f"{LORA_MOUNT}/{src.pvc.claim_name}/{src.pvc.path.strip('/')}".rstrip("/")
+    assert src.uri is not None
+    return src.uri
+
+
+def lora_args(lora: LoraSpec) -> list[str]:
+    """SGLang's LoRA flags: preloaded adapters in --lora-paths (NAME=PATH), the others loaded
+    by the gateway on demand."""
+    args = ["--enable-lora", "--max-loras-per-batch", str(lora.max_loras_per_batch)]
+    if lora.max_lora_rank is not None:
+        args += ["--max-lora-rank", str(lora.max_lora_rank)]
+    if lora.max_loaded_loras is not None:
+        args += ["--max-loaded-loras", str(lora.max_loaded_loras)]
+    if lora.target_modules:
+        args += ["--lora-target-modules", *lora.target_modules]
+    preload = [f"{a.name}={adapter_path(a)}" for a in lora.adapters if a.preload]
+    if preload:
+        args += ["--lora-paths", *preload]
+    return args
 
 
 def disaggregation_args(d: Disaggregation, component: str) -> list[str]:
@@ -232,6 +268,14 @@ def _volumes(owner: Owner) -> tuple[list[Json], list[Json]]:
             }
         )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    claims = sorted({a.source.pvc.claim_name for a in (spec.lora.adapters if spec.lora else ())
+                     if a.source.pvc is not None})  # fmt: skip
+    for i, claim in enumerate(claims):
+        volumes.append(
+            {"name": f"lora-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": f"lora-{i}", "mountPath": f"{LORA_MOUNT}/{claim}",
+                       "readOnly": True})  # fmt: skip
     return volumes, mounts
 
 

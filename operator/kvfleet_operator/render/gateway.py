@@ -29,6 +29,7 @@ from kvfleet_operator.render.common import (
 )
 from kvfleet_operator.render.engine import (
     MODEL_MOUNT,
+    adapter_path,
     hf_token_env,
     model_path,
     uses_kv_events,
@@ -127,8 +128,20 @@ def gateway_config(owner: Owner) -> GatewayConfig:
             "gpusPerReplica": spec.engine.tensor_parallel,
         },
         **_fairness(owner),
+        **_lora(owner),
     }
     return GatewayConfig.from_dict(doc)
+
+
+def _lora(owner: Owner) -> Json:
+    """The adapters the gateway routes and loads on demand, with the engines' paths."""
+    lora = owner.spec.lora
+    if lora is None:
+        return {}
+    adapters = [{"name": a.name, "path": adapter_path(a), "base": owner.spec.model.name}
+                for a in lora.adapters]  # fmt: skip
+    held = lora.max_loaded_loras or lora.max_loras_per_batch
+    return {"lora": {"adapters": adapters, "maxAdaptersPerReplica": held}}
 
 
 def _fairness(owner: Owner) -> Json:

@@ -1,0 +1,83 @@
+"""LoRA as users deploy it: `examples/llama-3.1-8b-lora.yaml` applied with kubectl beside the
+claim of adapters it names; every pod a process (the engines simulators with SGLang's LoRA
+flags as rendered). Through the gateway and the OpenAI SDK, the preloaded adapter is served
+where it is held and the other is loaded on demand on the replica the gateway picks."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import yaml
+
+from kvfleet_localcluster.local import LocalCluster
+from kvfleet_operator.status import pod_ready
+from tests.integration.test_kubectl import kubectl
+from tests.support.cluster import cluster_with_operator
+from tests.support.objects import EXAMPLES
+
+SELECTOR = "app.kubernetes.io/instance=llama-8b-lora,app.kubernetes.io/component"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    async with cluster_with_operator(tmp_path) as local:
+        yield local
+
+
+async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
+    out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", f"{SELECTOR}={component}", "-o",
+                        "json")  # fmt: skip
+    return [p for p in json.loads(out)["items"] if pod_ready(p)]
+
+
+async def _held(pod: dict[str, Any], key: str) -> set[str]:
+    url = f"http://{pod['status']['podIP']}:30000/v1/models"
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+        return {m["id"] for m in (await r.json())["data"] if m.get("parent")}
+
+
+async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
+    cluster: LocalCluster,
+) -> None:
+    kc = cluster.kubeconfig
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "lora-adapters", "namespace": "ai"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):
+        await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
+    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
+    await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b-lora", "-n", "ai",
+                  "--timeout=120s")  # fmt: skip
+    engines = await _pods(kc, "engine")
+    gateway = (await _pods(kc, "gateway"))[0]
+    secret = json.loads(await kubectl(kc, "get", "secret", "llama-8b-lora-engine-key", "-n",
+                                      "ai", "-o", "json"))  # fmt: skip
+    key = base64.b64decode(next(iter(secret["data"].values()))).decode()
+    assert [await _held(p, key) for p in engines] == [{"fact-gen"}] * 2  # --lora-paths
+    client = openai.AsyncOpenAI(base_url=f"http://{gateway['status']['podIP']}:8080/v1",
+                                api_key="foo", max_retries=0)  # fmt: skip
+    try:
+        listed = {m.id for m in (await client.models.list()).data}
+        assert {"llama-3.1-8b", "fact-gen", "support-v2"} <= listed
+        for model in ("fact-gen", "llama-3.1-8b:fact-gen", "support-v2", "support-v2"):
+            done = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=3
+            )
+            assert done.usage is not None and done.usage.completion_tokens == 3
+    finally:
+        await client.close()
+    held = [await _held(p, key) for p in engines]
+    # support-v2 was loaded on demand on one replica, and its second request found it there.
+    assert sorted(len(h) for h in held) == [1, 2] and any("support-v2" in h for h in held)
