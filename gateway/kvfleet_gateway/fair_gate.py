@@ -106,7 +106,7 @@ class FairGate:
                                        " is full: your tenant holds the most of it; retry"
                                        " later")  # fmt: skip
         except TimeoutError:
-            if not granted.done():
+            if not granted.done() or not granted.result():  # not let through (or displaced)
                 q.remove(granted)
                 raise self._refuse(
                     ex,

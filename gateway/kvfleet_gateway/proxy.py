@@ -156,7 +156,11 @@ class Proxy:
             backend = self.pool.backends[key]
             tried.add(key)
             if ex.adapter is not None and self.lora is not None:
-                await self.lora.ensure(self.session, backend, ex.adapter, model)
+                try:
+                    await self.lora.ensure(self.session, backend, ex.adapter, model)
+                except GatewayError:
+                    self.policy.on_finished(ex.route, backend.url)  # the placement is void
+                    raise
             backend.breaker.attempt()
             # In flight from the moment it is chosen: routing must see requests whose
             # response has not started yet (a non-streaming answer arrives all at once).

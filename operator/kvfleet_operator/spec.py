@@ -659,6 +659,12 @@ class InferenceServiceSpec:
 
     RULES: ClassVar = (
         Rule(
+            "!has(self.lora) || !has(self.disaggregation)",
+            "lora with disaggregation is not supported yet: the gateway routes adapters to"
+            " colocated engines only",
+            ".lora",
+        ),
+        Rule(
             "self.gateway.prefixIndex != 'events' || !has(self.model.source.uri)",
             "gateway.prefixIndex: events needs the model's tokenizer: give model.source as"
             " huggingFace or pvc",

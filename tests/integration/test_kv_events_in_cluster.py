@@ -23,6 +23,7 @@ from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import cluster_with_operator
+from tests.support.objects import claim
 from tests.support.waiting import until
 
 TOKENIZER = Path(__file__).parents[1] / "data" / "tokenizers" / "tiny-chat"
@@ -66,13 +67,7 @@ def service() -> dict[str, Any]:
 
 async def test_the_gateway_routes_on_the_engines_kv_events(cluster: LocalCluster) -> None:
     kc = cluster.kubeconfig
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models", "namespace": "ai"},
-        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
+    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models")))
     # The model on the claim, as a real cluster's would hold it: config and tokenizer files.
     model = node_dir(cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
     model.mkdir(parents=True)

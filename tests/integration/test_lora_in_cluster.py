@@ -1,5 +1,5 @@
-"""LoRA as users deploy it: `examples/llama-3.1-8b-lora.yaml` applied with kubectl beside the
-claim of adapters it names; every pod a process (the engines simulators with SGLang's LoRA
+"""LoRA as users deploy it: `examples/llama-3.1-8b-lora.yaml` applied with kubectl; every pod
+a process (the engines simulators with SGLang's LoRA
 flags as rendered). Through the gateway and the OpenAI SDK, the preloaded adapter is served
 where it is held and the other is loaded on demand on the replica the gateway picks."""
 
@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-import yaml
 
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.status import pod_ready
@@ -48,15 +47,8 @@ async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
     cluster: LocalCluster,
 ) -> None:
     kc = cluster.kubeconfig
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "lora-adapters", "namespace": "ai"},
-        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
     for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):
         await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
-    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))
     await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b-lora", "-n", "ai",
                   "--timeout=120s")  # fmt: skip
@@ -70,8 +62,8 @@ async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
                                 api_key="foo", max_retries=0)  # fmt: skip
     try:
         listed = {m.id for m in (await client.models.list()).data}
-        assert {"llama-3.1-8b", "fact-gen", "support-v2"} <= listed
-        for model in ("fact-gen", "llama-3.1-8b:fact-gen", "support-v2", "support-v2"):
+        assert {"llama-3.1-8b", "fact-gen", "topic-control"} <= listed
+        for model in ("fact-gen", "llama-3.1-8b:fact-gen", "topic-control", "topic-control"):
             done = await client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=3
             )
@@ -79,5 +71,5 @@ async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
     finally:
         await client.close()
     held = [await _held(p, key) for p in engines]
-    # support-v2 was loaded on demand on one replica, and its second request found it there.
-    assert sorted(len(h) for h in held) == [1, 2] and any("support-v2" in h for h in held)
+    # topic-control was loaded on demand on one replica, and its second request found it there.
+    assert sorted(len(h) for h in held) == [1, 2] and any("topic-control" in h for h in held)

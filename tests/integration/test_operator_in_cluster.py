@@ -157,7 +157,7 @@ async def operator_metrics(cluster: LocalCluster) -> None:
         for m in f.samples
     }
     assert values[("kvfleet_operator_reconciles_total", (("result", "ok"),))] >= 2
-    assert values[("kvfleet_operator_inferenceservices", ())] == 6  # the examples
+    assert values[("kvfleet_operator_inferenceservices", ())] == len(_example_services())
     assert values[("kvfleet_operator_cache_reads_total", ())] > 0
     assert values[("kvfleet_operator_api_requests_total", (("verb", "POST"),))] > 0
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
@@ -210,18 +210,23 @@ async def key_management(cluster: LocalCluster, gateway: str) -> None:
     assert await status_with(rotated) == 200
 
 
+def _example_services() -> dict[str, str]:
+    """The InferenceServices of examples/: name → served model."""
+    return {
+        d["metadata"]["name"]: d["spec"]["model"]["name"]
+        for f in sorted((ROOT / "examples").glob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if d and d.get("kind") == "InferenceService"
+    }
+
+
 async def every_example_serves(cluster: LocalCluster) -> None:
     """Each InferenceService of examples/ becomes Ready (the autoscaled one only once its
     gateways reach the Redis of examples/redis.yaml by its Service name) and answers a chat
     through its own gateway pod, with the sample key of examples/api-keys-secret.yaml and
     the OpenAI SDK. No container waits on a Secret, ConfigMap or claim the examples lack."""
     kc = cluster.kubeconfig
-    in_files = {
-        d["metadata"]["name"]: d["spec"]["model"]["name"]
-        for f in sorted((ROOT / "examples").glob("*.yaml"))
-        for d in yaml.safe_load_all(f.read_text())
-        if d and d.get("kind") == "InferenceService"
-    }
+    in_files = _example_services()
     assert len(in_files) >= 4
     for name, model in in_files.items():
         out = await kubectl(

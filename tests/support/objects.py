@@ -32,6 +32,16 @@ def isvc(name: str = "llama", namespace: str = NS, **spec: Any) -> dict[str, Any
     }
 
 
+def claim(name: str, namespace: str = NS) -> dict[str, Any]:
+    """A read-only PersistentVolumeClaim (the local cluster's kubelet gives it a directory)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
 def example(name: str) -> list[dict[str, Any]]:
     """The documents of `examples/<name>`."""
     return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]

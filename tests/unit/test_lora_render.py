@@ -55,3 +55,14 @@ def test_the_gateway_learns_every_adapter_and_the_engines_bound() -> None:
     }
     assert lora.max_adapters_per_replica == 6
     assert gateway_config(_owner()).lora.adapters == ()
+
+
+def test_lora_with_disaggregation_is_refused_until_the_gateway_routes_it() -> None:
+    import pytest
+
+    from kvfleet_kernel.schema import ConfigError
+    from kvfleet_operator.spec import parse_spec
+
+    doc = isvc("llama", lora=LORA, disaggregation={"prefill": {"replicas": 1}})
+    with pytest.raises(ConfigError, match="lora with disaggregation is not supported yet"):
+        parse_spec(doc["spec"])
