@@ -275,6 +275,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`make test` runs the integration tests marked `serial` one at a time, the rest on two
     workers (they wait on processes and sockets more than they compute)."""
     for item in items:
+        if "integration" not in item.path.parts:  # unit tests share one pool with the rest
+            continue
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
             item.add_marker(pytest.mark.serial)

@@ -96,8 +96,13 @@ async def _serves_as_a_group(kc: Path) -> None:
     live = json.loads(await kubectl(kc, "get", "kis", "deepseek-v3", "-n", "ai", "-o", "json"))
     assert live["status"]["readyReplicas"] == 1, live["status"]
 
-    gateway = next(p for p in await _pods(kc, "app.kubernetes.io/instance=deepseek-v3,"
-                   "app.kubernetes.io/component=gateway") if pod_ready(p))  # fmt: skip
+    async def ready_gateway() -> dict[str, Any] | None:
+        pods = await _pods(kc, "app.kubernetes.io/instance=deepseek-v3,"
+                           "app.kubernetes.io/component=gateway")  # fmt: skip
+        return next((p for p in pods if pod_ready(p)), None)
+
+    # Ready counts engine groups; the gateway pod may still be starting under load.
+    gateway = await until(ready_gateway, 30, "a ready gateway pod")
     ip = gateway["status"]["podIP"]
     await _chat(ip, 6)
     assert await _upstream_errors(ip) == {}  # never sent to a worker (it serves no API)
