@@ -110,6 +110,10 @@ class GatewayServers:
 
         return self.runners[url].app[GATEWAY]
 
+    def pool(self, url: str) -> Any:
+        """The one pool of a gateway configured with `backends`."""
+        return self.state(url).pools.pools["default"]
+
     async def stop(self, url: str) -> None:
         await self.runners.pop(url).cleanup()
 
@@ -283,3 +287,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture
+async def operator_cluster(tmp_path: Path) -> AsyncIterator[Any]:
+    """A local cluster whose pods run as processes, with the real operator logged in."""
+    from tests.support.cluster import cluster_with_operator
+
+    async with cluster_with_operator(tmp_path) as local:
+        yield local

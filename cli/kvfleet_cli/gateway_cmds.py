@@ -152,8 +152,7 @@ def gateway(
         raise click.UsageError(str(exc)) from exc
     click.echo(
         f"kvfleet gateway on http://{listen.host}:{listen.port} (metrics on :"
-        f"{listen.metrics_port}) → {len(config.backends.static)} static backend(s), "
-        f"policy {config.routing.policy}",
+        f"{listen.metrics_port}) → {_fronts(config)}",
         err=True,
     )
     use_uvloop()
@@ -258,3 +257,11 @@ def fetch_tokenizer(repo: str, revision: str | None, dest: Path) -> None:
 def _prefill_pool(urls: tuple[str, ...], bootstrap_port: int) -> dict[str, Any]:
     """Quick mode's `backends.prefill` (disaggregated serving)."""
     return {"prefill": {"static": [{"url": u} for u in urls], "bootstrapPort": bootstrap_port}}
+
+
+def _fronts(config: GatewayConfig) -> str:
+    """What the start-up line says the gateway fronts."""
+    if config.backends is None:
+        pools = f"{len(config.pools)} pool(s)"
+        return pools + (f" and those of {config.pools_file}" if config.pools_file else "")
+    return f"{len(config.backends.static)} static backend(s), policy {config.routing.policy}"

@@ -156,6 +156,12 @@ REFERENCES = {
         "Every field of `kvfleet.dev/v1alpha1` InferenceService `.spec`, as the CRD in `crds/`"
         " declares it (`kubectl explain kis.spec` shows the same text).",
     ),
+    "inferencegateway-reference.md": (
+        "InferenceGateway reference",
+        "Every field of `kvfleet.dev/v1alpha1` InferenceGateway `.spec`: one gateway for the"
+        " InferenceServices of its namespace that name it in `spec.gateway.inferenceGateway`"
+        " (`kubectl explain kig.spec`).",
+    ),
     "gateway-config.md": (
         "Gateway configuration reference",
         "The document `kvfleet gateway --config FILE` reads; the operator renders it into the"
@@ -168,10 +174,12 @@ REFERENCES = {
 def references() -> dict[str, str]:
     from kvfleet_gateway.config import GatewayConfig
     from kvfleet_kernel.schema import reference
+    from kvfleet_operator.gateway_spec import InferenceGatewaySpec
     from kvfleet_operator.spec import InferenceServiceSpec
 
-    models = {
+    models: dict[str, tuple[type, str]] = {
         "crd-reference.md": (InferenceServiceSpec, "spec"),
+        "inferencegateway-reference.md": (InferenceGatewaySpec, "spec"),
         "gateway-config.md": (GatewayConfig, ""),
     }
     return {

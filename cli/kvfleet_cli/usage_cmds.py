@@ -1,4 +1,5 @@
-"""`kvfleet usage`: tokens, requests, budget left and cost per tenant, from the gateways.
+"""`kvfleet usage`: tokens, requests, budget left and cost per tenant (or tenant × model),
+from the gateways of an InferenceService or of an InferenceGateway.
 
 Two sources, as the autoscaler has: Prometheus (`--prometheus-url`; over `--since`, e.g. 1h,
 with `increase()`), or the gateway pods' own /metrics (since each gateway started; summed
@@ -20,13 +21,19 @@ from kvfleet_cli.completion import isvc_names
 from kvfleet_cli.views import table
 from kvfleet_kernel.sglang_metrics import (
     BUDGET_REMAINING,
+    BUDGET_REMAINING_COST,
     BUDGET_RESERVED,
     COST,
     REQUESTS,
     TOKENS,
 )
-from kvfleet_operator.kube import POD
-from kvfleet_operator.render.common import COMPONENT_LABEL, GATEWAY_METRICS_PORT, ISVC_LABEL
+from kvfleet_operator.kube import IGW, POD
+from kvfleet_operator.render.common import (
+    COMPONENT_LABEL,
+    GATEWAY_METRICS_PORT,
+    IG_LABEL,
+    ISVC_LABEL,
+)
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -42,6 +49,8 @@ class TenantUsage:
     """The budget less what was spent (as of the gateways' last admission or settlement)."""
     budget_reserved: float | None = None
     """Reserved by requests in flight: each holds its upper bound until it settles."""
+    cost_left: float | None = None
+    """A cost budget less what was spent, in the models' price currency."""
 
     @property
     def total_requests(self) -> float:
@@ -52,14 +61,24 @@ class TenantUsage:
         return self.tokens.get("prompt", 0.0) + self.tokens.get("completion", 0.0)
 
 
-def aggregate(samples: Iterable[Sample], tenant: str | None = None) -> dict[str, TenantUsage]:
-    """Samples of the gateway's metrics (any number of gateways) → usage per tenant."""
+def aggregate(
+    samples: Iterable[Sample], tenant: str | None = None, by_model: bool = False
+) -> dict[str, TenantUsage]:
+    """Samples of the gateway's metrics (any number of gateways) → usage per tenant, or per
+    `tenant × model` (budgets, which span models, on each of the tenant's rows)."""
     out: dict[str, TenantUsage] = {}
+    budgets: dict[str, TenantUsage] = {}
     for name, labels, value in samples:
         who = labels.get("tenant")
         if who is None or (tenant is not None and who != tenant):
             continue
-        u = out.setdefault(who, TenantUsage())
+        if name in (BUDGET_REMAINING, BUDGET_RESERVED, BUDGET_REMAINING_COST):
+            _budget(budgets.setdefault(who, TenantUsage()), name, value)
+            continue
+        if name not in (f"{REQUESTS}_total", f"{TOKENS}_total", f"{COST}_total"):
+            continue
+        key = f"{who} × {labels.get('model', '?')}" if by_model else who
+        u = out.setdefault(key, TenantUsage())
         if name == f"{REQUESTS}_total":
             status = labels.get("status", "?")
             u.requests[status] = u.requests.get(status, 0.0) + value
@@ -68,15 +87,30 @@ def aggregate(samples: Iterable[Sample], tenant: str | None = None) -> dict[str,
             u.tokens[kind] = u.tokens.get(kind, 0.0) + value
         elif name == f"{COST}_total":
             u.cost += value
-        elif name == BUDGET_REMAINING:
-            # Every gateway reports the shared budget: the smallest is the freshest.
-            u.budget_left = value if u.budget_left is None else min(u.budget_left, value)
-        elif name == BUDGET_RESERVED:
-            # Each gateway reports the shared total it last saw; settled gateways see less.
-            u.budget_reserved = (
-                value if u.budget_reserved is None else min(u.budget_reserved, value)
+    for key, u in out.items():
+        b = budgets.get(key.split(" × ")[0])
+        if b is not None:
+            u.budget_left, u.budget_reserved, u.cost_left = (
+                b.budget_left,
+                b.budget_reserved,
+                b.cost_left,
             )
     return out
+
+
+def _least(old: float | None, value: float) -> float:
+    return value if old is None else min(old, value)
+
+
+def _budget(u: TenantUsage, name: str, value: float) -> None:
+    """Every gateway reports the shared budget: the smallest is the freshest (and each the
+    reserved total it last saw: settled gateways see less)."""
+    if name == BUDGET_REMAINING:
+        u.budget_left = _least(u.budget_left, value)
+    elif name == BUDGET_RESERVED:
+        u.budget_reserved = _least(u.budget_reserved, value)
+    else:
+        u.cost_left = _least(u.cost_left, value)
 
 
 def usage_table(usage: dict[str, TenantUsage]) -> str:
@@ -89,13 +123,19 @@ def usage_table(usage: dict[str, TenantUsage]) -> str:
             name, f"{u.total_requests:,.0f}", f"{ok:,.0f}", f"{limited:,.0f}",
             f"{u.tokens.get('prompt', 0):,.0f}", f"{u.tokens.get('completion', 0):,.0f}",
             f"{u.tokens.get('cached', 0):,.0f}",
-            "-" if u.budget_left is None else f"{u.budget_left:,.0f}",
+            _left(u),
             "-" if u.budget_reserved is None else f"{u.budget_reserved:,.0f}",
             f"{u.cost:.4f}", per_1k,
         ])  # fmt: skip
     headers = ["TENANT", "REQUESTS", "OK", "429", "PROMPT", "COMPLETION", "CACHED",
                "BUDGET-LEFT", "RESERVED", "COST", "COST/1K"]  # fmt: skip
     return table(headers, rows)
+
+
+def _left(u: TenantUsage) -> str:
+    if u.cost_left is not None:
+        return f"{u.cost_left:,.4f} (cost)"
+    return "-" if u.budget_left is None else f"{u.budget_left:,.0f}"
 
 
 def parse_exposition(text: str) -> list[Sample]:
@@ -108,8 +148,8 @@ def parse_exposition(text: str) -> list[Sample]:
     ]
 
 
-def _from_pods(cluster: Cluster, name: str) -> tuple[list[Sample], str]:
-    selector = f"{ISVC_LABEL}={name},{COMPONENT_LABEL}=gateway"
+def _from_pods(cluster: Cluster, name: str, label: str) -> tuple[list[Sample], str]:
+    selector = f"{label}={name},{COMPONENT_LABEL}=gateway"
     pods = cluster.items(POD, cluster.namespace, labelSelector=selector)
     samples: list[Sample] = []
     read = 0
@@ -135,21 +175,27 @@ def _from_pods(cluster: Cluster, name: str) -> tuple[list[Sample], str]:
 _SINCE = re.compile(r"^\d+[smhdw]$")
 
 
-def _from_prometheus(url: str, namespace: str, name: str, since: str) -> tuple[list[Sample], str]:
+def _from_prometheus(
+    url: str, namespace: str, name: str, since: str, target: str
+) -> tuple[list[Sample], str]:
+    """`target`: the label the PodMonitor gives the gateway's series (inferenceservice, or
+    inferencegateway for a shared gateway)."""
     from prometheus_api_client import PrometheusConnect
 
     prom = PrometheusConnect(url=url, disable_ssl=True)
-    where = f'namespace="{namespace}", inferenceservice="{name}"'
+    where = f'namespace="{namespace}", {target}="{name}"'
 
     def increase(metric: str, by: str) -> str:
         return f"sum by ({by}) (increase({metric}{{{where}}}[{since}]))"
 
     queries = {
-        f"{REQUESTS}_total": increase(f"{REQUESTS}_total", "tenant, status"),
-        f"{TOKENS}_total": increase(f"{TOKENS}_total", "tenant, kind"),
-        f"{COST}_total": increase(f"{COST}_total", "tenant"),
-        BUDGET_REMAINING: f"min by (tenant) ({BUDGET_REMAINING}{{{where}}})",
-        BUDGET_RESERVED: f"min by (tenant) ({BUDGET_RESERVED}{{{where}}})",
+        f"{REQUESTS}_total": increase(f"{REQUESTS}_total", "tenant, model, status"),
+        f"{TOKENS}_total": increase(f"{TOKENS}_total", "tenant, model, kind"),
+        f"{COST}_total": increase(f"{COST}_total", "tenant, model"),
+        **{
+            gauge: f"min by (tenant) ({gauge}{{{where}}})"
+            for gauge in (BUDGET_REMAINING, BUDGET_RESERVED, BUDGET_REMAINING_COST)
+        },
     }
     samples: list[Sample] = []
     try:
@@ -170,6 +216,10 @@ def _from_prometheus(url: str, namespace: str, name: str, since: str) -> tuple[l
 @click.option("--tenant", default=None, help="Only this tenant.")
 @click.option("--since", default="1h", show_default=True, help="With --prometheus-url: window.")
 @click.option("--prometheus-url", default=None, help="Read Prometheus instead of the pods.")
+@click.option("--by-model", is_flag=True, help="One row per tenant and model.")
+@click.option(
+    "--gateway", "shared", is_flag=True, help="NAME is an InferenceGateway (a shared gateway)."
+)
 def usage(
     name: str,
     kubeconfig: str | None,
@@ -178,17 +228,24 @@ def usage(
     tenant: str | None,
     since: str,
     prometheus_url: str | None,
+    by_model: bool,
+    shared: bool,
 ) -> None:
-    """Tokens, requests (OK, 429), budget left and cost per tenant of NAME's gateway."""
+    """Tokens, requests (OK, 429), budget left and cost per tenant (or per tenant and model)
+    of NAME's gateway."""
     if not _SINCE.match(since):
         raise click.UsageError(f"--since {since!r}: a duration like 30m, 1h, 7d")
     cluster = Cluster.connect(kubeconfig, context, namespace)
-    cluster.isvc(name)
-    if prometheus_url:
-        samples, source = _from_prometheus(prometheus_url, cluster.namespace, name, since)
+    if shared:
+        cluster.get(IGW.path(cluster.namespace, name))
     else:
-        samples, source = _from_pods(cluster, name)
-    result = aggregate(samples, tenant)
+        cluster.isvc(name)
+    label, target = (IG_LABEL, "inferencegateway") if shared else (ISVC_LABEL, "inferenceservice")
+    if prometheus_url:
+        samples, source = _from_prometheus(prometheus_url, cluster.namespace, name, since, target)
+    else:
+        samples, source = _from_pods(cluster, name, label)
+    result = aggregate(samples, tenant, by_model)
     if not result:
         who = f"tenant {tenant!r}" if tenant else "any tenant"
         click.echo(f"no usage by {who} ({source})", err=True)

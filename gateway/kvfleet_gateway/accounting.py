@@ -19,7 +19,7 @@ from types import TracebackType
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
-from kvfleet_gateway.limiter import Lease, LimitStore
+from kvfleet_gateway.limiter import Lease, LimitStore, cost_units
 from kvfleet_gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("kvfleet.gateway")
@@ -92,8 +92,13 @@ class Admitted:
                 ex.backend.url if ex.backend else "?",
                 ex.tenant,
             )
+        units = None
+        if self.lease.budget_unit == "cost":
+            cost = ex.price.cost(usage.prompt_tokens, usage.cached_tokens,
+                                 usage.completion_tokens) if ex.price else 0.0  # fmt: skip
+            units = min(cost_units(cost), self.lease.budget_reserved or 0)
         try:
-            await self.store.settle(self.lease, usage.total, time.time())
+            await self.store.settle(self.lease, usage.total, time.time(), units)
             self._report_budget()
         except Exception:  # never let accounting failures escape into the response path
             log.exception("settlement failed for tenant %s", ex.tenant)
@@ -105,7 +110,8 @@ class Admitted:
         ttft = None if ex.first_token_at is None else ex.first_token_at - ex.started
         if ttft is not None:
             m.ttft.labels(*labels).observe(ttft)
-        gpu_s = m.record_usage(ex.tenant, ex.req.model, usage, self.config.cost)
+        gpu_s = m.record_usage(ex.tenant, ex.req.model, usage, ex.gpu_cost or self.config.cost,
+                               ex.price)  # fmt: skip
         if not self.config.access_log:
             return
         access_log.info(

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -27,35 +27,32 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kvfleet_gateway import inbound, isolation
 from kvfleet_gateway.accounting import Admitted
-from kvfleet_gateway.backends import BackendPool, engine_auth_headers, read_secret_file
-from kvfleet_gateway.config import ConfigError, GatewayConfig, Limits
-from kvfleet_gateway.disaggregation import prefill_pool_running, prefill_side
-from kvfleet_gateway.discovery import PodDiscovery, kube_access
+from kvfleet_gateway.backends import read_secret_file
+from kvfleet_gateway.config import GatewayConfig, Limits
 from kvfleet_gateway.errors import ClientGone, GatewayError
 from kvfleet_gateway.exchange import Exchange
-from kvfleet_gateway.fair_gate import FairGate
 from kvfleet_gateway.keys import KeyWatcher, Tenant
 from kvfleet_gateway.kv_events.hashing import page_hashes
-from kvfleet_gateway.kv_events.prompts import PromptTokenizer
-from kvfleet_gateway.kv_events.streams import KvEventStreams
-from kvfleet_gateway.limiter import Decision, LimitStore, MemoryStore, Quota, Ticket
-from kvfleet_gateway.lora import AdapterManager, Target, resolve
+from kvfleet_gateway.limiter import (
+    COST_UNIT,
+    Decision,
+    LimitStore,
+    MemoryStore,
+    Quota,
+    Ticket,
+    cost_units,
+)
+from kvfleet_gateway.lora import Target
 from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.pools import ModelPool, PoolSet
 from kvfleet_gateway.pre_admission import PreAdmission
 from kvfleet_gateway.probes import healthz, make_metrics_app, readyz
-from kvfleet_gateway.proxy import Proxy
 from kvfleet_gateway.redis_store import RedisStore
-from kvfleet_gateway.routing import EventIndex, make_policy, priors_for
 from kvfleet_gateway.routing.base import RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, text_blocks
-from kvfleet_gateway.routing.least_load import LeastLoad
 from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
 
 log = logging.getLogger("kvfleet.gateway")
-
-UPSTREAM_KEEPALIVE_S = 4.0
-"""How long an idle connection to an engine is kept for reuse."""
-
 
 # ---- helpers -----------------------------------------------------------------------------
 
@@ -78,7 +75,9 @@ def ratelimit_headers(q: Quota) -> dict[str, str]:
         h["x-ratelimit-limit-tokens"] = str(q.limit_tokens)
         h["x-ratelimit-remaining-tokens"] = str(q.remaining_tokens)
         h["x-ratelimit-reset-tokens"] = _fmt_reset(q.reset_tokens_s)
-    if q.budget_remaining is not None:
+    if q.budget is not None and q.budget.unit == "cost":
+        h["x-kvfleet-budget-remaining-cost"] = f"{q.budget.available * COST_UNIT:.6f}"
+    elif q.budget_remaining is not None:
         h["x-kvfleet-budget-remaining-tokens"] = str(q.budget_remaining)
     if q.budget is not None and q.budget.resets_at is not None:
         # Unix seconds: a client can tell which period a request was billed to.
@@ -115,13 +114,6 @@ def authenticate(gw: Gateway, request: web.Request) -> Tenant:
     if tenant is None:
         raise _key_error("invalid API key")
     return tenant
-
-
-def _models(gw: Gateway) -> dict[str, int | None]:
-    served = gw.pool.served_models()
-    if not gw.config.models:
-        return served
-    return {m.name: m.context_length or served.get(m.name) for m in gw.config.models}
 
 
 def _before_the_body(
@@ -180,40 +172,71 @@ async def _read_json(gw: Gateway, request: web.Request, tenant: str) -> dict[str
 # ---- handlers ----------------------------------------------------------------------------
 
 
+def _allowed(limits: Limits, *names: str | None) -> bool:
+    return limits.models is None or any(n in limits.models for n in names if n)
+
+
 async def list_models(request: web.Request) -> web.Response:
+    """Every model, alias and adapter of every pool the key may use."""
     gw = request.app[GATEWAY]
-    authenticate(gw, request)
-    models = _models(gw)
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "kvfleet",
-            **({"max_model_len": ctx} if ctx else {}),
-        }
-        for name, ctx in models.items()
-    ]
-    adapters = gw.lora.known(list(gw.pool.backends.values()), models)
-    data += [{"id": name, "object": "model", "created": 0, "owned_by": "kvfleet",
-              "parent": base, "root": base} for name, base in sorted(adapters.items())]  # fmt: skip
+    tenant = authenticate(gw, request)
+    limits = gw.config.limits_for(tenant.name, tenant.limits)
+    data: list[dict[str, Any]] = []
+    for pool, name, ctx in gw.pools.served():
+        model = pool.models.get(name)
+        entry = {"object": "model", "created": 0,
+                 "owned_by": model.owned_by if model else "kvfleet",
+                 **({"max_model_len": ctx} if ctx else {})}  # fmt: skip
+        aliases = model.aliases if model else ()
+        for n in (name, *aliases):
+            if _allowed(limits, n, name, *aliases):
+                data.append({"id": n, **entry, **({"root": name} if n != name else {})})
+        for adapter, base in sorted(pool.adapters().items()):
+            if base == name and _allowed(limits, adapter):
+                data.append({"id": adapter, **entry, "parent": base, "root": base})
     return web.json_response({"object": "list", "data": data})
 
 
-def _target(gw: Gateway, kind: inbound.Kind, body: dict[str, Any],
-            models: dict[str, int | None]) -> Target | None:  # fmt: skip
-    """What the body's `model` names; an adapter's request is sent to the engines as
-    `<base>:<adapter>` (SGLang's form)."""
+def _pool_for(gw: Gateway, kind: inbound.Kind, body: dict[str, Any]
+              ) -> tuple[ModelPool | None, Target | None]:  # fmt: skip
+    """The pool serving the body's `model` and what it names there (None: no pool serves
+    it). An alias or adapter reaches the engines in their own names (`<base>:<adapter>`)."""
     model = body.get("model")
-    if not isinstance(model, str):
-        return None
-    target = resolve(model, models, gw.lora.known(list(gw.pool.backends.values()), models))
+    if not isinstance(model, str) or not model:
+        only = gw.pools.only()
+        served = only.served() if only is not None else {}
+        return only, (Target(next(iter(served))) if len(served) == 1 else None)
+    found = gw.pools.find(model)
+    if found is None:
+        return None, None
+    pool, target = found
+    if target.adapter is not None and kind == "generate":
+        raise GatewayError(400, "LoRA adapters are served on /v1/chat/completions and"
+                           " /v1/completions", param="model")  # fmt: skip
+    body["model"] = target.engine_model
+    return pool, target
+
+
+def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) -> None:
+    """A tenant's `models` allow-list: the name it sent, or the model it names (an alias
+    of an allowed model is allowed; an adapter must be listed itself)."""
     if target.adapter is not None:
-        if kind == "generate":
-            raise GatewayError(400, "LoRA adapters are served on /v1/chat/completions and"
-                               " /v1/completions", param="model")  # fmt: skip
-        body["model"] = target.engine_model
-    return target
+        names: tuple[str, ...] = (target.adapter,)
+    else:
+        model = pool.models.get(target.base)
+        names = (target.base, *(model.aliases if model else ()))
+    if not _allowed(limits, asked, *names):
+        raise GatewayError(403, f"the model '{asked}' is not available to this API key",
+                           "permission_error", "model_not_allowed", "model")  # fmt: skip
+
+
+def _no_such_model(gw: Gateway, model: str) -> NoReturn:
+    if not gw.pools.served():
+        log.warning("no healthy backend: no replica answers /v1/models (is any running?)")
+        raise GatewayError(503, "no healthy backend: no engine replica is available",
+                           "server_error", "no_healthy_backend")  # fmt: skip
+    raise GatewayError(404, f"the model '{model}' does not exist", "invalid_request_error",
+                       "model_not_found", "model")  # fmt: skip
 
 
 LONG_PROMPT_CHARS = 16_384
@@ -221,18 +244,18 @@ LONG_PROMPT_CHARS = 16_384
 
 
 async def _engine_pages(
-    gw: Gateway, req: inbound.ClientRequest, salt: str | None
+    pool: ModelPool, req: inbound.ClientRequest, salt: str | None
 ) -> tuple[tuple[int, ...], int, int | None]:
     """The prompt's page hashes as the engines publish them, their page size, and the exact
     prompt length; nothing when no engine stream is live or the prompt cannot be reproduced."""
-    ep = req.engine_prompt
-    size = gw.events.block_size() if gw.events is not None else None
-    if gw.prompts is None or ep is None or size is None:
+    ep, prompts = req.engine_prompt, pool.prompts
+    size = pool.events.block_size() if pool.events is not None else None
+    if prompts is None or ep is None or size is None:
         return (), 0, None
     ids = (
-        await asyncio.to_thread(gw.prompts.ids_of, ep)
+        await asyncio.to_thread(prompts.ids_of, ep)
         if ep.chars > LONG_PROMPT_CHARS
-        else gw.prompts.ids_of(ep)
+        else prompts.ids_of(ep)
     )
     if ids is None:
         return (), 0, None
@@ -244,7 +267,6 @@ async def _engine_pages(
 
 async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    assert gw.proxy is not None
     tenant = authenticate(gw, request)
     limits: Limits = gw.config.limits_for(tenant.name, tenant.limits)
     refused = _before_the_body(gw, request, tenant.name, limits)
@@ -256,29 +278,18 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         body.pop("cache_salt", None)
     else:
         body["cache_salt"] = salt
-    models = _models(gw)
-    default_model = next(iter(models)) if len(models) == 1 else None
-    target = _target(gw, kind, body, models)
+    asked = body.get("model")
+    pool, target = _pool_for(gw, kind, body)
+    default_model = target.base if target is not None and asked is None else None
     req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
-    base = target.base if target is not None else req.model
-    if base not in models and not models:
-        log.warning("no healthy backend: no replica answers /v1/models (is any running?)")
-        raise GatewayError(
-            503,
-            "no healthy backend: no engine replica is available",
-            "server_error",
-            "no_healthy_backend",
-        )
-    if base not in models:
-        raise GatewayError(
-            404,
-            f"the model '{req.model}' does not exist",
-            "invalid_request_error",
-            "model_not_found",
-            "model",
-        )
+    if pool is None or target is None:
+        _no_such_model(gw, req.model)
+    assert pool is not None and target is not None and pool.proxy is not None
+    _check_allowed(limits, asked if isinstance(asked, str) else target.base, pool, target)
+    models = pool.served()
+    base = target.base
     inbound.check_context(req, models[base])
-    pages, page_tokens, prompt_tokens = await _engine_pages(gw, req, salt)
+    pages, page_tokens, prompt_tokens = await _engine_pages(pool, req, salt)
     route = RouteRequest(
         base,
         isolation.salted_units(salt, req.prompt_text),
@@ -289,6 +300,8 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         pages=pages,
         page_tokens=page_tokens,
     )
+    price = pool.price(base)
+    bound = price.bound(req.prompt_bound, req.max_tokens) if price else 0.0
     # Everything above may refuse the request; nothing below may leak what admission grants.
     ticket = Ticket(
         tenant.name,
@@ -297,6 +310,7 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         uuid.uuid4().hex,
         time.time(),
         gw.config.limits.lease_ttl,
+        budget_need=cost_units(bound) if limits.cost_budget is not None else None,
     )
     decision = await gw.store.admit(ticket)
     gw.pre.remember(tenant.name, limits, decision, time.time())
@@ -311,13 +325,14 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         gw.metrics.requests.labels(tenant.name, req.model, str(err.status)).inc()
         return err.response(headers)
     assert decision.lease is not None
-    ex = Exchange(tenant.name, req, route, adapter=target.adapter if target else None)
+    ex = Exchange(tenant.name, req, route, adapter=target.adapter, price=price,
+                  gpu_cost=pool.config.cost)  # fmt: skip
     gw.pre.inflight[tenant.name] += 1
     try:
         async with Admitted(gw.config, gw.store, gw.metrics, ex, decision.lease):
             try:
-                async with gw.fair.slot(ex, limits):
-                    return await gw.proxy.forward(request, ex, headers)
+                async with pool.fair.slot(ex, limits):
+                    return await pool.proxy.forward(request, ex, headers)
             except GatewayError as err:
                 ex.status = err.status
                 return err.response(headers)
@@ -416,96 +431,27 @@ def make_app(config: GatewayConfig) -> web.Application:
     if config.auth.keys_file is None and not config.auth.insecure_no_auth:
         raise ValueError("no API keys configured: give a keys file or --insecure-no-auth")
     _redact_server_logs()
-    index_config = config.routing.prefix_index
-    events = EventIndex() if index_config.source == "events" else None
-    prompts = None
-    if events is not None and index_config.tokenizer:
-        try:
-            prompts = PromptTokenizer.load(index_config.tokenizer)
-        except ValueError as e:
-            raise ConfigError("routing.prefixIndex.tokenizer", str(e)) from None
-    t = config.routing.tuning
-    try:
-        priors = priors_for(t.model_config, t.gpu, t.tensor_parallel, t.peak_efficiency)
-    except ValueError as e:
-        raise ConfigError("routing.tuning.modelConfig", str(e)) from None
-    log.info("routing priors: %s", priors)
-    policy = make_policy(config.routing.policy, t, events, priors)
-    # Disaggregated: the policy picks prefill engines (where prefixes are cached); decode
-    # engines hold no prefix cache, so the least loaded takes the decode half.
-    prefill = prefill_side(config, policy)
-    if prefill is not None:
-        policy = make_policy(LeastLoad.name)
-    engine_headers = engine_auth_headers(config.backends.engine_api_key_file)
-    pool = BackendPool(
-        config.backends.static, config.health_interval, config.routing.scrape_interval
-    )
     metrics = GatewayMetrics()
-    lora = AdapterManager(config.lora, config.models[0].name if config.models else None)
-    pool.track_adapters = bool(config.lora.adapters)
     gw = Gateway(
         config=config,
-        lora=lora,
         keys=KeyWatcher(Path(config.auth.keys_file)) if config.auth.keys_file else None,
         store=make_store(config),
-        pool=pool,
+        pools=PoolSet(config, metrics),
         metrics=metrics,
-        fair=FairGate(config.fairness, pool, metrics),
-        events=events,
-        prompts=prompts,
         pre=PreAdmission(config.requests.body_bytes_per_second, 2.0 * config.max_body_bytes),
     )
-    gw.pool.removed_hook = policy.on_removed
     app = web.Application(middlewares=[errors_middleware], client_max_size=config.max_body_bytes)
     app[GATEWAY] = gw
 
-    async def http_client(app: web.Application) -> AsyncIterator[None]:
-        t = config.timeouts
-        # Idle engine connections are dropped before the engine's own keep-alive ends
-        # (uvicorn, SGLang's server: 5 s), so a request never goes out on a connection the
-        # engine is closing — once sent, a request is not retried elsewhere.
-        connector = aiohttp.TCPConnector(
-            limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S
-        )
-        timeout = aiohttp.ClientTimeout(total=None, connect=t.connect)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers=engine_headers
-        ) as session:
-            gw.proxy = Proxy(
-                session,
-                gw.pool,
-                policy,
-                t,
-                gw.metrics,
-                config.hold,
-                prefill,
-                config.fairness.saturation() if config.fairness.enabled else None,
-                lora,
-            )
-            async with (
-                gw.pool.running(session),
-                prefill_pool_running(prefill, config, session),
-                gw.fair.running_pump(),
-            ):
-                yield
+    async def pools(app: web.Application) -> AsyncIterator[None]:
+        async with gw.pools.running():
+            yield
 
     async def key_watcher(app: web.Application) -> AsyncIterator[None]:
         if gw.keys is None:
             yield
             return
         async with gw.keys.watching():
-            yield
-
-    async def discovery(app: web.Application) -> AsyncIterator[None]:
-        kube = config.backends.kubernetes
-        if kube is None:
-            yield
-            return
-        static = set(config.backends.static)
-        finder = PodDiscovery(
-            kube_access(kube.kubeconfig), kube, lambda urls: gw.pool.set_members(static | urls)
-        )
-        async with finder.running():
             yield
 
     async def store(app: web.Application) -> AsyncIterator[None]:
@@ -524,29 +470,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         finally:
             await runner.cleanup()
 
-    async def kv_event_streams(app: web.Application) -> AsyncIterator[None]:
-        if events is None:
-            yield
-            return
-        streams = KvEventStreams(
-            events,
-            gw.metrics,
-            # Prefixes are cached where prompts are computed: the prefill pool, when there is one.
-            lambda: [
-                b.url
-                for b in (prefill.pool if prefill else gw.pool).backends.values()
-                if b.healthy and not b.draining
-            ],
-        )
-        async with (
-            aiohttp.ClientSession(headers=engine_headers) as session,
-            streams.running(session),
-        ):
-            yield
-
-    app.cleanup_ctx.extend(
-        [metrics_server, store, key_watcher, http_client, discovery, kv_event_streams]
-    )
+    app.cleanup_ctx.extend([metrics_server, store, key_watcher, pools])
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)

@@ -30,7 +30,7 @@ import aiohttp
 import msgspec
 
 from kvfleet_gateway.backends import Backend, BackendPool
-from kvfleet_gateway.config import GatewayConfig, PrefillBackends
+from kvfleet_gateway.config import PoolConfig, PrefillBackends
 from kvfleet_gateway.discovery import PodDiscovery, kube_access
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
@@ -204,20 +204,20 @@ async def _first_outcome(
         return exc
 
 
-def prefill_side(config: GatewayConfig, policy: Policy) -> PrefillSide | None:
+def prefill_side(config: PoolConfig, health_interval: float, policy: Policy) -> PrefillSide | None:
     """The prefill pool the config names (None: a colocated service)."""
     spec = config.backends.prefill
     if spec is None:
         return None
     urls = [e.url for e in spec.static]
-    pool = BackendPool(urls, config.health_interval, config.routing.scrape_interval)
+    pool = BackendPool(urls, health_interval, config.routing.scrape_interval)
     pool.removed_hook = policy.on_removed
     return PrefillSide(pool, policy, spec)
 
 
 @contextlib.asynccontextmanager
 async def prefill_pool_running(
-    side: PrefillSide | None, config: GatewayConfig, session: aiohttp.ClientSession
+    side: PrefillSide | None, config: PoolConfig, session: aiohttp.ClientSession
 ) -> AsyncIterator[None]:
     """Health checks, signals and (with a selector) pod discovery of the prefill pool."""
     spec = config.backends.prefill

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_gateway.backends import Backend
+from kvfleet_gateway.config import CostConfig, Price
 from kvfleet_gateway.inbound import ClientRequest
 from kvfleet_gateway.metrics import Usage
 from kvfleet_gateway.routing import RouteRequest
@@ -38,6 +39,10 @@ class Exchange:
     """The request reached an engine (it may have done the work): billed even with no counts."""
     adapter: str | None = None
     """The LoRA adapter it runs with (its base model is `route.model`)."""
+    price: Price | None = None
+    """What its model's tokens cost (cost budgets and the cost metric)."""
+    gpu_cost: CostConfig | None = None
+    """Its pool's GPU cost model (None: the gateway's `cost`)."""
     deadline: float = 0.0
     """Monotonic time by which the response must begin (a non-streaming one: be whole)."""
     """An engine answered 200 and started on the request (its prefill is under way)."""

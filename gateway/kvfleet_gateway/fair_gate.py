@@ -24,7 +24,7 @@ from kvfleet_gateway.backends import BackendPool
 from kvfleet_gateway.config import Fairness, Limits
 from kvfleet_gateway.errors import GatewayError
 from kvfleet_gateway.exchange import Exchange
-from kvfleet_gateway.fairness import FairQueue, goes_now
+from kvfleet_gateway.fairness import FairQueue, Saturation, goes_now
 from kvfleet_gateway.metrics import GatewayMetrics
 from kvfleet_gateway.routing import Candidate
 from kvfleet_gateway.tasks import every
@@ -41,6 +41,11 @@ class FairGate:
     queues: dict[str, FairQueue[asyncio.Future[bool]]] = field(default_factory=dict)
     running: Counter[str] = field(default_factory=Counter)
     """Requests of each model this gateway let through that have not ended."""
+    saturation: Saturation = field(init=False)
+    """When a replica is full (built once from the config; the proxy shares it)."""
+
+    def __post_init__(self) -> None:
+        self.saturation = self.config.saturation()
 
     def _queue(self, model: str) -> FairQueue[asyncio.Future[bool]]:
         q = self.queues.get(model)
@@ -69,7 +74,7 @@ class FairGate:
         weight = limits.fair_share_weight or 1.0
         q = self._queue(model)
         if goes_now(q, tenant, self.running[model], self._candidates(model),
-                    self.config.saturation()):  # fmt: skip
+                    self.saturation):  # fmt: skip
             self.running[model] += 1
         else:
             await self._wait(ex, q, limits)
@@ -129,7 +134,7 @@ class FairGate:
         if q is None:
             return
         candidates = self._candidates(model)
-        while q.releasable(self.running[model], candidates, self.config.saturation()):
+        while q.releasable(self.running[model], candidates, self.saturation):
             popped = q.pop()
             assert popped is not None
             self.running[model] += 1

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvfleet_gateway.config import Limits, TokenBudget
+from kvfleet_gateway.config import Limits
 
 WINDOW_S = 60
 SETTLED_MEMORY_S = 3600
@@ -39,6 +39,39 @@ class Ticket:
     now: float
     """Unix time, seconds."""
     lease_ttl_s: float = 60.0
+    budget_need: int | None = None
+    """What the request may cost against a cost budget, in `COST_UNIT`s (None: its tokens)."""
+
+    @property
+    def budget_units(self) -> int:
+        return self.reserve_tokens if self.budget_need is None else self.budget_need
+
+
+COST_UNIT = 1e-6
+"""Cost budgets are counted in millionths of the price currency (integers, as tokens are)."""
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A tenant's budget in the store's integer units: tokens, or millionths of the currency."""
+
+    limit: int
+    period: float
+    unit: Literal["tokens", "cost"]
+
+
+def budget_spec(lim: Limits) -> BudgetSpec | None:
+    if lim.token_budget is not None:
+        return BudgetSpec(lim.token_budget.tokens, float(lim.token_budget.period), "tokens")
+    if lim.cost_budget is not None:
+        limit = max(1, round(lim.cost_budget.amount / COST_UNIT))
+        return BudgetSpec(limit, float(lim.cost_budget.period), "cost")
+    return None
+
+
+def cost_units(amount: float) -> int:
+    """An amount of money in the store's units, rounded up (a bound must not undercount)."""
+    return math.ceil(amount / COST_UNIT - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -53,6 +86,8 @@ class BudgetState:
     it settles to what it used."""
     resets_at: float | None = None
     """Unix time this period ends and the budget starts again (None: not known here)."""
+    unit: Literal["tokens", "cost"] = "tokens"
+    """Tokens, or millionths of the price currency (a cost budget)."""
 
     @property
     def left(self) -> int:
@@ -76,12 +111,27 @@ def period_end(period: int, period_s: float) -> float:
     return (period + 1) * period_s
 
 
+def _amount(units: int, unit: str) -> str:
+    return f"{units * COST_UNIT:,.6f}" if unit == "cost" else f"{units:,}"
+
+
+def _may_need(need: int, unit: str) -> str:
+    if unit == "cost":
+        return (
+            f"cost budget: this request may cost up to {_amount(need, unit)} (its prompt and"
+            " max_tokens at the model's price)"
+        )
+    return f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens)"
+
+
 def budget_refusal(need: int, state: BudgetState) -> str:
     """The 429 message of a request the budget cannot take: its bound against what remains."""
+    u = state.unit
     return (
-        f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens); "
-        f"{state.available:,} of {state.limit:,} remain this period ({state.spent:,} spent, "
-        f"{state.reserved:,} reserved by requests in flight)"
+        f"{_may_need(need, u)}; "
+        f"{_amount(state.available, u)} of {_amount(state.limit, u)} remain this period"
+        f" ({_amount(state.spent, u)} spent, {_amount(state.reserved, u)} reserved by requests"
+        " in flight)"
     )
 
 
@@ -90,11 +140,11 @@ def over_concurrency(limit: int) -> str:
     return f"{limit} concurrent requests already running"
 
 
-def budget_too_small(need: int, limit: int) -> str:
+def budget_too_small(need: int, limit: int, unit: str = "tokens") -> str:
     """The 429 of a request whose bound exceeds the whole budget (waiting cannot help)."""
     return (
-        f"token budget: this request may need up to {need:,} tokens (prompt + max_tokens), "
-        f"more than the whole budget of {limit:,} per period: lower max_tokens"
+        f"{_may_need(need, unit)}, more than the whole budget of {_amount(limit, unit)} per"
+        " period: lower max_tokens"
     )
 
 
@@ -129,6 +179,9 @@ class Lease:
     budget_period_s: float | None = None
     budget_tokens: int | None = None
     """The tenant's budget per period, to report its state after settling."""
+    budget_reserved: int | None = None
+    """What it holds of the budget (None: `reserved_tokens`)."""
+    budget_unit: Literal["tokens", "cost"] = "tokens"
 
 
 @dataclass(frozen=True)
@@ -145,7 +198,9 @@ class Decision:
 class LimitStore(Protocol):
     async def admit(self, ticket: Ticket) -> Decision: ...
 
-    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+    async def settle(
+        self, lease: Lease, used_tokens: int, now: float, budget_used: int | None = None
+    ) -> bool:
         """Record real usage and free the lease; True only for the first call per lease."""
         ...
 
@@ -153,7 +208,7 @@ class LimitStore(Protocol):
 
     async def active_leases(self, tenant: str, now: float) -> int: ...
 
-    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
+    async def budget_state(self, tenant: str, budget: BudgetSpec, now: float) -> BudgetState:
         """The tenant's budget in the current period of `budget`."""
         ...
 
@@ -217,11 +272,11 @@ class MemoryStore:
 
     def admit_now(self, ticket: Ticket, degraded: bool = False) -> Decision:
         st, lim, now = self._state(ticket.tenant), ticket.limits, ticket.now
-        need = ticket.reserve_tokens
+        need, bneed = ticket.reserve_tokens, ticket.budget_units
         st.prune(now)
         sec = math.floor(now)
         n_req, n_tok = sum(st.requests.values()), sum(st.tokens.values())
-        budget = lim.token_budget
+        budget = budget_spec(lim)
         period = math.floor(now / budget.period) if budget else None
         used = st.budget.get(period, 0) if period is not None else 0
 
@@ -258,16 +313,15 @@ class MemoryStore:
                 f"limit of {tpm} tokens per minute reached",
             )
         if budget is not None and period is not None:
-            if need > budget.tokens:
-                return reject("budget", None, budget_too_small(need, budget.tokens))
-            if used + st.reserved + need > budget.tokens:
+            if bneed > budget.limit:
+                return reject("budget", None, budget_too_small(bneed, budget.limit, budget.unit))
+            if used + st.reserved + bneed > budget.limit:
+                state = BudgetState(budget.limit, used, st.reserved, unit=budget.unit)
                 return reject(
-                    "budget",
-                    (period + 1) * budget.period - now,
-                    budget_refusal(need, BudgetState(budget.tokens, used, st.reserved)),
+                    "budget", (period + 1) * budget.period - now, budget_refusal(bneed, state)
                 )
-        st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, need)
-        st.reserved += need
+        st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, bneed)
+        st.reserved += bneed
         st.requests[sec] = st.requests.get(sec, 0) + 1
         st.tokens[sec] = st.tokens.get(sec, 0) + need
         lease = Lease(
@@ -278,7 +332,9 @@ class MemoryStore:
             period,
             degraded,
             budget.period if budget else None,
-            budget.tokens if budget else None,
+            budget.limit if budget else None,
+            bneed,
+            budget.unit if budget else "tokens",
         )
         return Decision(True, self._quota(st, lim, now, used), lease=lease)
 
@@ -287,6 +343,7 @@ class MemoryStore:
         def left(limit: int | None, used: int) -> int | None:
             return None if limit is None else max(0, limit - used)
 
+        budget = budget_spec(lim)
         return Quota(
             limit_requests=lim.requests_per_minute,
             remaining_requests=left(lim.requests_per_minute, sum(st.requests.values())),
@@ -295,19 +352,24 @@ class MemoryStore:
             remaining_tokens=left(lim.tokens_per_minute, sum(st.tokens.values())),
             reset_tokens_s=reset_after(st.tokens, now),
             budget=None
-            if lim.token_budget is None
+            if budget is None
             else BudgetState(
-                lim.token_budget.tokens,
+                budget.limit,
                 budget_used,
                 st.reserved,
-                period_end(math.floor(now / lim.token_budget.period), lim.token_budget.period),
+                period_end(math.floor(now / budget.period), budget.period),
+                budget.unit,
             ),
         )
 
-    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
-        return self.settle_now(lease, used_tokens, now)
+    async def settle(
+        self, lease: Lease, used_tokens: int, now: float, budget_used: int | None = None
+    ) -> bool:
+        return self.settle_now(lease, used_tokens, now, budget_used)
 
-    def settle_now(self, lease: Lease, used_tokens: int, now: float) -> bool:
+    def settle_now(
+        self, lease: Lease, used_tokens: int, now: float, budget_used: int | None = None
+    ) -> bool:
         st = self._state(lease.tenant)
         if lease.lease_id in st.settled:
             return False
@@ -316,10 +378,13 @@ class MemoryStore:
         if held is not None:
             st.reserved -= held[1]
         if lease.budget_period is not None:
-            st.budget[lease.budget_period] = st.budget.get(lease.budget_period, 0) + used_tokens
+            used = used_tokens if budget_used is None else budget_used
+            st.budget[lease.budget_period] = st.budget.get(lease.budget_period, 0) + used
             if lease.budget_tokens is not None:
                 spent = st.budget[lease.budget_period]
-                self._seen[lease.tenant] = BudgetState(lease.budget_tokens, spent, st.reserved)
+                self._seen[lease.tenant] = BudgetState(
+                    lease.budget_tokens, spent, st.reserved, unit=lease.budget_unit
+                )
         if lease.bucket in st.tokens:
             st.tokens[lease.bucket] = max(
                 0, st.tokens[lease.bucket] + used_tokens - lease.reserved_tokens
@@ -339,8 +404,8 @@ class MemoryStore:
     def budget_seen(self, tenant: str) -> BudgetState | None:
         return self._seen.get(tenant)
 
-    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
+    async def budget_state(self, tenant: str, budget: BudgetSpec, now: float) -> BudgetState:
         st = self._state(tenant)
         st.prune(now)
         spent = st.budget.get(math.floor(now / budget.period), 0)
-        return BudgetState(budget.tokens, spent, st.reserved)
+        return BudgetState(budget.limit, spent, st.reserved, unit=budget.unit)

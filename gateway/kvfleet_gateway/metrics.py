@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvfleet_gateway.config import CostConfig
-from kvfleet_gateway.limiter import BudgetState
+from kvfleet_gateway.config import CostConfig, Price
+from kvfleet_gateway.limiter import COST_UNIT, BudgetState
 from kvfleet_kernel.sglang_metrics import (
     BUDGET_REMAINING,
+    BUDGET_REMAINING_COST,
     BUDGET_RESERVED,
     COST,
     GATEWAY_PREFIX,
@@ -94,15 +95,22 @@ class GatewayMetrics:
         )
         self.budget_remaining = Gauge(
             BUDGET_REMAINING,
-            "Tokens left in the tenant's budget period: the budget less what was spent "
-            "(set at each admission and settlement).",
+            "Tokens left in the tenant's token budget this period: the budget less what was"
+            " spent (set at each admission and settlement).",
             ("tenant",),
             registry=r,
         )
         self.budget_reserved = Gauge(
             BUDGET_RESERVED,
-            "Tokens of the tenant's budget reserved by requests in flight (each holds its "
-            "upper bound until it settles).",
+            "Tokens of the tenant's token budget reserved by requests in flight (each holds"
+            " its upper bound until it settles).",
+            ("tenant",),
+            registry=r,
+        )
+        self.budget_remaining_cost = Gauge(
+            BUDGET_REMAINING_COST,
+            "Money left in the tenant's cost budget this period, at the models' prices: the"
+            " budget less what was spent (set at each admission and settlement).",
             ("tenant",),
             registry=r,
         )
@@ -201,18 +209,30 @@ class GatewayMetrics:
             registry=r,
         )
         self.cost = Counter(
-            COST, "Money attributed to requests (gpuHourlyPrice units).", tm, registry=r
+            COST,
+            "Money attributed to requests: at the model's price (per 1M prompt, cached and"
+            " output tokens) when it has one, else its GPU time at gpuHourlyPrice.",
+            tm,
+            registry=r,
         )
 
-    def record_usage(self, tenant: str, model: str, usage: Usage, cost: CostConfig) -> float:
+    def record_usage(self, tenant: str, model: str, usage: Usage, cost: CostConfig,
+                     price: Price | None = None) -> float:  # fmt: skip
         self.tokens.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
         self.tokens.labels(tenant, model, "completion").inc(usage.completion_tokens)
         self.tokens.labels(tenant, model, "cached").inc(usage.cached_tokens)
         gs = gpu_seconds(usage, cost)
         self.gpu_seconds.labels(tenant, model).observe(gs)
-        self.cost.labels(tenant, model).inc(gs * cost.gpu_hourly_price / 3600)
+        if price is not None:
+            money = price.cost(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+        else:
+            money = gs * cost.gpu_hourly_price / 3600
+        self.cost.labels(tenant, model).inc(money)
         return gs
 
     def set_budget(self, tenant: str, state: BudgetState) -> None:
+        if state.unit == "cost":
+            self.budget_remaining_cost.labels(tenant).set(state.left * COST_UNIT)
+            return
         self.budget_remaining.labels(tenant).set(state.left)
         self.budget_reserved.labels(tenant).set(state.reserved)

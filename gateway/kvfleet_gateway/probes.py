@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvfleet_gateway.limiter import budget_spec
 from kvfleet_gateway.redis_store import RedisStore
 from kvfleet_gateway.state import ANONYMOUS, GATEWAY, Gateway
 
@@ -22,7 +23,7 @@ def _every_tenant_budgeted(gw: Gateway) -> bool:
     tenants = {t.name: t.limits for _, t in gw.keys.ring.entries} if gw.keys else {}
     if not tenants:
         tenants = {ANONYMOUS.name: ANONYMOUS.limits}
-    return all(gw.config.limits_for(n, lim).token_budget is not None for n, lim in tenants.items())
+    return all(budget_spec(gw.config.limits_for(n, lim)) is not None for n, lim in tenants.items())
 
 
 async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
@@ -31,14 +32,17 @@ async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
     Replicas that exist but all fail are an outage: not ready. So is a budget store that
     does not answer when every tenant is budgeted: each request would get 503 (a tenant
     without a budget keeps the gateway ready, serving it on local rate limits)."""
-    routable = gw.pool.routable()
-    holding = not gw.pool.backends and gw.config.hold.max_requests > 0
+    pools = list(gw.pools.pools.values())
+    routable = [b for p in pools for b in p.backends.routable()]
+    holding = any(not p.backends.backends for p in pools) and gw.config.hold.max_requests > 0
     detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
     ok = bool(routable) or holding
-    prefill = gw.proxy.prefill if gw.proxy is not None else None
-    if prefill is not None:  # disaggregated: a request needs a whole pair
-        detail["readyPrefill"] = len(prefill.pool.routable())
+    prefills = [p.prefill for p in pools if p.prefill is not None]
+    if prefills:  # disaggregated: a request needs a whole pair
+        detail["readyPrefill"] = sum(len(side.pool.routable()) for side in prefills)
         ok = ok and bool(detail["readyPrefill"])
+    if len(pools) > 1:  # a shared gateway: each pool's own count
+        detail["pools"] = {p.name: len(p.backends.routable()) for p in pools}
     if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):
         store_ok = await gw.store.reachable()
         detail["limitsStore"] = "ok" if store_ok else "unreachable"
@@ -63,7 +67,7 @@ async def metrics(request: web.Request) -> web.Response:
     if isinstance(gw.store, RedisStore):
         gw.metrics.settlements_pending.set(len(gw.store.pending))
     gw.metrics.adapters.clear()  # what each engine holds now, as its /v1/models said
-    for b in gw.pool.backends.values():
+    for b in (b for p in gw.pools.pools.values() for b in p.backends.backends.values()):
         for adapter in b.adapters:
             gw.metrics.adapters.labels(b.url, adapter).set(1)
     return web.Response(

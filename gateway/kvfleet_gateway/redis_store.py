@@ -43,10 +43,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvfleet_gateway.config import Limits, TokenBudget
+from kvfleet_gateway.config import Limits
 from kvfleet_gateway.limiter import (
     SETTLED_MEMORY_S,
     WINDOW_S,
+    BudgetSpec,
     BudgetState,
     Decision,
     Lease,
@@ -55,6 +56,7 @@ from kvfleet_gateway.limiter import (
     Reason,
     Ticket,
     budget_refusal,
+    budget_spec,
     budget_too_small,
     over_concurrency,
     period_end,
@@ -78,6 +80,7 @@ local id, need, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local btok, bper = tonumber(ARGV[7]), tonumber(ARGV[8])
 local known, fresh = ARGV[9], ARGV[10]
+local bneed = tonumber(ARGV[11])
 local gen = ''
 if btok >= 0 then
   gen = redis.call('GET', genkey)
@@ -135,17 +138,17 @@ if rpm >= 0 and nreq + 1 > rpm then return out(0, 'requests', wait(rb, nreq, 1, 
 if tpm >= 0 and need > tpm then return out(0, 'tokens', '') end
 if tpm >= 0 and ntok + need > tpm then return out(0, 'tokens', wait(tb, ntok, need, tpm)) end
 if btok >= 0 then
-  if need > btok then return out(0, 'budget', '') end
-  if used + reserved + need > btok then return out(0, 'budget', (period + 1) * bper - now) end
+  if bneed > btok then return out(0, 'budget', '') end
+  if used + reserved + bneed > btok then return out(0, 'budget', (period + 1) * bper - now) end
 end
 redis.call('ZADD', leases, now + ttl, id)
-redis.call('HSET', resv, id, need)
-redis.call('INCRBY', rtot, need)
+redis.call('HSET', resv, id, bneed)
+redis.call('INCRBY', rtot, bneed)
 redis.call('HINCRBY', rq, sec, 1)
 redis.call('HINCRBY', tq, sec, need)
 redis.call('EXPIRE', rq, 120)
 redis.call('EXPIRE', tq, 120)
-nreq, ntok, reserved = nreq + 1, ntok + need, reserved + need
+nreq, ntok, reserved = nreq + 1, ntok + need, reserved + bneed
 table.insert(rb, {sec, 1})
 table.insert(tb, {sec, need})
 table.sort(rb, function(a, b) return a[1] < b[1] end)
@@ -159,13 +162,14 @@ local leases, resv, rtot, tq, budget, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
 local id, used, reserved = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local bucket, period = ARGV[4], tonumber(ARGV[5])
 local remember, budget_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local bused = tonumber(ARGV[8])
 if not redis.call('SET', done, '1', 'NX', 'EX', remember) then return 0 end
 local r = redis.call('HGET', resv, id)
 if r then redis.call('DECRBY', rtot, r); redis.call('HDEL', resv, id) end
 redis.call('ZREM', leases, id)
 local spent = 0
 if period >= 0 then
-  spent = redis.call('HINCRBY', budget, tostring(period), used)
+  spent = redis.call('HINCRBY', budget, tostring(period), bused)
   redis.call('EXPIRE', budget, budget_ttl)
 end
 if redis.call('HEXISTS', tq, bucket) == 1 then
@@ -252,7 +256,8 @@ class RedisStore:
         self._heartbeat = self.client.register_script(HEARTBEAT)
         self.fallback = MemoryStore()
         self._down_until = 0.0
-        self.pending: list[tuple[Lease, int]] = []
+        self.pending: list[tuple[Lease, int, int | None]] = []
+        """Settlements Redis has not taken yet: lease, tokens used, budget units used."""
         """Settlements admitted by Redis but not yet written back to it."""
         self.generations: dict[str, str] = {}
         """The budget-store generation last seen per tenant (see the module's docstring)."""
@@ -290,7 +295,7 @@ class RedisStore:
     async def admit(self, ticket: Ticket) -> Decision:
         lim = ticket.limits
         if not self.degraded:
-            budget = lim.token_budget
+            budget = budget_spec(lim)
             k = self._keys_of(ticket.tenant)
             argv: list[str | int | float] = [
                 ticket.lease_id,
@@ -299,10 +304,11 @@ class RedisStore:
                 -1 if lim.requests_per_minute is None else lim.requests_per_minute,
                 -1 if lim.tokens_per_minute is None else lim.tokens_per_minute,
                 -1 if lim.max_concurrent is None else lim.max_concurrent,
-                -1 if budget is None else budget.tokens,
+                -1 if budget is None else budget.limit,
                 1 if budget is None else budget.period,
                 self.generations.get(ticket.tenant, ""),
                 uuid.uuid4().hex,
+                ticket.budget_units,
             ]
             try:
                 res = await self._admit(keys=list(k.values()), args=argv)
@@ -311,7 +317,7 @@ class RedisStore:
                     self._mark_down(exc)
             else:
                 return self._decision(ticket, res)
-        if lim.token_budget is not None:
+        if budget_spec(lim) is not None:
             return Decision(
                 False,
                 Quota(),
@@ -335,7 +341,7 @@ class RedisStore:
         def left(limit: int | None, n: int) -> int | None:
             return None if limit is None else max(0, limit - n)
 
-        budget = lim.token_budget
+        budget = budget_spec(lim)
         quota = Quota(
             lim.requests_per_minute,
             left(lim.requests_per_minute, nreq),
@@ -346,7 +352,11 @@ class RedisStore:
             None
             if budget is None
             else BudgetState(
-                budget.tokens, int(used), int(reserved), period_end(int(period), budget.period)
+                budget.limit,
+                int(used),
+                int(reserved),
+                period_end(int(period), budget.period),
+                budget.unit,
             ),
         )
         if ok:
@@ -357,7 +367,9 @@ class RedisStore:
                 int(sec),
                 None if period < 0 else int(period),
                 budget_period_s=budget.period if budget else None,
-                budget_tokens=budget.tokens if budget else None,
+                budget_tokens=budget.limit if budget else None,
+                budget_reserved=ticket.budget_units,
+                budget_unit=budget.unit if budget else "tokens",
             )
             return Decision(True, quota, lease=lease)
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -366,8 +378,13 @@ class RedisStore:
             "requests": f"limit of {lim.requests_per_minute} requests per minute reached",
             "tokens": f"limit of {lim.tokens_per_minute} tokens per minute reached",
             "budget": budget_refusal(
-                ticket.reserve_tokens,
-                BudgetState(budget.tokens if budget else 0, int(used), int(reserved)),
+                ticket.budget_units,
+                BudgetState(
+                    budget.limit if budget else 0,
+                    int(used),
+                    int(reserved),
+                    unit=budget.unit if budget else "tokens",
+                ),
             ),
             "store_reset": STORE_RESET_MESSAGE,
         }
@@ -383,7 +400,9 @@ class RedisStore:
                 f"limit of {lim.tokens_per_minute} per minute: lower max_tokens"
             )
             messages["budget"] = budget_too_small(
-                ticket.reserve_tokens, budget.tokens if budget else 0
+                ticket.budget_units,
+                budget.limit if budget else 0,
+                budget.unit if budget else "tokens",
             )
         return Decision(
             False,
@@ -393,18 +412,20 @@ class RedisStore:
             message=messages.get(why, why),
         )
 
-    async def settle(self, lease: Lease, used_tokens: int, now: float) -> bool:
+    async def settle(
+        self, lease: Lease, used_tokens: int, now: float, budget_used: int | None = None
+    ) -> bool:
         if lease.degraded:
-            return self.fallback.settle_now(lease, used_tokens, now)
+            return self.fallback.settle_now(lease, used_tokens, now, budget_used)
         try:
-            return await self._write_settlement(lease, used_tokens)
+            return await self._write_settlement(lease, used_tokens, budget_used)
         except RedisError as exc:
             if not pool_busy(exc):
                 self._mark_down(exc)
-            self.pending.append((lease, used_tokens))
+            self.pending.append((lease, used_tokens, budget_used))
             return True  # settled locally; written to Redis by the retry loop
 
-    async def _write_settlement(self, lease: Lease, used: int) -> bool:
+    async def _write_settlement(self, lease: Lease, used: int, budget_used: int | None) -> bool:
         k = self._keys_of(lease.tenant)
         keys = [
             k["leases"],
@@ -427,12 +448,15 @@ class RedisStore:
                 period,
                 SETTLED_MEMORY_S,
                 budget_ttl,
+                used if budget_used is None else budget_used,
             ],
         )
         if not res:
             return False  # settled before
         if lease.budget_tokens is not None and isinstance(res, list):
-            self._seen[lease.tenant] = BudgetState(lease.budget_tokens, int(res[1]), int(res[2]))
+            self._seen[lease.tenant] = BudgetState(
+                lease.budget_tokens, int(res[1]), int(res[2]), unit=lease.budget_unit
+            )
         return True
 
     def budget_seen(self, tenant: str) -> BudgetState | None:
@@ -441,8 +465,8 @@ class RedisStore:
     async def flush_pending(self) -> int:
         written = 0
         while self.pending:
-            lease, used = self.pending[0]
-            await self._write_settlement(lease, used)
+            lease, used, budget_used = self.pending[0]
+            await self._write_settlement(lease, used, budget_used)
             self.pending.pop(0)
             written += 1
         return written
@@ -464,14 +488,14 @@ class RedisStore:
             await self.client.zcount(self._keys_of(tenant)["leases"], f"({server_now}", "+inf")
         )
 
-    async def budget_state(self, tenant: str, budget: TokenBudget, now: float) -> BudgetState:
+    async def budget_state(self, tenant: str, budget: BudgetSpec, now: float) -> BudgetState:
         k = self._keys_of(tenant)
         period = math.floor(now / budget.period)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.hget(k["budget"], str(period))
             pipe.get(k["rtot"])
             spent, reserved = await pipe.execute()
-        return BudgetState(budget.tokens, int(spent or 0), int(reserved or 0))
+        return BudgetState(budget.limit, int(spent or 0), int(reserved or 0), unit=budget.unit)
 
     async def _retry_pending(self) -> None:
         if self.pending:
@@ -486,7 +510,9 @@ class RedisStore:
         for line in lines:
             try:
                 entry = json.loads(line)
-                self.pending.append((Lease(**entry["lease"]), int(entry["used"])))
+                b = entry.get("budgetUsed")
+                lease, used = Lease(**entry["lease"]), int(entry["used"])
+                self.pending.append((lease, used, None if b is None else int(b)))
             except (ValueError, TypeError, KeyError):
                 log.error("skipping an unreadable line of the settlement journal %s", self.journal)
         self.journal.unlink()
@@ -503,11 +529,14 @@ class RedisStore:
                 await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         if not self.pending:
             return
-        tokens = sum(used for _, used in self.pending)
+        tokens = sum(used for _, used, _ in self.pending)
         if self.journal is not None:
             with self.journal.open("a") as f:
-                for lease, used in self.pending:
-                    f.write(json.dumps({"lease": dataclasses.asdict(lease), "used": used}) + "\n")
+                for lease, used, budget_used in self.pending:
+                    entry = {"lease": dataclasses.asdict(lease), "used": used}
+                    if budget_used is not None:
+                        entry["budgetUsed"] = budget_used
+                    f.write(json.dumps(entry) + "\n")
             log.warning(
                 "redis unreachable at shutdown: %d settlements (%d tokens) kept in %s for the"
                 " next start",

@@ -44,6 +44,8 @@ ITL = f"{GATEWAY_PREFIX}inter_token_latency_seconds"
 objective is judged on (a disaggregated service's decode pool sets it)."""
 BUDGET_REMAINING = f"{GATEWAY_PREFIX}budget_remaining_tokens"
 BUDGET_RESERVED = f"{GATEWAY_PREFIX}budget_reserved_tokens"
+BUDGET_REMAINING_COST = f"{GATEWAY_PREFIX}budget_remaining_cost"
+"""A cost budget's remainder, in the models' price currency."""
 
 
 def read_gauges(text: str) -> dict[str, float]:

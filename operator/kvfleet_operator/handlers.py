@@ -24,21 +24,33 @@ from typing import Any
 
 import kopf
 from aiohttp import web
+from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
+from kvfleet_operator.gateway_spec import IG_PLURAL
 from kvfleet_operator.informer import Informer
-from kvfleet_operator.kube import ISVC, Kube, resource_by_plural
+from kvfleet_operator.kube import IGW, ISVC, Kube, resource_by_plural
 from kvfleet_operator.liveness import Progress, stalled
 from kvfleet_operator.login import Credentials, kopf_login
 from kvfleet_operator.metrics import OperatorMetrics
 from kvfleet_operator.policy import Policy
 from kvfleet_operator.reconcile import Outcome, ReconcileOptions, reconcile
-from kvfleet_operator.render.common import DEFAULT_OPERATOR_NAMESPACE, ISVC_LABEL, MANAGED_BY
+from kvfleet_operator.reconcile_gateway import reconcile_gateway
+from kvfleet_operator.render.common import (
+    DEFAULT_OPERATOR_NAMESPACE,
+    IG_LABEL,
+    ISVC_LABEL,
+    MANAGED_BY,
+)
 from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Scaled
 from kvfleet_operator.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("kvfleet.operator")
+
+GATEWAY_KEY = "inferencegateway/"
+"""Queue keys of InferenceGateways: `(namespace, "inferencegateway/<name>")` (an
+InferenceService's name holds no slash, so the two never meet)."""
 
 CHILD_KINDS = [
     ("apps", "v1", "deployments"),
@@ -98,6 +110,8 @@ class Controller:
     reconciler: Callable[[str, str], Awaitable[Outcome]] | None = None
     """Test seam: reconcile one key; None runs `reconcile` in a worker thread."""
     known: set[tuple[str, str]] = field(default_factory=set)
+    gateways: set[tuple[str, str]] = field(default_factory=set)
+    """InferenceGateways watched, as queue keys."""
     bodies: dict[tuple[str, str], Json] = field(default_factory=dict)
     """The latest InferenceService of each key, as watched (the autoscaler reads specs here)."""
     autoscaler: Autoscaler | None = None
@@ -145,12 +159,21 @@ class Controller:
         for ns in self.config.namespaces or (None,):  # the InferenceServices: kopf watches them
             # From the API server each time (`kube.list` answers from the cache once the
             # kind is primed, which the first namespace's listing does).
-            listed = await asyncio.to_thread(self.kube.request, "GET", ISVC.path(ns))
-            cache.replace(PLURAL, ns, listed.get("items") or [])
+            for res in (ISVC, IGW):
+                try:
+                    listed = await asyncio.to_thread(self.kube.request, "GET", res.path(ns))
+                except ApiException as exc:
+                    if exc.status != 404 or res is ISVC:  # an older CRD set: no gateways
+                        raise
+                    listed = {}
+                cache.replace(res.plural, ns, listed.get("items") or [])
 
         def changed(obj: Json) -> None:  # on an informer's thread
             meta = obj.get("metadata") or {}
-            owner, ns = (meta.get("labels") or {}).get(ISVC_LABEL), meta.get("namespace")
+            labels, ns = meta.get("labels") or {}, meta.get("namespace")
+            owner = labels.get(ISVC_LABEL)
+            if labels.get(IG_LABEL):
+                owner = GATEWAY_KEY + labels[IG_LABEL]
             if owner and ns:
                 loop.call_soon_threadsafe(self.child_changed, ns, owner)
 
@@ -175,8 +198,18 @@ class Controller:
         self.informers.clear()
 
     def child_changed(self, namespace: str, owner: str) -> None:
-        if (namespace, owner) in self.known:
+        if (namespace, owner) in self.known or (namespace, owner) in self.gateways:
             self.enqueue(namespace, owner)
+        spec = (self.bodies.get((namespace, owner)) or {}).get("spec") or {}
+        if (spec.get("gateway") or {}).get("inferenceGateway"):
+            self.service_changed(namespace)  # its engines' key may have just been created
+
+    def service_changed(self, namespace: str) -> None:
+        """A service joined, changed or left: its namespace's gateways render their pools
+        again (a few per namespace; each writes only what differs)."""
+        for ns, key in sorted(self.gateways):
+            if ns == namespace:
+                self.enqueue(ns, key)
 
     def forget(self, namespace: str, name: str) -> None:
         self.known.discard((namespace, name))
@@ -186,6 +219,8 @@ class Controller:
 
     def _reconcile_sync(self, namespace: str, name: str) -> Outcome:
         # One worker: reconciles never overlap, for one object or across objects.
+        if name.startswith(GATEWAY_KEY):
+            return reconcile_gateway(self.kube, namespace, name[len(GATEWAY_KEY) :], self.options)
         a = self.autoscaler
         scaled = a.latest.get((namespace, name)) if a else None
         prefill = a.prefill_latest.get((namespace, name)) if a else None
@@ -244,7 +279,7 @@ class Controller:
     async def resync(self) -> None:
         while True:
             await asyncio.sleep(self.config.resync_s)
-            for key in sorted(self.known):
+            for key in sorted(self.known | self.gateways):
                 self.enqueue(*key)
 
     async def autoscale(self) -> None:
@@ -343,6 +378,7 @@ def make_registry(
             return
         if controller.kube.cache is not None:
             controller.kube.cache.observe(PLURAL, type, body)
+        controller.service_changed(namespace)
         if type == "DELETED":
             controller.forget(namespace, name)
             return
@@ -350,6 +386,21 @@ def make_registry(
         controller.metrics.services.set(len(controller.known))
         controller.bodies[(namespace, name)] = dict(body)
         controller.enqueue(namespace, name)
+
+    @kopf.on.event(GROUP, VERSION, IG_PLURAL, registry=registry)
+    async def _gateway(
+        *, type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        if namespace is None:
+            return
+        if controller.kube.cache is not None:
+            controller.kube.cache.observe(IG_PLURAL, type, body)
+        key = (namespace, GATEWAY_KEY + name)
+        if type == "DELETED":
+            controller.gateways.discard(key)
+            return
+        controller.gateways.add(key)
+        controller.enqueue(*key)
 
     watched = [
         *CHILD_KINDS,

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
+from kvfleet_operator.gateway_spec import IG_KIND, IG_PLURAL
 from kvfleet_operator.spec import GROUP, KIND, PLURAL, VERSION
 
 
@@ -45,6 +46,7 @@ class Resource:
 
 _KNOWN = [
     Resource(f"{GROUP}/{VERSION}", KIND, PLURAL),
+    Resource(f"{GROUP}/{VERSION}", IG_KIND, IG_PLURAL),
     Resource("v1", "Pod", "pods"),
     Resource("v1", "Service", "services"),
     Resource("v1", "ConfigMap", "configmaps"),
@@ -68,6 +70,7 @@ def resource_by_plural(plural: str) -> Resource:
 
 
 ISVC = RESOURCES[(f"{GROUP}/{VERSION}", KIND)]
+IGW = RESOURCES[(f"{GROUP}/{VERSION}", IG_KIND)]
 POD = RESOURCES[("v1", "Pod")]
 DEPLOYMENT = RESOURCES[("apps/v1", "Deployment")]
 LEADER_WORKER_SET = RESOURCES[("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvfleet_kernel.schema import ConfigError
+from kvfleet_operator.gateway_spec import GatewayFront
 from kvfleet_operator.spec import InferenceServiceSpec
 
 
@@ -69,7 +70,6 @@ def _check_image(path: str, image: str | None, policy: Policy) -> None:
 def check_policy(spec: InferenceServiceSpec, policy: Policy) -> None:
     """Raise `PolicyViolation` naming the first field of `spec` that `policy` forbids."""
     _check_image("spec.engine.image", spec.engine.image, policy)
-    _check_image("spec.gateway.image", spec.gateway.image, policy)
     keys = policy.allowed_toleration_keys
     for i, toleration in enumerate(spec.scheduling.tolerations):
         key = toleration.get("key")
@@ -88,13 +88,20 @@ def check_policy(spec: InferenceServiceSpec, policy: Policy) -> None:
             f"priority class {pc!r} is not allowed"
             + (f" (allowed: {', '.join(classes)})" if classes else " (none are)"),
         )
-    if spec.gateway.insecure_no_auth and not policy.allow_insecure_no_auth:
+    check_gateway_policy("spec.gateway", spec.gateway, policy)
+
+
+def check_gateway_policy(where: str, g: GatewayFront, policy: Policy) -> None:
+    """The bounds on a gateway: an InferenceService's own (`where`: spec.gateway) or an
+    InferenceGateway (spec)."""
+    _check_image(f"{where}.image", g.image, policy)
+    if g.insecure_no_auth and not policy.allow_insecure_no_auth:
         raise PolicyViolation(
-            "spec.gateway.insecureNoAuth", "serving without API keys is not allowed here"
+            f"{where}.insecureNoAuth", "serving without API keys is not allowed here"
         )
-    if spec.gateway.service_type != "ClusterIP" and not policy.allow_external_service:
+    if g.service_type != "ClusterIP" and not policy.allow_external_service:
         raise PolicyViolation(
-            "spec.gateway.serviceType",
-            f"{spec.gateway.service_type} exposes the gateway outside the cluster, which is"
+            f"{where}.serviceType",
+            f"{g.service_type} exposes the gateway outside the cluster, which is"
             " not allowed here (use ClusterIP behind your ingress)",
         )

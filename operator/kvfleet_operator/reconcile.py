@@ -170,15 +170,7 @@ def reconcile(
     applied: dict[tuple[str, str], Json | None] = {
         (owner.engine_kind, owner.engine_name): engine_live
     }
-    for child in children:
-        key = (child["kind"], child["metadata"]["name"])
-        try:
-            applied[key] = _apply(kube, child, out, applied)
-        except ApiException as exc:
-            if exc.status not in REFUSALS:
-                raise
-            out.refused.append(_refusal(child, exc))
-            applied.setdefault(key, None)
+    apply_children(kube, children, out, applied)
     spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
@@ -195,6 +187,22 @@ def reconcile(
     if out.refused:
         raise ChildrenRefused("; ".join(out.refused))
     return out
+
+
+def apply_children(
+    kube: Kube, children: list[Json], out: Outcome, applied: dict[tuple[str, str], Json | None]
+) -> None:
+    """Apply each child in order, recording what it is now in `applied`; a refusal that will
+    repeat (`REFUSALS`) is recorded in `out` and the others still applied."""
+    for child in children:
+        key = (child["kind"], child["metadata"]["name"])
+        try:
+            applied[key] = _apply(kube, child, out, applied)
+        except ApiException as exc:
+            if exc.status not in REFUSALS:
+                raise
+            out.refused.append(_refusal(child, exc))
+            applied.setdefault(key, None)
 
 
 def _with_engine_key(kube: Kube, owner: Owner) -> Owner:

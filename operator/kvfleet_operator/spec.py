@@ -11,16 +11,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from kvfleet_gateway.config import DEFAULT_POLICY, POLICY_NAMES, Limits, TenantLimits
+from kvfleet_gateway.config import Price
 from kvfleet_kernel.schema import Json, Rule, fld, parse
+from kvfleet_operator.gateway_spec import (
+    GatewaySpec,
+    ResourceOverrides,
+    SecretKey,
+)
 
 GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
 ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
 """The SGLang release whose server flags the renderer emits (checked with that release's own
 argument parser); pin a digest in production."""
-KVFLEET_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
-"""The kvfleet image (gateway, operator); the same version as this package."""
-
 GPU_PRODUCTS = {
     "h100": "NVIDIA-H100-80GB-HBM3",
     "h200": "NVIDIA-H200",
@@ -215,12 +217,6 @@ class LoraSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SecretKey:
-    name: str = fld(doc="Secret name (same namespace).")
-    key: str = fld("token", "Key inside the Secret.")
-
-
-@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     name: str = fld(
         doc="Served model name: what clients put in `model` (SGLang --served-model-name).",
@@ -233,12 +229,17 @@ class ModelSpec:
     hf_token_secret: SecretKey | None = fld(
         None, "Secret with a Hugging Face token (HF_TOKEN) for gated models."
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResourceOverrides:
-    requests: dict[str, str] = fld(dict, "Extra or overriding resource requests (cpu, memory).")
-    limits: dict[str, str] = fld(dict, "Extra or overriding limits; nvidia.com/gpu is managed.")
+    aliases: tuple[str, ...] = fld(
+        (),
+        "Other names clients may send in `model` for it (the gateway passes the served name on).",
+        max_items=32,
+    )
+    price: Price | None = fld(
+        None,
+        "What its tokens cost per million (prompt, cached prompt, output), in the currency"
+        " of every model behind the same gateway: tenants' costBudget and the cost metrics"
+        " count at this rate. Unset: GPU time at cost.gpuHourlyPrice.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -524,100 +525,6 @@ class Disaggregation:
         "The extended resource your RDMA device plugin offers (e.g. rdma/rdma_shared_device_a):"
         " one is requested per engine pod when ibDevice is set.",
         pattern=r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatewaySpec:
-    RULES: ClassVar = (
-        Rule(
-            "!self.enabled || self.insecureNoAuth || has(self.apiKeysSecret)",
-            "an enabled gateway needs apiKeysSecret (or insecureNoAuth: true)",
-            ".apiKeysSecret",
-        ),
-        Rule(
-            "self.replicas == 1 || self.limitsStore != 'memory'",
-            "more than one gateway replica needs a shared limitsStore (redis://...): with"
-            " memory each replica would enforce the full limits",
-            ".limitsStore",
-        ),
-        Rule(
-            "self.prefixIndex != 'events' || self.routingPolicy == 'kvfleet'",
-            "prefixIndex: events is read by the kvfleet routing policy only",
-            ".prefixIndex",
-        ),
-        Rule(
-            "!self.limitsStore.matches('^rediss?://[^/@]*:[^/@]*@')",
-            "limitsStore may not carry a password (it would be readable in the spec and the"
-            " gateway's ConfigMap): give it as limitsStorePassword, a Secret key",
-            ".limitsStore",
-        ),
-    )
-    enabled: bool = fld(True, "Deploy the routing gateway.")
-    replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)
-    image: str | None = fld(
-        None,
-        f"The kvfleet image of the gateway. Unset: the operator's default ({KVFLEET_IMAGE} in"
-        " this release), which moves with operator upgrades — set it to pin an image.",
-    )
-    api_keys_secret: str | None = fld(
-        None, "Secret with `keys.yaml` (tenants and sha256 key hashes; see kvfleet keys)."
-    )
-    insecure_no_auth: bool = fld(False, "Serve without API keys. Never in production.")
-    routing_policy: str = fld(DEFAULT_POLICY, "How the gateway picks a replica.", enum=POLICY_NAMES)
-    prefix_index: Literal["approximate", "events"] = fld(
-        "approximate",
-        "Where the kvfleet policy learns which replica caches which prefix. approximate: from"
-        " what the gateway sent where. events: exactly, from SGLang's KV-cache events (engines"
-        " get --kv-events-config; gateways subscribe to every engine and tokenize prompts with"
-        " the model's tokenizer, from the model's PVC or fetched from Hugging Face).",
-    )
-    limits_store: str = fld(
-        "memory",
-        "memory (one gateway replica) or a redis:// URL shared by all replicas.",
-        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
-    )
-    limits_store_password: SecretKey | None = fld(
-        None,
-        "The Redis password (AUTH) of limitsStore, from a Secret key: mounted into the gateway"
-        " pods as a file, never written into the spec or the gateway's ConfigMap.",
-    )
-    limits_scope: str | None = fld(
-        None,
-        "Whose tenants' budgets and limits these are in the shared limitsStore. Unset: this"
-        " InferenceService's own (<namespace>/<name>); services given the same scope share"
-        " their tenants' budgets.",
-        pattern=r"^[^{}\s]+$",
-    )
-    default_limits: Limits = fld(Limits, "Limits of every tenant.")
-    tenants: tuple[TenantLimits, ...] = fld((), "Per-tenant overrides.", max_items=1000)
-    fair_sharing: FairSharing | None = fld(
-        None,
-        "Under overload, queue at the gateway and share fairly between tenants (each"
-        " tenant's priority and fairShareWeight are limits). Unset: the engines queue what"
-        " they cannot run, first come first served.",
-    )
-    service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = fld(
-        "ClusterIP", "Type of the gateway Service."
-    )
-    resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FairSharing:
-    """When every replica is saturated, requests wait at the gateway and go out by fair share
-    of the service each tenant received (VTC), critical before standard before sheddable
-    (sheddable refused at once). A replica is saturated at engine.maxRunningRequests requests
-    from the gateways (split between gateway replicas); without it, when its engine reports a
-    waiting request."""
-
-    max_waiting: int = fld(1000, "Requests waiting per gateway; more are refused.", minimum=1)
-    timeout_seconds: int = fld(60, "Longest wait; then 503 with Retry-After.", minimum=1)
-    reserve_per_replica: int = fld(
-        1,
-        "Batch slots per replica kept for a tenant under its fair share, so it starts at once"
-        " rather than after a flood's request ends (with engine.maxRunningRequests).",
-        minimum=0,
     )
 
 

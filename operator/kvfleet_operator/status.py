@@ -333,8 +333,27 @@ class ScalingReport:
     metrics: LiveMetrics | None
 
 
-OWNED_STATUS = tuple(json_name(f) for f in dataclasses.fields(InferenceServiceStatus))
-"""Status fields this module writes; a field `new` lacks is removed."""
+@dataclass(frozen=True, kw_only=True)
+class InferenceGatewayStatus:
+    """Observed state, written by the operator."""
+
+    observed_generation: int | None = fld(None, "The spec generation last reconciled.")
+    url: str | None = fld(None, "In-cluster URL of the gateway's OpenAI API.")
+    ready_replicas: int = fld(0, "Gateway pods ready.")
+    services: tuple[str, ...] = fld((), "InferenceServices served here.")
+    models: tuple[str, ...] = fld((), "Model names served here (names, aliases, adapters).")
+    left_out: tuple[str, ...] = fld(
+        (), "InferenceServices that name this gateway but are not served, and why."
+    )
+    conditions: tuple[Condition, ...] = fld((), "Ready.")
+
+
+OWNED_STATUS = tuple(
+    json_name(f)
+    for cls in (InferenceServiceStatus, InferenceGatewayStatus)
+    for f in dataclasses.fields(cls)
+)
+"""Status fields this module writes (of either kind); a field `new` lacks is removed."""
 
 
 def status_patch(old: Any, new: Json) -> Json | None:

@@ -19,6 +19,7 @@ from kvfleet_gateway.config import Duration, Limits, PrefillBackends, PrefillEng
 from kvfleet_sim.procs import free_port, sglang_router_process
 from tests.integration.test_gateway import KEY_A, keys_file
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url, upstream_errors
+from tests.support.metrics import scraped_sync
 
 CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -31,10 +32,7 @@ def _prefill(sims: Any, *extra: str) -> tuple[str, int]:
 
 
 def _counter(url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(f"sglang:{name}_total"))  # fmt: skip
+    return scraped_sync(f"{url}/metrics", f"sglang:{name}")
 
 
 async def _gateway_errors(config: Any) -> dict[str, float]:

@@ -10,28 +10,21 @@ import asyncio
 import json
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import cluster_with_operator
+from tests.support.metrics import scraped_sync
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
 PODS = "kvfleet.dev/inferenceservice=llama-70b-pd,app.kubernetes.io/component"
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with cluster_with_operator(tmp_path) as local:
-        yield local
 
 
 async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
@@ -40,10 +33,7 @@ async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
 
 
 def _engine_metric(pod: dict[str, Any], name: str) -> float:
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:30000/metrics") as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name))  # fmt: skip
+    return scraped_sync(f"http://{pod['status']['podIP']}:30000/metrics", name)
 
 
 def _generated(pod: dict[str, Any]) -> float:
@@ -71,8 +61,10 @@ async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str
     return usage.completion_tokens
 
 
-async def test_a_disaggregated_service_serves_through_both_pools(cluster: LocalCluster) -> None:
-    kc = cluster.kubeconfig
+async def test_a_disaggregated_service_serves_through_both_pools(
+    operator_cluster: LocalCluster,
+) -> None:
+    kc = operator_cluster.kubeconfig
     for name in (
         "api-keys-secret.yaml",
         "hf-token-secret.yaml",

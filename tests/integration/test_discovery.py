@@ -56,7 +56,7 @@ async def test_gateway_follows_ready_pods(
             )
             gw = await gateway_server(cfg)
             try:
-                pool = gateway_server.state(gw).pool
+                pool = gateway_server.pool(gw).backends
 
                 async def members(expected: set[str]) -> None:
                     for _ in range(100):

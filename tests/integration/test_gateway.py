@@ -365,9 +365,9 @@ async def test_a_cancelled_handler_counts_as_a_client_disconnect(
     """Whether the stream sees a reset or its handler is cancelled, the request is a 499."""
     engine = await sim_server(time_scale=2.0)
     gw = await gateway_server(config([engine], keys_file(tmp_path)))
-    state = gateway_server.state(gw)
+    state, pool = gateway_server.state(gw), gateway_server.pool(gw)
     handlers: list[asyncio.Task[Any]] = []
-    original = state.proxy.forward
+    original = pool.proxy.forward
 
     async def tracked(*args: Any) -> Any:
         task = asyncio.current_task()
@@ -375,7 +375,7 @@ async def test_a_cancelled_handler_counts_as_a_client_disconnect(
         handlers.append(task)
         return await original(*args)
 
-    state.proxy.forward = tracked
+    pool.proxy.forward = tracked
     body = {**CHAT, "max_tokens": 500, "stream": True, "ignore_eos": True}
     async with (
         aiohttp.ClientSession() as s,
@@ -425,7 +425,8 @@ async def test_a_keyed_engine_serves_only_a_gateway_that_presents_its_key(
     # not) and the client hears that no engine replica is available, never a 401 that
     # would look like its own key's fault.
     unkeyed = await gateway_server(config([engine], keys_file(tmp_path)))
-    await until(lambda: gateway_server.state(unkeyed).pool.backends[engine].probed, what="a probe")
+    pool = gateway_server.pool(unkeyed).backends
+    await until(lambda: pool.backends[engine].probed, what="a probe")
     status, _, body = await call(unkeyed, "/v1/chat/completions", CHAT)
     assert status == 503 and "no engine replica is available" in body["error"]["message"]
     bad = tmp_path / "bad-key"

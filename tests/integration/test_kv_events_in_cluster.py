@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
-import pytest
 import yaml
 
 from kvfleet_localcluster.kubelet import node_dir
@@ -22,7 +20,6 @@ from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import cluster_with_operator
 from tests.support.objects import claim
 from tests.support.waiting import until
 
@@ -43,12 +40,6 @@ CONFIG = {
 WORDS = "the of and to in is it you that he was for on are as with his they at be this".split()
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with cluster_with_operator(tmp_path) as local:
-        yield local
-
-
 def service() -> dict[str, Any]:
     return {
         "apiVersion": "kvfleet.dev/v1alpha1",
@@ -65,11 +56,11 @@ def service() -> dict[str, Any]:
     }
 
 
-async def test_the_gateway_routes_on_the_engines_kv_events(cluster: LocalCluster) -> None:
-    kc = cluster.kubeconfig
+async def test_the_gateway_routes_on_the_engines_kv_events(operator_cluster: LocalCluster) -> None:
+    kc = operator_cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models")))
     # The model on the claim, as a real cluster's would hold it: config and tokenizer files.
-    model = node_dir(cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
+    model = node_dir(operator_cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
     for f in TOKENIZER.glob("*.json"):

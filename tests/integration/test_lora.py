@@ -14,6 +14,7 @@ import pytest
 
 from kvfleet_sim.lora import AdapterRef, LoraConfig
 from tests.conftest import engine_config
+from tests.support.metrics import scraped
 
 BASE = "llama-3.1-8b"
 ADAPTERS = ("sql", "chat", "code")
@@ -121,10 +122,7 @@ async def test_the_gateway_routes_adapters_by_affinity_and_loads_them_on_demand(
             return {m["id"] for m in (await r.json())["data"] if m.get("parent")}
 
     async def prompts(engine: str) -> float:
-        async with aiohttp.ClientSession() as s, s.get(f"{engine}/metrics") as r:
-            text = await r.text()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("sglang:prompt_tokens_total"))  # fmt: skip
+        return await scraped(f"{engine}/metrics", "sglang:prompt_tokens")
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
 

@@ -7,27 +7,18 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
-import pytest
 
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import cluster_with_operator
 from tests.support.objects import EXAMPLES
 
 SELECTOR = "app.kubernetes.io/instance=llama-8b-lora,app.kubernetes.io/component"
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    async with cluster_with_operator(tmp_path) as local:
-        yield local
 
 
 async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
@@ -44,9 +35,9 @@ async def _held(pod: dict[str, Any], key: str) -> set[str]:
 
 
 async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
-    cluster: LocalCluster,
+    operator_cluster: LocalCluster,
 ) -> None:
-    kc = cluster.kubeconfig
+    kc = operator_cluster.kubeconfig
     for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):
         await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))

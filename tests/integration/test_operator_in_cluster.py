@@ -406,6 +406,25 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         return not out.strip()
 
     await until(gateway_gone, 60, "mistral's gateway children to be deleted")
+    # ... and the service put behind a shared gateway: the InferenceGateway's watch, its
+    # children and its status.
+    front = {
+        "apiVersion": "kvfleet.dev/v1alpha1",
+        "kind": "InferenceGateway",
+        "metadata": {"name": "front", "namespace": "ai"},
+        "spec": {"apiKeysSecret": "ai-api-keys"},
+    }
+    await k("apply", "-f", "-", stdin=yaml.safe_dump(front))
+    await k(
+        "patch", "kis", "mistral", "-n", "ai", "--type=merge",
+        "-p", json.dumps({"spec": {"gateway": {"enabled": True, "inferenceGateway": "front"}}}),
+    )  # fmt: skip
+
+    async def fronted() -> bool:
+        out = await k("get", "kig", "front", "-n", "ai", "-o", "jsonpath={.status.models}")
+        return "mistral-7b" in out
+
+    await until(fronted, 60, "the shared gateway to serve mistral's model")
     # A multi-node service moved to one node (H200s hold DeepSeek-V3 on eight GPUs): its
     # LeaderWorkerSet goes, a Deployment takes its place.
     await k(

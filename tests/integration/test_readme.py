@@ -159,7 +159,7 @@ def test_every_readme_command_is_run_here_or_names_its_test() -> None:
     ran = {
         cmd
         for heading in ("The simulator", "The gateway", "Installing on a cluster", "The admin CLI",
-                        "The autoscaler", "The local cluster")
+                        "The autoscaler", "The local cluster", "Many models behind one gateway")
         for cmd in block(heading)
     } | {cmd for cmd in _helm_block()}  # fmt: skip
     print(
@@ -194,8 +194,8 @@ def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
     up, export = (c.replace(written, kubeconfig) for c in (up, export))
     commands = [
         up, export,
-        *block("Installing on a cluster"), *block("The admin CLI"), *block("The autoscaler"),
-        *rest,
+        *block("Installing on a cluster"), *block("Many models behind one gateway"),
+        *block("The admin CLI"), *block("The autoscaler"), *rest,
     ]  # fmt: skip
     out = run_commands(commands, tmp_path)
     assert '"completion_tokens"' in out, out[-3000:]  # the curl through mistral's gateway pod

@@ -31,9 +31,9 @@ async def chat(url: str, question: str, max_tokens: int = 4) -> dict[str, Any]:
 async def test_gateway_scrapes_engine_signals(sim_server: Any, gateway_server: Any) -> None:
     engine = await sim_server()
     gw = await gateway_server(config([engine]))
-    state = gateway_server.state(gw)
+    state = gateway_server.pool(gw)
     for _ in range(50):
-        signals = state.pool.backends[engine].signals
+        signals = state.backends.backends[engine].signals
         if signals is not None:
             break
         await asyncio.sleep(0.05)
@@ -60,30 +60,30 @@ async def test_dead_replica_opens_its_breaker_and_requests_still_succeed(
     dead = "http://127.0.0.1:9"  # nothing listens: connection refused
     # round robin keeps offering the dead replica; kvfleet would stick to the live one
     gw = await gateway_server(config([live, dead], health_interval=30, policy="round_robin"))
-    state = gateway_server.state(gw)
-    state.pool.backends[dead].healthy = True  # pretend it passed its last health check
+    state = gateway_server.pool(gw)
+    state.backends.backends[dead].healthy = True  # pretend it passed its last health check
     for i in range(8):
         await chat(gw, f"q{i}")
-    assert state.pool.backends[dead].breaker.state == "open"
-    assert state.pool.backends[live].breaker.state == "closed"
+    assert state.backends.backends[dead].breaker.state == "open"
+    assert state.backends.backends[live].breaker.state == "closed"
 
 
 async def test_removed_replica_drains(sim_server: Any, gateway_server: Any) -> None:
     a, b = await sim_server(time_scale=3.0), await sim_server(time_scale=3.0)
     gw = await gateway_server(config([a, b], policy="round_robin"))
-    state = gateway_server.state(gw)
+    state = gateway_server.pool(gw)
     await asyncio.sleep(0.3)
     slow = asyncio.create_task(chat(gw, "long answer", max_tokens=40))
     await asyncio.sleep(0.2)
-    busy = next(u for u, be in state.pool.backends.items() if be.inflight_requests)
+    busy = next(u for u, be in state.backends.backends.items() if be.inflight_requests)
     keep = b if busy == a else a
-    state.pool.set_members([keep])
-    assert state.pool.backends[busy].draining  # still there while its request runs
-    assert [be.url for be in state.pool.routable()] == [keep]
+    state.backends.set_members([keep])
+    assert state.backends.backends[busy].draining  # still there while its request runs
+    assert [be.url for be in state.backends.routable()] == [keep]
     await chat(gw, "new one")
     assert (await slow)["usage"]["completion_tokens"] > 0  # the in-flight one finished
-    state.pool.forget_drained()
-    assert busy not in state.pool.backends
+    state.backends.forget_drained()
+    assert busy not in state.backends.backends
 
 
 async def test_slow_probes_eject_a_replica_only_three_in_a_row(
@@ -115,7 +115,7 @@ async def test_slow_probes_eject_a_replica_only_three_in_a_row(
     url = f"http://127.0.0.1:{port}"
     try:
         gw = await gateway_server(config([url], health_interval=0.2))
-        backend = gateway_server.state(gw).pool.backends[url]
+        backend = gateway_server.pool(gw).backends.backends[url]
         for _ in range(50):
             if backend.healthy:
                 break
@@ -143,7 +143,7 @@ async def test_streamed_answers_report_their_timing_to_the_policy(
     tokens, for the policy's calibration; a whole (non-streamed) answer says nothing."""
     engine = await sim_server()
     gw = await gateway_server(config([engine]))
-    policy = gateway_server.state(gw).proxy.policy
+    policy = gateway_server.pool(gw).policy
     seen: list[tuple[float, float | None]] = []
     observe = policy.observe
 

@@ -24,6 +24,7 @@ from kvfleet_gateway.config import (
     Routing,
     Timeouts,
 )
+from kvfleet_gateway.limiter import budget_spec
 from kvfleet_sim.procs import free_port
 
 
@@ -73,9 +74,9 @@ def metrics_url(config: GatewayConfig) -> str:
 
 async def budget_in_use(store: Any, tenant: str, limits: Any, now: float | None = None) -> int:
     """Spent + reserved in the tenant's current budget period, as the store holds it."""
-    state = await store.budget_state(
-        tenant, limits.token_budget, time.time() if now is None else now
-    )
+    spec = budget_spec(limits)
+    assert spec is not None, "the tenant has no budget"
+    state = await store.budget_state(tenant, spec, time.time() if now is None else now)
     return int(state.in_use)
 
 

@@ -106,6 +106,44 @@ def test_usage_aggregates_gateways_per_tenant() -> None:
                                 "0.0400"]  # fmt: skip
 
 
+def test_usage_by_tenant_and_model_at_each_models_price() -> None:
+    """A shared gateway's usage: one row per tenant and model, the tenant's cost budget (which
+    spans its models) on each."""
+    from kvfleet_cli.usage_cmds import aggregate, usage_table
+
+    samples = [
+        (
+            "kvfleet_gateway_requests_total",
+            {"tenant": "bot", "model": "small", "status": "200"},
+            4.0,
+        ),
+        (
+            "kvfleet_gateway_requests_total",
+            {"tenant": "bot", "model": "large", "status": "200"},
+            1.0,
+        ),
+        (
+            "kvfleet_gateway_tokens_total",
+            {"tenant": "bot", "model": "small", "kind": "completion"},
+            1000.0,
+        ),
+        (
+            "kvfleet_gateway_tokens_total",
+            {"tenant": "bot", "model": "large", "kind": "completion"},
+            250.0,
+        ),
+        ("kvfleet_gateway_cost_total", {"tenant": "bot", "model": "small"}, 0.0004),
+        ("kvfleet_gateway_cost_total", {"tenant": "bot", "model": "large"}, 0.0009),
+        ("kvfleet_gateway_budget_remaining_cost", {"tenant": "bot"}, 4.9987),
+    ]
+    usage = aggregate(samples, by_model=True)
+    assert set(usage) == {"bot × small", "bot × large"}
+    assert usage["bot × large"].cost == 0.0009 and usage["bot × small"].total_requests == 4
+    lines = usage_table(usage).splitlines()
+    assert "4.9987 (cost)" in lines[1] and "4.9987 (cost)" in lines[2]
+    assert aggregate(samples)["bot"].cost == 0.0013
+
+
 def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> None:
     from kvfleet_cli.keys_cmds import kept_elsewhere, limits_text
 

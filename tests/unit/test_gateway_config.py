@@ -90,8 +90,8 @@ def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"bad\.yaml.*invalid YAML at line 1, column 18") as err:
         load_config(f)
     assert "unicode string" not in str(err.value)
-    f.write_text("")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: backends: required"):
+    f.write_text("auth: {insecureNoAuth: true}")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: backends: give backends \(one pool\)"):
         load_config(f)
 
 

@@ -32,6 +32,7 @@ def test_base_renders_and_validates() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
+        "CustomResourceDefinition",
         "Deployment",
         "Namespace",
         "ServiceAccount",
@@ -68,9 +69,9 @@ def test_cluster_role_grants_what_the_operator_uses() -> None:
         verbs = granted.get((group, r.plural))
         assert verbs, f"the ClusterRole misses {group}/{r.plural}"
         assert ("delete" in verbs) == (r.plural in prunable), r.plural
-        if r.kind == "InferenceService":
+        if r.kind in ("InferenceService", "InferenceGateway"):
             assert verbs == {"list", "watch"}
-            assert granted[(group, "inferenceservices/status")] == {"patch"}
+            assert granted[(group, f"{r.plural}/status")] == {"patch"}
         elif r.kind == "Event":  # list: why a pod waits (FailedMount), never watched
             assert verbs == {"list", "create"}
         elif r.kind == "Pod":

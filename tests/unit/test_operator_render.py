@@ -420,7 +420,8 @@ def test_the_example_redis_persists_every_write_it_takes() -> None:
 
 
 def test_unset_images_follow_the_operator_and_set_ones_are_pinned() -> None:
-    from kvfleet_operator.spec import ENGINE_IMAGE, KVFLEET_IMAGE
+    from kvfleet_operator.gateway_spec import KVFLEET_IMAGE
+    from kvfleet_operator.spec import ENGINE_IMAGE
 
     (doc,) = services(ROOT / "examples" / "mistral-7b-manual.yaml")
 

@@ -36,8 +36,20 @@ import yaml
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.config.fairness import Fairness
 from kvfleet_gateway.config.lora import AdapterSource, Lora
+from kvfleet_gateway.config.pools import PoolConfig, check_unique, parse_pools
+from kvfleet_gateway.config.serving import (
+    Backends,
+    CostConfig,
+    KubernetesBackends,
+    ModelConfig,
+    PrefillBackends,
+    PrefillEngine,
+    PrefixIndexConfig,
+    Price,
+    Routing,
+)
 from kvfleet_gateway.fairness import PRIORITIES, Priority
-from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
+from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES
 from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
 
 __all__ = [
@@ -50,6 +62,7 @@ __all__ = [
     "CacheIsolation",
     "ConfigError",
     "Connections",
+    "CostBudget",
     "CostConfig",
     "Duration",
     "Fairness",
@@ -61,6 +74,11 @@ __all__ = [
     "Listen",
     "Lora",
     "ModelConfig",
+    "PoolConfig",
+    "PrefillBackends",
+    "PrefillEngine",
+    "PrefixIndexConfig",
+    "Price",
     "RedisOutage",
     "Requests",
     "Routing",
@@ -69,6 +87,7 @@ __all__ = [
     "TokenBudget",
     "WorkBounds",
     "load_config",
+    "parse_pools",
 ]
 
 
@@ -76,6 +95,18 @@ __all__ = [
 @dataclass(frozen=True, kw_only=True)
 class TokenBudget:
     tokens: int = fld(doc="Tokens (prompt + completion) a tenant may use per period.", minimum=1)
+    period: Duration = fld(
+        Duration(30 * 86400),
+        "Budget period, e.g. 1h, 1d, 30d; budgets reset at multiples of it since the Unix epoch.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostBudget:
+    amount: float = fld(
+        doc="What a tenant may spend per period, at the models' prices (their currency).",
+        minimum=0.01,
+    )
     period: Duration = fld(
         Duration(30 * 86400),
         "Budget period, e.g. 1h, 1d, 30d; budgets reset at multiples of it since the Unix epoch.",
@@ -92,6 +123,11 @@ class Limits:
             " || self.defaultMaxTokens <= self.maxTokens",
             "defaultMaxTokens must not exceed maxTokens",
             ".defaultMaxTokens",
+        ),
+        Rule(
+            "!has(self.tokenBudget) || !has(self.costBudget)",
+            "set tokenBudget or costBudget, not both",
+            ".costBudget",
         ),
     )
     requests_per_minute: int | None = fld(None, "Requests per minute.", minimum=1)
@@ -111,6 +147,17 @@ class Limits:
         minimum=1,
     )
     token_budget: TokenBudget | None = fld(None, "Tokens per period (the GPU-cost budget).")
+    cost_budget: CostBudget | None = fld(
+        None,
+        "Cost per period at each model's price (models[].price): a 70B model's token costs"
+        " what its price says, not what an 8B model's does.",
+    )
+    models: tuple[str, ...] | None = fld(
+        None,
+        "Models (served names, aliases or adapters) this tenant may use; a request for"
+        " another is refused with 403 naming it. Unset: every model.",
+        max_items=1000,
+    )
     priority: Priority | None = fld(
         None,
         "Under overload (fairness on): critical goes before standard, standard before"
@@ -134,6 +181,11 @@ class Limits:
             for f in fields(Limits)
             if getattr(override, f.name) is not None
         }
+        # One budget at a time: an override's budget replaces ours, in tokens or in cost.
+        if override.token_budget is not None:
+            changes.setdefault("cost_budget", None)
+        if override.cost_budget is not None:
+            changes.setdefault("token_budget", None)
         return replace(self, **changes)
 
 
@@ -184,133 +236,6 @@ class Listen:
         maximum=65535,
     )
     connections: Connections = fld(Connections, "Limits on client connections.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    name: str = fld(doc="Served model name, as clients send it in `model`.")
-    context_length: int | None = fld(
-        None, "Context length; unset: learned from the backends' /v1/models.", minimum=1
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class KubernetesBackends:
-    namespace: str = fld(doc="Namespace of the engine pods.")
-    selector: str = fld(doc="Label selector of the engine pods, e.g. `kvfleet.dev/role=active`.")
-    port: int = fld(30000, "The engines' HTTP port.", minimum=1, maximum=65535)
-    kubeconfig: str | None = fld(
-        None, "Kubeconfig outside a cluster; in a pod the service account is used."
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrefillEngine:
-    url: str = fld(doc="A prefill engine's base URL.", pattern=r"^https?://[^/\s]+")
-    bootstrap_port: int | None = fld(
-        None, "Its --disaggregation-bootstrap-port; unset: the pool's.", minimum=1, maximum=65535
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "url", self.url.rstrip("/"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrefillBackends:
-    """Disaggregated serving (SGLang's PD mode): the prefill engines. The gateway sends each
-    request to a prefill engine and a decode engine (the `static`/`kubernetes` backends)
-    with SGLang's bootstrap fields, and streams the decode engine's answer."""
-
-    RULES: ClassVar = (
-        Rule(
-            "size(self.static) > 0 || has(self.kubernetes)",
-            "give static URLs or a kubernetes selector for the prefill engines",
-        ),
-    )
-    static: tuple[PrefillEngine, ...] = fld((), "Prefill engines by URL.")
-    kubernetes: KubernetesBackends | None = fld(None, "Prefill engine pods by label selector.")
-    bootstrap_port: int = fld(
-        8998,
-        "The prefill engines' --disaggregation-bootstrap-port (sent as bootstrap_port).",
-        minimum=1,
-        maximum=65535,
-    )
-
-    def bootstrap_port_of(self, url: str) -> int:
-        for engine in self.static:
-            if engine.url == url and engine.bootstrap_port is not None:
-                return engine.bootstrap_port
-        return self.bootstrap_port
-
-
-@dataclass(frozen=True, kw_only=True)
-class Backends:
-    RULES: ClassVar = (
-        Rule(
-            "size(self.static) > 0 || has(self.kubernetes)",
-            "give static URLs or a kubernetes selector",
-        ),
-    )
-    static: tuple[str, ...] = fld((), "Engine base URLs.", pattern=r"^https?://[^/\s]+")
-    kubernetes: KubernetesBackends | None = fld(None, "Engine pods found by label selector.")
-    prefill: PrefillBackends | None = fld(
-        None,
-        "Prefill/decode disaggregation: the prefill pool; the backends above are then the"
-        " decode pool. The routing policy chooses the prefill engine (prefix hits live there);"
-        " the decode engine is the least loaded.",
-    )
-    engine_api_key_file: str | None = fld(
-        None,
-        "A file holding the engines' API key (SGLang's --api-key), sent to every engine as"
-        " 'Authorization: Bearer'; read at start. The operator mounts it from the"
-        " InferenceService's <name>-engine-key Secret. Unset: engines without a key.",
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "static", tuple(u.rstrip("/") for u in self.static))
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrefixIndexConfig:
-    """Where the kvfleet policy learns which replica holds which prompt prefix."""
-
-    RULES: ClassVar = (
-        Rule(
-            "self.source != 'events' || has(self.tokenizer)",
-            "source: events needs the model's tokenizer (a directory with tokenizer.json)",
-            ".tokenizer",
-        ),
-    )
-    source: Literal["approximate", "events"] = fld(
-        "approximate",
-        "approximate: from what this gateway sent where. events: exact, from the engines'"
-        " KV-cache events (engines started with --kv-events-config; approximate for an"
-        " engine whose stream is down).",
-    )
-    tokenizer: str | None = fld(
-        None,
-        "Directory holding the model's tokenizer.json and tokenizer_config.json, to hash"
-        " prompts as the engine does (events).",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Routing:
-    RULES: ClassVar = (
-        Rule(
-            "self.prefixIndex.source != 'events' || self.policy == 'kvfleet'",
-            "prefixIndex.source: events is read by the kvfleet policy only",
-            ".prefixIndex",
-        ),
-    )
-    policy: str = fld(DEFAULT_POLICY, "How a replica is picked.", enum=POLICY_NAMES)
-    scrape_interval: Duration = fld(
-        Duration(1), "How often each engine's /metrics is read for routing signals."
-    )
-    tuning: KvfleetTuning = fld(KvfleetTuning, "The kvfleet policy's model of a replica.")
-    prefix_index: PrefixIndexConfig = fld(
-        PrefixIndexConfig, "Where prefix-cache state comes from (kvfleet policy)."
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,20 +316,6 @@ class LimitsConfig:
         None,
         "File where settlements Redis could not take are kept across a gateway restart and"
         " replayed at start (an emptyDir survives container restarts).",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class CostConfig:
-    gpu_hourly_price: float = fld(
-        0.0, "Price of one GPU-hour (any currency); 0 reports GPU-seconds only.", minimum=0
-    )
-    gpus_per_replica: int = fld(1, "GPUs of one engine replica.", minimum=1)
-    prefill_tokens_per_second: float = fld(
-        20_000.0, "Uncached prompt tokens one replica computes per second.", minimum=1
-    )
-    decode_tokens_per_second: float = fld(
-        3_000.0, "Output tokens one replica generates per second across its batch.", minimum=1
     )
 
 
@@ -520,10 +431,28 @@ class GatewayConfig:
             "auth.keysFile is required (or set auth.insecureNoAuth: true)",
             ".auth.keysFile",
         ),
+        Rule(
+            "has(self.backends) != (size(self.pools) > 0 || has(self.poolsFile))",
+            "give backends (one pool) or pools/poolsFile (many), not both",
+            ".backends",
+        ),
     )
     listen: Listen = fld(Listen, "Where the gateway listens.")
     models: tuple[ModelConfig, ...] = fld((), "Models served; empty: learned from backends.")
-    backends: Backends = fld(doc="The engine replicas.")
+    backends: Backends | None = fld(
+        None, "The engine replicas (one pool; `pools` or `poolsFile` for many)."
+    )
+    pools: tuple[PoolConfig, ...] = fld(
+        (),
+        "Many pools behind this gateway, each with its models, engines, routing, LoRA and"
+        " fairness; a request goes to the pool serving its `model`.",
+        max_items=500,
+    )
+    pools_file: str | None = fld(
+        None,
+        "A file of pools (`pools: [...]`), re-read when it changes: pools are added and"
+        " removed without a restart (the operator mounts it for an InferenceGateway).",
+    )
     routing: Routing = fld(Routing, "Replica selection.")
     cache_isolation: CacheIsolation = fld(
         CacheIsolation, "Who shares the engines' prefix cache (default: no one)."
@@ -540,9 +469,26 @@ class GatewayConfig:
     health_interval: Duration = fld(Duration(2), "Period of active /health checks.")
     access_log: bool = fld(True, "Log one line per request (never prompts or keys).")
 
+    def __post_init__(self) -> None:
+        check_unique(self.pools, "pools")
+
     @staticmethod
     def from_dict(doc: Any) -> GatewayConfig:
         return parse(GatewayConfig, doc)
+
+    def single_pool(self) -> PoolConfig | None:
+        """The one pool of a gateway configured with top-level `backends` (None: `pools`)."""
+        if self.backends is None:
+            return None
+        return PoolConfig(
+            name="default",
+            models=self.models,
+            backends=self.backends,
+            routing=self.routing,
+            cost=self.cost,
+            fairness=self.fairness,
+            lora=self.lora,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The document `from_dict` reads (what the operator writes into the ConfigMap)."""

@@ -19,6 +19,7 @@ from kvfleet_operator.render.common import (
 from kvfleet_operator.render.disaggregation import prefill_deployment, prefill_owner
 from kvfleet_operator.render.engine import engine_deployment, engine_key_secret, model_cache_pvc
 from kvfleet_operator.render.gateway import (
+    gateway_config,
     gateway_configmap,
     gateway_deployment,
     gateway_rbac,
@@ -86,13 +87,13 @@ def render_children(
             pod_monitor(owner, PREFILL),
         ]
     out.insert(0, engine_key_secret(owner))  # before the pods that read it
-    if owner.spec.gateway.enabled:
-        config = gateway_configmap(owner)
+    if owner.spec.gateway.own_gateway:
+        config = gateway_configmap(owner, gateway_config(owner))
         out += [
             *gateway_rbac(owner),
             config,
             gateway_deployment(owner, config),
-            gateway_service(owner),
+            gateway_service(owner, owner.spec.gateway),
             gateway_network_policy(owner),
             pod_monitor(owner, GATEWAY),
         ]

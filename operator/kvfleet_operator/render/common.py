@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
@@ -20,6 +21,8 @@ GATEWAY_METRICS_PORT = 9090
 """The gateway's /metrics: apart from the API, reachable by scrapers only."""
 ISVC_LABEL = "kvfleet.dev/inferenceservice"
 ROLE_LABEL = "kvfleet.dev/role"
+IG_LABEL = "kvfleet.dev/inference-gateway"
+"""On an InferenceGateway's children: the gateway's name (as ISVC_LABEL on a service's)."""
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 """LeaderWorkerSet's label of a group's pod: "0" on the leader, 1.. on the workers."""
 
@@ -41,6 +44,11 @@ def selector_of(isvc: str, component: str) -> dict[str, str]:
     return {ISVC_LABEL: isvc, COMPONENT_LABEL: component}
 
 
+def shared_gateway_selector(gateway: str) -> dict[str, str]:
+    """The labels that select an InferenceGateway's pods."""
+    return {IG_LABEL: gateway, COMPONENT_LABEL: GATEWAY}
+
+
 def selector_string(isvc: str, component: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_of(isvc, component).items())
 
@@ -59,6 +67,27 @@ def new_engine_key() -> str:
 DEFAULT_OPERATOR_NAMESPACE = "kvfleet-system"
 """The operator's namespace when it is not told (`--operator-namespace`, $OPERATOR_NAMESPACE:
 the downward API in the shipped manifests)."""
+
+
+class GatewayOwnerLike(Protocol):
+    """What the gateway's renderers need of whoever owns a gateway: an InferenceService
+    (its own gateway) or an InferenceGateway (one shared by many services)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def operator_namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def gateway_name(self) -> str: ...
+    @property
+    def gateway_service(self) -> str: ...
+    def metadata(self, name: str, component: str, **extra: Json) -> Json: ...
+    def labels(self, component: str) -> dict[str, str]: ...
+    def selector(self, component: str) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -130,36 +159,51 @@ class Owner:
         return selector_string(self.name, component)
 
     def labels(self, component: str) -> dict[str, str]:
-        return {
-            "app.kubernetes.io/name": "kvfleet",
-            "app.kubernetes.io/instance": self.name,
-            COMPONENT_LABEL: component,
-            **MANAGED_BY,
-            ISVC_LABEL: self.name,
-        }
+        return child_labels(self.name, component, ISVC_LABEL)
 
     def metadata(self, name: str, component: str, **extra: Json) -> Json:
-        return {
-            "name": name,
-            "namespace": self.namespace,
-            "labels": self.labels(component),
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": KIND,
-                    "name": self.name,
-                    "uid": self.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-            **extra,
-        }
+        return child_metadata(self, KIND, name, component, **extra)
 
     def gateway_url(self) -> str | None:
-        if not self.spec.gateway.enabled:
+        """Where clients reach this service's model: its gateway, or the InferenceGateway
+        that fronts it."""
+        g = self.spec.gateway
+        if not g.enabled:
             return None
-        return f"http://{self.gateway_service}.{self.namespace}.svc:{GATEWAY_PORT}/v1"
+        front = g.inference_gateway or self.gateway_service
+        return f"http://{front}.{self.namespace}.svc:{GATEWAY_PORT}/v1"
+
+
+def child_labels(owner: str, component: str, owner_label: str) -> dict[str, str]:
+    """The labels of a child of the resource `owner` (its kind's label: ISVC_LABEL, IG_LABEL)."""
+    return {
+        "app.kubernetes.io/name": "kvfleet",
+        "app.kubernetes.io/instance": owner,
+        COMPONENT_LABEL: component,
+        **MANAGED_BY,
+        owner_label: owner,
+    }
+
+
+def child_metadata(owner: GatewayOwnerLike, kind: str, name: str, component: str,
+                   **extra: Json) -> Json:  # fmt: skip
+    """A child's metadata: its labels, and its owner as controller (garbage collected with it)."""
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": owner.labels(component),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": kind,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+        **extra,
+    }
 
 
 def merge_resources(base: Json, requests: dict[str, str], limits: dict[str, str]) -> Json:
@@ -177,7 +221,9 @@ RESTRICTED_CONTAINER: Json = {
 """The container hardening every image here can live with."""
 
 
-def service(owner: Owner, name: str, component: str, port: int, **spec: Json | str | bool) -> Json:
+def service(
+    owner: GatewayOwnerLike, name: str, component: str, port: int, **spec: Json | str | bool
+) -> Json:
     """A Service for `component`'s pods, its one port named `http` as the pods' port is."""
     return {
         "apiVersion": "v1",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 
 import yaml
 
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_kernel.schema import Json, to_json
+from kvfleet_operator.gateway_spec import KVFLEET_IMAGE, GatewayFront
 from kvfleet_operator.render.common import (
     ENGINE_KEY_KEY,
     ENGINE_PORT,
@@ -23,6 +25,7 @@ from kvfleet_operator.render.common import (
     PREFILL,
     RESTRICTED_CONTAINER,
     ROLE_LABEL,
+    GatewayOwnerLike,
     Owner,
     merge_resources,
     service,
@@ -34,7 +37,7 @@ from kvfleet_operator.render.engine import (
     model_path,
     uses_kv_events,
 )
-from kvfleet_operator.spec import KVFLEET_IMAGE, InferenceServiceSpec
+from kvfleet_operator.spec import InferenceServiceSpec
 
 CONFIG_DIR, KEYS_DIR = "/etc/kvfleet/config", "/etc/kvfleet/keys"
 ENGINE_KEY_DIR = "/etc/kvfleet/engine-key"
@@ -80,9 +83,8 @@ def _prefill_backends(owner: Owner) -> Json:
     }
 
 
-def gateway_config(owner: Owner) -> GatewayConfig:
-    """The gateway's config document for this service (raises ConfigError)."""
-    spec, g = owner.spec, owner.spec.gateway
+def limits_doc(g: GatewayFront, scope: str) -> Json:
+    """The gateway's `limits:`: the store, every tenant's limits, and its default scope."""
     limits: Json = {
         "store": g.limits_store,
         "defaults": to_json(g.default_limits),
@@ -91,17 +93,34 @@ def gateway_config(owner: Owner) -> GatewayConfig:
     }
     if g.limits_store != "memory":
         limits["journal"] = f"{STATE_DIR}/settlements.jsonl"
-        limits["scope"] = g.limits_scope or f"{owner.namespace}/{owner.name}"
+        limits["scope"] = g.limits_scope or scope
         if g.limits_store_password is not None:
             limits["passwordFile"] = f"{REDIS_PASSWORD_DIR}/{REDIS_PASSWORD_KEY}"
-    model: Json = {"name": spec.model.name}
-    if spec.engine.context_length:
-        model["contextLength"] = spec.engine.context_length
+    return limits
+
+
+def auth_doc(g: GatewayFront) -> Json:
     auth: Json = {"insecureNoAuth": g.insecure_no_auth}
     if g.api_keys_secret:
         auth["keysFile"] = f"{KEYS_DIR}/{KEYS_KEY}"
-    doc = {
-        "listen": {"host": "0.0.0.0", "port": GATEWAY_PORT, "metricsPort": GATEWAY_METRICS_PORT},
+    return auth
+
+
+LISTEN: Json = {"host": "0.0.0.0", "port": GATEWAY_PORT, "metricsPort": GATEWAY_METRICS_PORT}
+
+
+def pool_doc(owner: Owner, engine_key_file: str) -> Json:
+    """What a gateway needs to serve this service's engines: its model (name, aliases,
+    price), the engine pods by selector and their key, routing, cost, fairness, LoRA."""
+    spec, g = owner.spec, owner.spec.gateway
+    model: Json = {"name": spec.model.name}
+    if spec.engine.context_length:
+        model["contextLength"] = spec.engine.context_length
+    if spec.model.aliases:
+        model["aliases"] = list(spec.model.aliases)
+    if spec.model.price is not None:
+        model["price"] = to_json(spec.model.price)
+    return {
         "models": [model],
         "backends": {
             "kubernetes": {
@@ -109,7 +128,7 @@ def gateway_config(owner: Owner) -> GatewayConfig:
                 "selector": f"{owner.replica_selector_string()},{ROLE_LABEL}=active",
                 "port": ENGINE_PORT,
             },
-            "engineApiKeyFile": f"{ENGINE_KEY_DIR}/{ENGINE_KEY_KEY}",
+            "engineApiKeyFile": engine_key_file,
             **_prefill_backends(owner),
         },
         "routing": {
@@ -121,14 +140,23 @@ def gateway_config(owner: Owner) -> GatewayConfig:
                 else {"source": "approximate"}
             ),
         },
-        "auth": auth,
-        "limits": limits,
         "cost": {
             "gpuHourlyPrice": spec.cost.gpu_hourly_price,
             "gpusPerReplica": spec.engine.tensor_parallel,
         },
         **_fairness(owner),
         **_lora(owner),
+    }
+
+
+def gateway_config(owner: Owner) -> GatewayConfig:
+    """The gateway's config document for this service (raises ConfigError)."""
+    g = owner.spec.gateway
+    doc = {
+        "listen": LISTEN,
+        **pool_doc(owner, f"{ENGINE_KEY_DIR}/{ENGINE_KEY_KEY}"),
+        "auth": auth_doc(g),
+        "limits": limits_doc(g, f"{owner.namespace}/{owner.name}"),
     }
     return GatewayConfig.from_dict(doc)
 
@@ -163,8 +191,8 @@ def _fairness(owner: Owner) -> Json:
     return {"fairness": doc}
 
 
-def gateway_configmap(owner: Owner) -> Json:
-    text = yaml.safe_dump(gateway_config(owner).to_dict(), sort_keys=False)
+def gateway_configmap(owner: GatewayOwnerLike, config: GatewayConfig) -> Json:
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -174,7 +202,28 @@ def gateway_configmap(owner: Owner) -> Json:
 
 
 def gateway_deployment(owner: Owner, config: Json) -> Json:
-    g = owner.spec.gateway
+    """This service's own gateway: its engines' key (read at start; a new key changes the
+    template's annotation and rolls the gateway with the engines), and the tokenizer."""
+    volumes = [{"name": "engine-key", "secret": {"secretName": owner.engine_key_secret}}]
+    mounts = [{"name": "engine-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True}]
+    init = _tokenizer_volumes(owner, volumes, mounts)
+    extra = GatewayPodExtras(volumes, mounts, init, owner.engine_key_annotations())
+    return gateway_pods(owner, owner.spec.gateway, config, extra)
+
+
+@dataclass(frozen=True)
+class GatewayPodExtras:
+    """What one kind of gateway adds to the pods every gateway has."""
+
+    volumes: list[Json]
+    mounts: list[Json]
+    init_containers: list[Json]
+    annotations: dict[str, str]
+
+
+def gateway_pods(owner: GatewayOwnerLike, g: GatewayFront, config: Json,
+                 extra: GatewayPodExtras) -> Json:  # fmt: skip
+    """The gateway Deployment: config, keys, the Redis password, probes, hardening."""
     config_hash = hashlib.sha256(config["data"][CONFIG_KEY].encode()).hexdigest()[:16]
     volumes: list[Json] = [
         {"name": "config", "configMap": {"name": owner.gateway_name}},
@@ -197,11 +246,9 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
             {"name": "redis-password", "secret": {"secretName": ref.name, "items": items}}
         )
         mounts.append({"name": "redis-password", "mountPath": REDIS_PASSWORD_DIR, "readOnly": True})
-    # The engines' key, read at start; a new key changes the template's annotation and rolls
-    # the gateway with the engines.
-    volumes.append({"name": "engine-key", "secret": {"secretName": owner.engine_key_secret}})
-    mounts.append({"name": "engine-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True})
-    init = _tokenizer_volumes(owner, volumes, mounts)
+    volumes += extra.volumes
+    mounts += extra.mounts
+    init = extra.init_containers
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     container: Json = {
         "name": "gateway",
@@ -247,7 +294,7 @@ def gateway_deployment(owner: Owner, config: Json) -> Json:
                     # A new config rolls the gateway (it reads its config once at start).
                     "annotations": {
                         CONFIG_HASH: config_hash,
-                        **owner.engine_key_annotations(),
+                        **extra.annotations,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(GATEWAY_METRICS_PORT),
                         "prometheus.io/path": "/metrics",
@@ -313,13 +360,11 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
     ]
 
 
-def gateway_service(owner: Owner) -> Json:
-    return service(
-        owner, owner.gateway_service, GATEWAY, GATEWAY_PORT, type=owner.spec.gateway.service_type
-    )
+def gateway_service(owner: GatewayOwnerLike, g: GatewayFront) -> Json:
+    return service(owner, owner.gateway_service, GATEWAY, GATEWAY_PORT, type=g.service_type)
 
 
-def gateway_rbac(owner: Owner) -> list[Json]:
+def gateway_rbac(owner: GatewayOwnerLike) -> list[Json]:
     """The gateway may only get, list and watch pods in its own namespace."""
     name = owner.gateway_name
     return [

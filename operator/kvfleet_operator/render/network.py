@@ -9,13 +9,16 @@ from kvfleet_operator.render.common import (
     GATEWAY,
     GATEWAY_METRICS_PORT,
     GATEWAY_PORT,
+    IG_LABEL,
     ISVC_LABEL,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
     PREFILL,
     ROLE_LABEL,
+    GatewayOwnerLike,
     Owner,
     service,
+    shared_gateway_selector,
 )
 from kvfleet_operator.render.engine import uses_kv_events
 
@@ -53,20 +56,33 @@ def pod_monitor(owner: Owner, component: str) -> Json:
     """For the Prometheus Operator (plain Prometheus uses the pods' prometheus.io/*
     annotations): the engines' `sglang:*` metrics, and the gateway's TTFT, cost, budget and
     held-request metrics (the autoscaler's scale-from-zero signal)."""
-    name = {ENGINE: owner.engine_name, PREFILL: owner.prefill_name}.get(
-        component, owner.gateway_name
-    )
+    if component == GATEWAY:
+        return gateway_pod_monitor(owner)
+    name = owner.engine_name if component == ENGINE else owner.prefill_name
+    # Multi-node: the leaders (a worker's /metrics carries no sglang:* series).
+    selector = owner.replica_selector() if component == ENGINE else owner.selector(component)
+    return _pod_monitor(owner, name, component, selector)
+
+
+def gateway_pod_monitor(owner: GatewayOwnerLike, shared: bool = False) -> Json:
+    """The gateway's; a shared gateway's series carry `inferencegateway` (its name)."""
+    source = (IG_LABEL, "inferencegateway") if shared else (ISVC_LABEL, "inferenceservice")
+    return _pod_monitor(owner, owner.gateway_name, GATEWAY, owner.selector(GATEWAY), source)
+
+
+def _pod_monitor(
+    owner: GatewayOwnerLike,
+    name: str,
+    component: str,
+    selector: dict[str, str],
+    source: tuple[str, str] = (ISVC_LABEL, "inferenceservice"),
+) -> Json:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": owner.metadata(name, component),
         "spec": {
-            "selector": {
-                # Multi-node: the leaders (a worker's /metrics carries no sglang:* series).
-                "matchLabels": owner.replica_selector()
-                if component == ENGINE
-                else owner.selector(component)
-            },
+            "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [
                 {
                     "port": "metrics" if component == GATEWAY else "http",
@@ -76,8 +92,8 @@ def pod_monitor(owner: Owner, component: str) -> Json:
                     # The labels alerts, dashboard and autoscaler group by.
                     "relabelings": [
                         {
-                            "sourceLabels": [f"__meta_kubernetes_pod_label_{_prom(ISVC_LABEL)}"],
-                            "targetLabel": "inferenceservice",
+                            "sourceLabels": [f"__meta_kubernetes_pod_label_{_prom(source[0])}"],
+                            "targetLabel": source[1],
                         },
                         {
                             "sourceLabels": [f"__meta_kubernetes_pod_label_{_prom(ROLE_LABEL)}"],
@@ -113,11 +129,11 @@ def engine_network_policy(owner: Owner, component: str = ENGINE) -> Json:
             {"protocol": "TCP", "port": KV_EVENTS_PORT},
             {"protocol": "TCP", "port": KV_REPLAY_PORT},
         ]
+    front = owner.spec.gateway.inference_gateway
+    # Its own gateway's pods, or those of the InferenceGateway that fronts it.
+    gateway = shared_gateway_selector(front) if front else owner.selector(GATEWAY)
     ingress: list[Json] = [
-        {
-            "from": [{"podSelector": {"matchLabels": owner.selector(GATEWAY)}}],
-            "ports": gateway_ports,
-        },
+        {"from": [{"podSelector": {"matchLabels": gateway}}], "ports": gateway_ports},
         {"from": _scrapers(owner), "ports": port},
     ]
     if owner.multi_node and component == ENGINE:
@@ -138,7 +154,7 @@ def engine_network_policy(owner: Owner, component: str = ENGINE) -> Json:
     }
 
 
-def _scrapers(owner: Owner) -> list[Json]:
+def _scrapers(owner: GatewayOwnerLike) -> list[Json]:
     """Prometheus (the monitoring namespace, or any namespace labelled as a scraper) and the
     operator's autoscaler (its direct reader)."""
     return [
@@ -157,7 +173,7 @@ def _scrapers(owner: Owner) -> list[Json]:
     ]
 
 
-def gateway_network_policy(owner: Owner) -> Json:
+def gateway_network_policy(owner: GatewayOwnerLike) -> Json:
     """Clients reach the API port from anywhere the cluster's network allows; /metrics (it
     names tenants, budgets, costs and backends) only from scrapers and the operator."""
     return {
