@@ -22,6 +22,8 @@ from kvfleet_bench.routing_cells import Cell, merge_seeds
 from kvfleet_bench.routing_decision import PAGE, decision_time
 from kvfleet_bench.routing_file import staged_cells
 from kvfleet_bench.routing_gateways import gateway_goals, gateways_report, many_gateways
+from kvfleet_bench.routing_lora import WORKLOAD as LORA
+from kvfleet_bench.routing_lora import lora_cells, lora_goals, lora_report
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.fleet.des import FleetConfig
@@ -32,7 +34,8 @@ from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 from kvfleet_sim.hf_config import load_model_config
 
 WORKLOADS = (
-    "generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty", "kv-pressure"
+    "generated-shared-prefix", "multi-turn", "sharegpt", "hot-tenant", "bursty", "kv-pressure",
+    LORA,
 )  # fmt: skip
 KV_PRESSURE_PREFIX = 4096
 KV_PRESSURE_REPLICAS = 5.0
@@ -160,7 +163,10 @@ def run_routing_bench(
                 f"{shape}")  # fmt: skip
             runs += staged_cells(config, wf, policies, tuning, log)
         workloads = ()
-    for workload in workloads:
+    lora_runs: list[Cell] = []
+    if LORA in workloads:  # its own policies and goals (routing_lora.py)
+        lora_runs, caps[LORA] = lora_cells(config, num_requests, seeds, tuning, log)
+    for workload in (w for w in workloads if w != LORA):
         caps[workload] = capacity(config, workload, num_requests, seeds[0], tuning)
         log(f"{workload}: capacity {caps[workload]:.1f} req/s on {replicas}× {shape}")
         for load in (*loads, *KV_PRESSURE_OVERLOAD) if workload == "kv-pressure" else loads:
@@ -183,7 +189,7 @@ def run_routing_bench(
                 )
     cells = merge_seeds(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    goals = check_goals(cells, runs)
+    goals = check_goals(cells, runs) + (lora_goals(lora_runs) if lora_runs else [])
     for what, key in (
         ("decision p99 ≤ 100 µs (32 replicas, 100k entries)", "kvfleet_p99_us"),
         (
@@ -221,6 +227,8 @@ def run_routing_bench(
     )
     if gateway_rows:
         text += "\n" + gateways_report(gateway_rows, gateway_rate)
+    if lora_runs:
+        text += "\n" + lora_report(lora_runs, caps[LORA], lora_goals(lora_runs))
     live_results: dict[str, dict[str, float]] = {}
     if live:
         log("live check over real HTTP (4 real-time engines, kvfleet gateway vs sglang-router)")
@@ -233,7 +241,7 @@ def run_routing_bench(
         work.rmdir()
     (out_dir / "routing.md").write_text(text)
     return {
-        "cells": [asdict(c) for c in cells],
+        "cells": [asdict(c) for c in cells + merge_seeds(lora_runs)],
         "capacity_rps": caps,
         "goals": goals,
         "decision_time_us": timing,

@@ -3,7 +3,10 @@
 
 A client names an adapter as `model: "<adapter>"` or `"<base>:<adapter>"`; the engine is sent
 `"<base>:<adapter>"` (SGLang's form). Replicas that hold the adapter are preferred (the
-routing policy balances load and prefix hits among them); when none does, the policy's
+routing policy balances load and prefix hits among them), and a replica that does not is
+offered too when every holder has requests waiting and it has none (`affinity`: a popular
+adapter spreads instead of queueing where it was loaded first, but not at saturation, where
+that only crowds batches); when none holds it, the policy's
 choice among all replicas loads it first — at most `maxConcurrentLoads` at once per replica,
 unloading the least recently used adapter not in use when the replica holds
 `maxAdaptersPerReplica`. What a replica holds is re-read from its engine at every health
@@ -24,6 +27,7 @@ import aiohttp
 from kvfleet_gateway.backends import Backend
 from kvfleet_gateway.config.lora import AdapterSource, Lora
 from kvfleet_gateway.errors import GatewayError
+from kvfleet_gateway.routing.base import Candidate
 
 log = logging.getLogger("kvfleet.gateway.lora")
 LOAD_TIMEOUT_S = 120.0
@@ -55,6 +59,28 @@ def resolve(model: str, served: dict[str, int | None], adapters: dict[str, str])
     return Target(model)
 
 
+def affinity(held: list[bool], waiting: list[int | None]) -> list[int]:
+    """Which replicas (indexes) to offer the routing policy for a request with an adapter:
+    those that hold it; and, when every holder has requests waiting in its engine's queue,
+    those that do not hold it but wait for nothing — a load is worth its cost only where it
+    lets the request start at once (at saturation every replica waits, and spreading an
+    adapter would only crowd batches with more adapters). All of them when none holds it.
+    `waiting`: each engine's scraped queue (None: not known, never spilled to). Pure: the
+    gateway and the fleet simulator both decide with it."""
+    holders = [i for i, h in enumerate(held) if h]
+    if not holders:
+        return list(range(len(held)))
+    if any(waiting[i] is None or waiting[i] == 0 for i in holders):
+        return holders
+    idle = [i for i, h in enumerate(held) if not h and waiting[i] == 0]
+    return sorted(holders + idle)
+
+
+def queue_of(c: Candidate) -> int | None:
+    """A replica's waiting requests as last scraped (None: no fresh scrape)."""
+    return None if c.engine is None else c.engine.queue_reqs
+
+
 @dataclass
 class AdapterManager:
     config: Lora
@@ -63,9 +89,14 @@ class AdapterManager:
     """(backend, adapter) → requests running with it there (never unloaded while running)."""
     last_used: dict[tuple[str, str], float] = field(default_factory=dict)
     _locks: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    _sources: dict[str, AdapterSource] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._sources = {a.name: a for a in self.config.adapters}
 
     def sources(self) -> dict[str, AdapterSource]:
-        return {a.name: a for a in self.config.adapters}
+        """Adapter name → where it loads from (what the config lists)."""
+        return self._sources
 
     def known(self, backends: list[Backend], served: dict[str, int | None]) -> dict[str, str]:
         """Adapter → base model: the configured ones, and those the engines report."""
@@ -76,8 +107,12 @@ class AdapterManager:
                 out.setdefault(name, parent)
         return {k: v for k, v in out.items() if v}
 
-    def holders(self, candidates: list[Backend], adapter: str) -> list[Backend]:
-        return [b for b in candidates if adapter in b.adapters]
+    def offered(self, candidates: list[Backend], adapter: str) -> list[Backend]:
+        """The replicas the routing policy may choose for `adapter` (see `affinity`)."""
+        now = time.monotonic()
+        held = [adapter in b.adapters for b in candidates]
+        waiting = [queue_of(b.candidate(now)) for b in candidates]
+        return [candidates[i] for i in affinity(held, waiting)]
 
     def started(self, backend: Backend, adapter: str) -> None:
         self.in_use[(backend.url, adapter)] += 1

@@ -143,7 +143,7 @@ class Proxy:
             if not candidates and attempt == 0 and not self.pool.has_members(model):
                 candidates = await self.wait_for_capacity(model)
             if ex.adapter is not None and self.lora is not None:
-                candidates = self.lora.holders(candidates, ex.adapter) or candidates
+                candidates = self.lora.offered(candidates, ex.adapter)
             if not candidates:
                 break
             if attempt:

@@ -99,7 +99,9 @@ async def test_kvfleet_usage_reads_the_gateway_from_prometheus(
         assert (await post(gw, chat(max_tokens=5), key=CANARY))[0] == 200
     usage: Any = {}
     for _ in range(50):  # until a scrape after the three requests
-        samples, source = await asyncio.to_thread(_from_prometheus, prom, "ai", "llama", "5m")
+        samples, source = await asyncio.to_thread(
+            _from_prometheus, prom, "ai", "llama", "5m", "inferenceservice"
+        )
         usage = aggregate(samples)
         if usage and usage["t"].requests.get("200", 0) >= 2.9:
             break
@@ -111,3 +113,7 @@ async def test_kvfleet_usage_reads_the_gateway_from_prometheus(
     assert 2.9 <= u.requests["200"] <= 5.0, u
     assert 14 <= u.tokens["completion"] <= 25, u
     assert u.budget_left is not None and u.budget_left < 5_000
+    # Per tenant and model (what a shared gateway's usage is read by): the same counts.
+    by_model = aggregate(samples, by_model=True)
+    assert set(by_model) == {"t × llama-3.1-8b"}
+    assert by_model["t × llama-3.1-8b"].requests == u.requests

@@ -23,11 +23,12 @@ from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
 from kvfleet_sim.fleet.collector import Collector, FleetSummary, RequestRecord
 from kvfleet_sim.fleet.fair_gate import FleetGate
 from kvfleet_sim.fleet.kv_events import FleetKvEvents
+from kvfleet_sim.fleet.lora_fleet import FleetAdapters
 from kvfleet_sim.fleet.routing import ReplicaView, signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
 from kvfleet_sim.request import Request
 
-STEP_END, READY, PROMOTED, SCRAPE, SCALE, ARRIVAL, PROGRESS = range(7)
+STEP_END, READY, PROMOTED, SCRAPE, SCALE, ARRIVAL, PROGRESS, SUBMIT = range(8)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,8 @@ class FleetSimulator:
         """(time, active, warm, starting) at every scaling tick and change."""
         self.gate: FleetGate | None = None
         """The gateway's overload queue (fairness on); None: every arrival goes at once."""
+        self.adapters: FleetAdapters | None = None
+        """LoRA: who holds which adapter, the gateway's choice for a request with one."""
         for _ in range(config.replicas):
             self._add_replica(0.0, ready_at=0.0)
 
@@ -274,6 +277,8 @@ class FleetSimulator:
             offered.append(Candidate(r.key, reqs, tokens, load))
         if self.gate is not None:  # as the gateway's proxy does with fairness on
             offered = with_room(offered, self.gate.saturation)
+        if self.adapters is not None and arrival.adapter is not None:
+            offered = self.adapters.offer(arrival.adapter, offered)
         key = self._policy(gw).choose(route, offered)
         rep = next(r for r in candidates if r.key == key)
         n = next(self._rid)
@@ -283,9 +288,16 @@ class FleetSimulator:
             max_new_tokens=arrival.max_new_tokens,
             arrival_time=arrival.time,
             seed=n,
+            adapter=arrival.adapter,
         )
         self._placed[req.rid] = (arrival, route, key, gw)
-        rep.engine.submit(req)
+        delay = 0.0
+        if self.adapters is not None and arrival.adapter is not None:
+            delay = self.adapters.place(key, arrival.adapter)
+        if delay > 0:  # the gateway loads the adapter there first, then sends the request
+            self._push(now + delay, SUBMIT, (rep, req))
+        else:
+            rep.engine.submit(req)
         rep.inflight_requests += 1
         rep.inflight_tokens += req.prompt_len + req.max_new_tokens
         if own is not None:
@@ -338,6 +350,8 @@ class FleetSimulator:
             assert req.finish_time is not None
             rep.inflight_requests -= 1
             rep.inflight_tokens -= req.prompt_len + req.max_new_tokens
+            if self.adapters is not None and arrival.adapter is not None:
+                self.adapters.ended(key, arrival.adapter)
             self._outstanding -= 1
             if self.gate is not None:
                 self.gate.finished(arrival.tenant, req.output_len, self.clock.t)
@@ -482,7 +496,7 @@ class FleetSimulator:
                 break
             self.clock.t = t
             periodic_alive = self._outstanding > 0
-            if kind in (STEP_END, ARRIVAL, READY):
+            if kind in (STEP_END, ARRIVAL, READY, SUBMIT):
                 last_work = t
             if kind == STEP_END:
                 self._step_end(payload[0], payload[1], workload)
@@ -508,6 +522,10 @@ class FleetSimulator:
                 self._route_held()
             elif kind == PROMOTED:
                 self._on_promoted(payload)
+            elif kind == SUBMIT:
+                rep, req = payload
+                rep.engine.submit(req)
+                self._kick(rep)
             elif kind == SCRAPE and periodic_alive:
                 for rep in self._live():
                     rep.load, rep.scraped_at = rep.engine.load(), t

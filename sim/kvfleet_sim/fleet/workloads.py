@@ -52,6 +52,10 @@ class WorkloadSpec:
     """Turns per conversation; the prompt of turn k holds every earlier turn and reply."""
     think_time_s: float = 5.0
     """Mean pause (exponential) between a reply and the user's next message."""
+    lora_adapters: int = 0
+    """Each request runs with one of this many LoRA adapters (0: the base model)."""
+    lora_zipf: float = 1.0
+    """Adapter popularity: the k-th most popular is asked for in proportion to 1/k^s."""
 
 
 @dataclass(eq=False)
@@ -70,6 +74,8 @@ class Arrival:
     max_new_tokens: int
     tenant: str = "default"
     conversation: Conversation | None = None
+    adapter: str | None = None
+    """The LoRA adapter it asks for (None: the base model)."""
     group: int = -1
     """Shared-prefix group (or conversation id): which requests share a prefix, for reports."""
 
@@ -84,6 +90,20 @@ class Workload:
         self.rng = random.Random(spec.seed)
 
     def __iter__(self) -> Iterator[Arrival]:
+        arrivals = self._arrivals()
+        n = self.spec.lora_adapters
+        if n <= 0:
+            yield from arrivals
+            return
+        # Its own stream: the prompts and times are those of the workload without adapters.
+        rng = random.Random(self.spec.seed * 7919 + 17)
+        names = [f"adapter-{k}" for k in range(n)]
+        weights = [1.0 / (k + 1) ** self.spec.lora_zipf for k in range(n)]
+        for arrival in arrivals:
+            arrival.adapter = rng.choices(names, weights)[0]
+            yield arrival
+
+    def _arrivals(self) -> Iterator[Arrival]:
         s, rng = self.spec, self.rng
         if s.kind == "multi-turn":
             n_conv = max(1, s.num_requests // s.turns)
