@@ -594,6 +594,20 @@ class InferenceServiceSpec:
             ".disaggregation",
         ),
         Rule(
+            "!has(self.gateway.inferenceGateway) || !has(self.autoscaling)"
+            " || self.autoscaling.minReplicas > 0",
+            "scaling from zero needs the service's own gateway: the autoscaler does not read a"
+            " shared gateway's held requests yet (set autoscaling.minReplicas ≥ 1)",
+            ".autoscaling.minReplicas",
+        ),
+        Rule(
+            "!has(self.gateway.inferenceGateway) || !has(self.autoscaling)"
+            " || !has(self.autoscaling.slo)",
+            "autoscaling.slo is judged on the service's own gateway's latency histograms: not"
+            " yet behind a shared InferenceGateway",
+            ".autoscaling.slo",
+        ),
+        Rule(
             "!(has(self.replicas) && has(self.autoscaling))",
             "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
             " owns the replica count",

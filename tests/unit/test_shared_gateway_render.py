@@ -134,3 +134,20 @@ def test_two_services_may_not_claim_one_model_name() -> None:
         ConfigError, match="'qwen3-32b' is served by pools 'ai/qwen-32b' and 'ai/twin'"
     ):
         rendered([*services, Fronted(twin, "k")])
+
+
+def test_what_a_shared_gateway_cannot_give_the_autoscaler_yet_is_refused() -> None:
+    """Scale from zero and an SLO read the service's own gateway (held requests, latency
+    histograms); behind a shared gateway the spec says so rather than scaling blind."""
+    from kvfleet_kernel.schema import ConfigError as SpecError
+    from kvfleet_operator.spec import parse_spec
+
+    (doc, _) = docs("InferenceService")
+    spec = {**doc["spec"], "replicas": None}
+    for autoscaling, field in (
+        ({"minReplicas": 0, "maxReplicas": 3}, "minReplicas"),
+        ({"minReplicas": 1, "maxReplicas": 3, "slo": {"ttftSeconds": 1}}, "slo"),
+    ):
+        with pytest.raises(SpecError, match=f"spec.autoscaling.{field}: .*gateway"):
+            parse_spec({**spec, "autoscaling": autoscaling})
+    parse_spec({**spec, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})
