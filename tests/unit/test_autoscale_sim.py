@@ -45,18 +45,18 @@ def test_the_operators_policy_promotes_the_warm_spare_first() -> None:
     assert max(a + w + s for _, a, w, s in roles) <= 8
 
 
-def test_keda_on_load_scales_and_a_warm_floor_keeps_its_spare() -> None:
+@pytest.mark.parametrize("floor", [1, 2])
+def test_keda_on_load_scales_and_a_warm_floor_keeps_its_spare(floor: int) -> None:
     """KEDA as a platform team configures it: waiting + running per replica, and minReplicas
     raised by one spare as the floor it keeps without a warm pool."""
-    for floor in (1, 2):
-        sim = FleetSimulator(
-            FleetConfig(ENGINE, replicas=floor, cold_start_s=60),
-            fleet_policy("kvfleet"),
-            keda_load(floor, 8, per_replica=30.0),
-        )
-        result = sim.run(spike())
-        assert max(a for _, a, _, _ in result.roles_trace) > floor
-        assert min(a + s for t, a, _, s in result.roles_trace if t > 15) >= floor
+    sim = FleetSimulator(
+        FleetConfig(ENGINE, replicas=floor, cold_start_s=60),
+        fleet_policy("kvfleet"),
+        keda_load(floor, 8, per_replica=30.0),
+    )
+    result = sim.run(spike())
+    assert max(a for _, a, _, _ in result.roles_trace) > floor
+    assert min(a + s for t, a, _, s in result.roles_trace if t > 15) >= floor
 
 
 def test_the_simulator_counts_arrivals_and_recent_ttfts_for_the_scaler() -> None:
