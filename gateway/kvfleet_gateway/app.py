@@ -198,23 +198,27 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 def _pool_for(gw: Gateway, kind: inbound.Kind, body: dict[str, Any]
-              ) -> tuple[ModelPool | None, Target | None]:  # fmt: skip
-    """The pool serving the body's `model` and what it names there (None: no pool serves
-    it). An alias or adapter reaches the engines in their own names (`<base>:<adapter>`)."""
+              ) -> tuple[ModelPool | None, Target | None, int | None]:  # fmt: skip
+    """The pool serving the body's `model`, what it names there and the base model's
+    context length (None: no pool serves it). An alias or adapter reaches the engines in
+    their own names (`<base>:<adapter>`)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         only = gw.pools.only()
         served = only.served() if only is not None else {}
-        return only, (Target(next(iter(served))) if len(served) == 1 else None)
+        if len(served) != 1:
+            return only, None, None
+        ((name, context),) = served.items()
+        return only, Target(name), context
     found = gw.pools.find(model)
     if found is None:
-        return None, None
-    pool, target = found
+        return None, None, None
+    pool, target, context = found
     if target.adapter is not None and kind == "generate":
         raise GatewayError(400, "LoRA adapters are served on /v1/chat/completions and"
                            " /v1/completions", param="model")  # fmt: skip
     body["model"] = target.engine_model
-    return pool, target
+    return pool, target, context
 
 
 def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) -> None:
@@ -279,16 +283,15 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
     else:
         body["cache_salt"] = salt
     asked = body.get("model")
-    pool, target = _pool_for(gw, kind, body)
+    pool, target, context = _pool_for(gw, kind, body)
     default_model = target.base if target is not None and asked is None else None
     req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
     if pool is None or target is None:
         _no_such_model(gw, req.model)
     assert pool is not None and target is not None and pool.proxy is not None
     _check_allowed(limits, asked if isinstance(asked, str) else target.base, pool, target)
-    models = pool.served()
     base = target.base
-    inbound.check_context(req, models[base])
+    inbound.check_context(req, context)
     pages, page_tokens, prompt_tokens = await _engine_pages(pool, req, salt)
     route = RouteRequest(
         base,

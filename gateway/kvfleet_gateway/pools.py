@@ -73,21 +73,23 @@ class ModelPool:
             return learned
         return {n: m.context_length or learned.get(n) for n, m in self.models.items()}
 
-    def adapters(self) -> dict[str, str]:
-        """Adapter → base model: configured, and reported by the engines."""
-        return self.lora.known(list(self.backends.backends.values()), self.served())
+    def adapters(self, served: dict[str, int | None] | None = None) -> dict[str, str]:
+        """Adapter → base model: configured, and reported by the engines (`served`: what
+        `served()` returned, when the caller has it)."""
+        served = self.served() if served is None else served
+        return self.lora.known(list(self.backends.backends.values()), served)
 
     def price(self, base: str) -> Price | None:
         model = self.models.get(base)
         return model.price if model is not None else None
 
-    def resolve(self, model: str) -> Target:
-        """What `model` names here (an unknown name is left as it is: the caller's 404)."""
+    def resolve(self, model: str, served: dict[str, int | None]) -> Target:
+        """What `model` names here, given what the pool serves (an unknown name is left as
+        it is: the caller's 404)."""
         model = self.aliases.get(model, model)
-        served = self.served()
         if model in served:
             return Target(model)
-        return resolve(model, served, self.adapters())
+        return resolve(model, served, self.adapters(served))
 
 
 def build_pool(pc: PoolConfig, config: GatewayConfig, metrics: GatewayMetrics) -> ModelPool:
@@ -229,8 +231,9 @@ class PoolSet:
         """The pool of a gateway with one pool (a request without `model` goes there)."""
         return next(iter(self.pools.values())) if len(self.pools) == 1 else None
 
-    def find(self, model: str) -> tuple[ModelPool, Target] | None:
-        """The pool serving `model` and what it names there; None: no pool serves it."""
+    def find(self, model: str) -> tuple[ModelPool, Target, int | None] | None:
+        """The pool serving `model`, what it names there and its base model's context
+        length; None: no pool serves it."""
         name = self._index.get(model) or self._index.get(model.rpartition(":")[0])
         pool = self.pools.get(name) if name else None
         if pool is None:  # learned names: engines' models and adapters, or one pool's
@@ -238,10 +241,11 @@ class PoolSet:
                          if model in p.served() or model in p.adapters()), self.only())  # fmt: skip
         if pool is None:
             return None
-        target = pool.resolve(model)
-        if target.base not in pool.served():
+        served = pool.served()  # once per request: it walks the pool's replicas
+        target = pool.resolve(model, served)
+        if target.base not in served:
             return None
-        return pool, target
+        return pool, target, served[target.base]
 
     def served(self) -> list[tuple[ModelPool, str, int | None]]:
         return [(p, n, ctx) for p in self.pools.values() for n, ctx in p.served().items()]
