@@ -76,6 +76,17 @@ def affinity(held: list[bool], waiting: list[int | None]) -> list[int]:
     return sorted(holders + idle)
 
 
+def eviction(held: list[str], busy: set[str], last_used: dict[str, float], bound: int
+             ) -> str | None:  # fmt: skip
+    """The adapter to unload before a replica holding `held` loads another: the least
+    recently used one not `busy`, once it holds `bound`; None: room enough, or every adapter
+    in use. Pure: the gateway and the fleet simulator both decide with it."""
+    idle = [n for n in held if n not in busy]
+    if len(held) < bound or not idle:
+        return None
+    return min(idle, key=lambda n: last_used.get(n, 0.0))
+
+
 def queue_of(c: Candidate) -> int | None:
     """A replica's waiting requests as last scraped (None: no fresh scrape)."""
     return None if c.engine is None else c.engine.queue_reqs
@@ -152,10 +163,12 @@ class AdapterManager:
 
     async def _make_room(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         """Unload the least recently used adapter not in use when the replica is full."""
-        idle = [n for n in backend.adapters if not self.in_use.get((backend.url, n))]
-        if len(backend.adapters) < self.config.max_adapters_per_replica or not idle:
+        held = list(backend.adapters)
+        busy = {n for n in held if self.in_use.get((backend.url, n))}
+        used = {n: self.last_used.get((backend.url, n), 0.0) for n in held}
+        victim = eviction(held, busy, used, self.config.max_adapters_per_replica)
+        if victim is None:
             return
-        victim = min(idle, key=lambda n: self.last_used.get((backend.url, n), 0.0))
         answer = await self._post(session, backend, "/unload_lora_adapter", {"lora_name": victim})
         if answer is not None and answer.get("success"):
             backend.adapters.pop(victim, None)

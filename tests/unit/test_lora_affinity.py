@@ -67,3 +67,13 @@ def test_affinity_loads_fewer_adapters_than_a_router_that_ignores_them() -> None
         assert result.summary.requests == 600
         loads[policy] = sim.adapters.loads
     assert loads["kvfleet"] * 3 < loads["round_robin"], loads
+
+
+def test_eviction_takes_the_least_recently_used_idle_adapter_at_the_bound() -> None:
+    from kvfleet_gateway.lora import eviction
+
+    used = {"a": 3.0, "b": 1.0, "c": 2.0}
+    assert eviction(["a", "b", "c"], set(), used, bound=4) is None  # room enough
+    assert eviction(["a", "b", "c"], set(), used, bound=3) == "b"
+    assert eviction(["a", "b", "c"], {"b"}, used, bound=3) == "c"  # b is running
+    assert eviction(["a", "b", "c"], {"a", "b", "c"}, used, bound=3) is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from kvfleet_gateway.lora import affinity, queue_of
+from kvfleet_gateway.lora import affinity, eviction, queue_of
 from kvfleet_gateway.routing import Candidate
 
 
@@ -48,10 +48,11 @@ class FleetAdapters:
         if adapter in held:
             held.move_to_end(adapter)
             return 0.0
-        if len(held) >= self.max_per_replica:
-            idle = next((n for n in held if not self.in_use.get((replica, n))), None)
-            if idle is not None:
-                del held[idle]
+        busy = {n for n in held if self.in_use.get((replica, n))}
+        recency = {n: float(i) for i, n in enumerate(held)}  # least recently used first
+        victim = eviction(list(held), busy, recency, self.max_per_replica)
+        if victim is not None:
+            del held[victim]
         held[adapter] = None
         self.loads += 1
         return self.load_s
