@@ -65,6 +65,11 @@ class ModelPool:
     def name(self) -> str:
         return self.config.name
 
+    def busy(self) -> bool:
+        """Requests in flight on its replicas, or held waiting for one."""
+        held = self.proxy.held if self.proxy is not None else 0
+        return bool(held) or any(b.inflight_requests for b in self.backends.backends.values())
+
     def served(self) -> dict[str, int | None]:
         """Served name → context length (the config's, else the engines'); a pool configured
         without models serves what its engines report."""
@@ -258,13 +263,15 @@ class PoolSet:
         self._stacks[id(pool)] = stack
 
     async def _stop(self, pool: ModelPool) -> None:
-        """Stop a pool no longer in the index once its requests in flight end (up to the
-        drain timeout; polled, as requests end in many places: the proxy, its retries, the
-        client leaving)."""
+        """Stop a pool no longer in the index once its requests in flight end, and those it
+        holds for a replica (it keeps discovering them meanwhile) — up to the drain timeout;
+        polled, as requests end in many places: the proxy, its retries, the client leaving."""
         for _ in range(int(float(self.config.timeouts.drain) / 0.2)):
-            if not any(b.inflight_requests for b in pool.backends.backends.values()):
+            if not pool.busy():
                 break
             await asyncio.sleep(0.2)
+        if pool.proxy is not None:
+            pool.proxy.retired = True  # what it still holds is refused, not left waiting
         stack = self._stacks.pop(id(pool), None)
         if stack is not None:
             await stack.aclose()

@@ -93,6 +93,14 @@ class Proxy:
     lora: AdapterManager | None = None
     """LoRA: replicas holding a request's adapter first; one loads it when none does."""
     _held: int = 0
+    retired: bool = False
+    """Its pool was replaced or removed and has stopped: a request it still holds would wait
+    for replicas nobody discovers any more."""
+
+    @property
+    def held(self) -> int:
+        """Requests waiting in `wait_for_capacity` now."""
+        return self._held
 
     async def wait_for_capacity(self, model: str) -> list[Backend]:
         """No replica of `model` exists (scaled to zero, or all starting): hold the request
@@ -114,11 +122,19 @@ class Proxy:
         log.info("holding a request for %s: no replica available (%d held)", model, self._held)
         try:
             deadline = time.monotonic() + self.hold.timeout
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not self.retired:
                 candidates = self.pool.routable(model)
                 if candidates:
                     return candidates
                 await asyncio.sleep(HOLD_POLL_S)
+            if self.retired:
+                raise GatewayError(
+                    503,
+                    f"the replicas of '{model}' changed while this request waited; retry",
+                    "server_error",
+                    "no_capacity",
+                    headers={"Retry-After": "1"},
+                )
         finally:
             self._held -= 1
             gauge.dec()

@@ -63,8 +63,9 @@ async def test_one_gateway_serves_two_models_and_an_adapter(operator_cluster: Lo
     assert status["models"] == ["fact-gen", "llama", "llama-3.1-8b", "qwen3-32b"]
     pod = await gateway_pod(kc)
     url = url_of(pod)
-    research = openai.AsyncOpenAI(base_url=url, api_key="foo", max_retries=0)
-    support = openai.AsyncOpenAI(base_url=url, api_key="bar", max_retries=0)
+    # A request that hangs fails the test in a minute, naming itself, not at the test's limit.
+    research = openai.AsyncOpenAI(base_url=url, api_key="foo", max_retries=0, timeout=60)
+    support = openai.AsyncOpenAI(base_url=url, api_key="bar", max_retries=0, timeout=60)
     try:
         listed = {m.id for m in (await research.models.list()).data}
         assert listed == {"llama-3.1-8b", "llama", "fact-gen", "qwen3-32b"}

@@ -18,14 +18,23 @@ async def until(
     until it returns something truthy, and return that; fail the test after `timeout`."""
     deadline = time.monotonic() + limit_s
     while True:
-        value = check() if inspect.iscoroutinefunction(check) else await asyncio.to_thread(check)
-        if inspect.isawaitable(value):
-            value = await value
+        try:  # a check that never returns fails the test as one that never holds
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                value = await _evaluate(check)
+        except TimeoutError:
+            pytest.fail(f"timed out after {limit_s:.0f}s in a check of {what or check}")
         if value:
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {limit_s:.0f}s waiting for {what or check}")
         await asyncio.sleep(interval)
+
+
+async def _evaluate(check: Callable[[], Any]) -> Any:
+    value = check() if inspect.iscoroutinefunction(check) else await asyncio.to_thread(check)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 def until_sync(
