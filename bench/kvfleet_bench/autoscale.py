@@ -14,6 +14,8 @@ with a 180 s cold start, a 5 s promotion, decisions every 15 s and the SLO TTFT 
   utilization, HPA's defaults) runs as shipped; each also with a static warm floor
   (`minReplicas` + 1, the spare kvfleet keeps). The sweep runs on the first seed; the point
   with the best SLO attainment at no more GPU-hours than kvfleet runs on every seed.
+- **static** (step and flash): the smallest fixed fleet that keeps 99% within the SLO —
+  the price a policy that cannot see the surge coming pays to meet it.
 - **oracle** knows every arrival (`scalers.OracleScaler`); its headroom is raised until it
   keeps ≥ 99.9% of requests within the SLO on each seed, or it is reported broken.
 
@@ -38,7 +40,13 @@ from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.fleet.des import FleetConfig, FleetResult, FleetSimulator, Scaler
 from kvfleet_sim.fleet.routing import fleet_policy
-from kvfleet_sim.fleet.scalers import KvfleetScaler, OracleScaler, hpa_util, keda_load
+from kvfleet_sim.fleet.scalers import (
+    KvfleetScaler,
+    OracleScaler,
+    StaticScaler,
+    hpa_util,
+    keda_load,
+)
 from kvfleet_sim.fleet.tracefile import TraceFileWorkload, TraceRow, read_trace
 from kvfleet_sim.fleet.traces import RateTrace, thinned
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
@@ -59,11 +67,18 @@ LONG_PROMPT = "long-prompt"
 replica serves a few requests per second, bound by prefill."""
 TRACES = ("step", "diurnal", "flash", "steady", LONG_PROMPT)
 POLICIES = ("kvfleet", "hpa", "keda", "oracle")
+PLANNED = ("oracle", "static")
+"""Policies run at a headroom the bench chose (shown beside them)."""
+STATIC_REFERENCE = ("step", "flash")
+"""Traces whose surge no causal policy sees coming: a fleet kept at the peak size all along
+runs beside them, as the price of meeting the surge without foresight."""
 KEDA_THRESHOLDS = (20, 30, 40, 50, 60)
 """Waiting + running requests per replica (one replica runs ~57 at its SLO capacity)."""
 HEADROOMS = (1.0, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5)
 SEEDS = (1, 2, 3)
 ORACLE_SLO = 0.999
+STATIC_SLO = 0.99
+"""The static reference is the smallest fixed fleet that keeps kvfleet's goal."""
 WORKLOAD = WorkloadSpec("random", input_len=1024, output_len=256, range_ratio=0.5)
 MAX_PROMPT = 8192
 
@@ -171,14 +186,14 @@ def measure_capacity(trace_file: str | None = None, seed: int = 1, trace: str = 
 class Cell:
     trace: str
     policy: str
-    """kvfleet | hpa | hpa+1 | keda@T | keda@T+1 | oracle"""
+    """kvfleet | hpa | hpa+1 | keda@T | keda@T+1 | static | oracle"""
     seed: int
     capacity: float
     trace_file: str | None = None
     time_scale: float = 1.0
     rate_scale: float = 1.0
     headroom: float = 1.0
-    """The oracle's."""
+    """The oracle's and the static fleet's: capacity planned per unit of rate."""
 
 
 def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool]:
@@ -199,11 +214,19 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
         return hpa_util(minimum, MAX_REPLICAS), False
     if name.startswith("keda@"):
         return keda_load(minimum, MAX_REPLICAS, float(name[5:])), False
+    if name == "static":
+        return StaticScaler(static_size(cell, rate_at)), False
     if name == "oracle":
         lead = COLD_START_S
         oracle = OracleScaler(rate_at, cell.capacity, lead, 1, MAX_REPLICAS, 15.0, cell.headroom)
         return oracle, False
     raise ValueError(f"unknown policy {cell.policy!r}")
+
+
+def static_size(cell: Cell, rate_at: Callable[[float], float]) -> int:
+    """A fixed fleet for the trace's peak rate (over 5 s points) at the measured capacity."""
+    peak = max(rate_at(float(t)) for t in range(0, int(STEADY_S) + 1, 5))
+    return max(1, min(MAX_REPLICAS, math.ceil(peak * cell.headroom / cell.capacity - 1e-9)))
 
 
 def _workload(cell: Cell) -> tuple[Workload, Callable[[float], float], float]:
@@ -240,6 +263,8 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     # Sized for the load at the start, as a user deploying into live traffic would (a
     # file's rate at 0 counts a half window).
     initial = max(1, math.ceil(max(rate_at(0.0), rate_at(7.5)) / cell.capacity))
+    if cell.policy == "static":
+        initial = static_size(cell, rate_at)
     if cell.policy == "oracle":  # what it would have ordered before the run began
         first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
         initial = max(initial, math.ceil(first * cell.headroom / cell.capacity - 1e-9))
@@ -309,14 +334,15 @@ def _pool_map(fn: Callable[[Cell], dict[str, Any]], cells: list[Cell], workers: 
             log(
                 f"  {r['trace']:<24} {r['label']:<12} seed {r['seed']}: SLO "
                 f"{r['slo_attainment']:.2%}, {r['gpu_hours']:.2f} GPU-h"
-                + (f" (headroom {r['headroom']:g})" if r["label"] == "oracle" else "")
+                + (f" (headroom {r['headroom']:g})" if r["label"] in PLANNED else "")
             )
     return out
 
 
-def _oracle(base: list[Cell], workers: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Each oracle cell at the lowest headroom that keeps ≥ 99.9% within the SLO (the
-    highest tried when none does: reported broken)."""
+def _oracle(base: list[Cell], workers: int, log: Callable[[str], None],
+            goal: float = ORACLE_SLO) -> list[dict[str, Any]]:  # fmt: skip
+    """Each cell (the oracle, or the static fleet) at the lowest headroom that keeps `goal`
+    within the SLO (the highest tried when none does: the oracle is reported broken)."""
     done: list[dict[str, Any]] = []
     todo = [replace(c, headroom=HEADROOMS[0]) for c in base]
     while todo:
@@ -324,7 +350,7 @@ def _oracle(base: list[Cell], workers: int, log: Callable[[str], None]) -> list[
         again = []
         for cell, r in zip(todo, results, strict=True):
             higher = [h for h in HEADROOMS if h > cell.headroom]
-            if r["slo_attainment"] >= ORACLE_SLO or not higher:
+            if r["slo_attainment"] >= goal or not higher:
                 done.append(r)
             else:
                 again.append(replace(cell, headroom=higher[0]))
@@ -369,6 +395,9 @@ def run_autoscale_bench(
             continue  # the flapping check: kvfleet's size changes on a noisy plateau
         if "oracle" in plan.policies:
             results += _oracle([cell("oracle", s) for s in seeds], workers, log)
+        if trace in STATIC_REFERENCE:
+            statics = [cell("static", s) for s in seeds]
+            results += _oracle(statics, workers, log, goal=STATIC_SLO)
         sweep = [p for p in ("hpa", "keda") if p in plan.policies]
         names = [f"{b}{fl}" for b in _baselines(sweep, trace) for fl in ("", "+1")]
         first = _pool_map(run_cell, [cell(n, seeds[0]) for n in names], workers, log)

@@ -54,10 +54,18 @@ def goals(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if t in ("step", "diurnal", "flash", LONG_PROMPT) and oracle:
             ratios = [kv[s]["gpu_hours"] / oracle[s]["gpu_hours"] for s in kv if s in oracle]
             slo = min(r["slo_attainment"] for r in kv.values())
+            value = f"{slo:.2%} (worst seed), {max(ratios):.2f}× oracle (worst seed)"
+            static = _by(results, t, "static")
+            if static:  # what meeting the surge without foresight costs
+                s_slo = min(r["slo_attainment"] for r in static.values())
+                s_cost = max(static[s]["gpu_hours"] / oracle[s]["gpu_hours"]
+                             for s in static if s in oracle)  # fmt: skip
+                value += (f"; a fleet kept at the peak size all along: {s_slo:.2%} at "
+                          f"{s_cost:.2f}× oracle")  # fmt: skip
             out.append({
                 "goal": f"{t}: kvfleet ≥ 99% within SLO at ≤ 1.3× the oracle's GPU-hours, "
                 "every seed",
-                "value": f"{slo:.2%} (worst seed), {max(ratios):.2f}× oracle (worst seed)",
+                "value": value,
                 "met": slo >= SLO_GOAL and max(ratios) <= COST_GOAL,
             })  # fmt: skip
         if t.startswith("file:"):
@@ -114,7 +122,13 @@ def write_report(out_dir: Path, results: list[dict[str, Any]], checks: list[dict
 
 def _markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]],
               capacity: dict[str, float], plan: Any) -> str:  # fmt: skip
-    from kvfleet_bench.autoscale import COLD_START_S, GPU_HOURLY_PRICE, MAX_REPLICAS, SLO_TTFT_S
+    from kvfleet_bench.autoscale import (
+        COLD_START_S,
+        GPU_HOURLY_PRICE,
+        MAX_REPLICAS,
+        PLANNED,
+        SLO_TTFT_S,
+    )
 
     caps = ", ".join(f"{k} {v:.1f} req/s" for k, v in capacity.items())
     met = sum(c["met"] for c in checks)
@@ -149,7 +163,7 @@ def _markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]],
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["trace"], r["label"])):
-        label = r["label"] + (f" (headroom {r['headroom']:g})" if r["label"] == "oracle" else "")
+        label = r["label"] + (f" (headroom {r['headroom']:g})" if r["label"] in PLANNED else "")
         lines.append(
             f"| {r['trace']} | {label} | {r['seeds']} | {r['slo_attainment']:.2%} "
             f"[{r['slo_attainment_min']:.2%}–{r['slo_attainment_max']:.2%}] | "

@@ -302,7 +302,7 @@ def test_step_limits() -> None:
     d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), signals(2, 400, 1.0), 0.0)
     assert d.desired_active == 6  # + max(4, 2)
     d, _ = decide(config, State(desired_active=10), Fleet(10, 0, 0), signals(10, 0, 0.0), 0.0)
-    assert d.desired_active == 9  # - 1 per tick
+    assert d.desired_active == 8  # - 2 per tick
 
 
 def test_cold_start_is_learned_from_observations_with_the_prior() -> None:
@@ -343,3 +343,63 @@ def test_a_latency_objective_over_its_bound_adds_a_replica_and_names_itself() ->
     for config in (ScalingConfig(max_replicas=8, slo_itl_s=0.1), ScalingConfig(max_replicas=8)):
         d, _ = decide(config, State(desired_active=2), Fleet(2, 0, 0), quiet, 0.0)
         assert d.desired_active == 2 and d.bound_by != "itl"
+
+
+def test_a_flap_keeps_the_size_it_came_back_to() -> None:
+    """Down from 4 to 3, then pushed back up to 4 within two down windows: 4 is a floor for
+    an hour (the load it flapped on is still the load); a later scale-down is allowed."""
+    config = ScalingConfig(min_replicas=1, max_replicas=8, scale_up_window_s=0,
+                           scale_down_window_s=60)  # fmt: skip
+    state = State(desired_active=4, since=-1000.0)
+    idle, full = signals(4, kv=0.55), signals(3, kv=0.99)  # 4 × 0.55 / 0.85 ≈ 2.6
+    d, state = decide(config, state, Fleet(4, 0, 0), idle, 0.0)  # quiet: down to 3
+    assert d.desired_active == 3 and state.last_down == (0.0, 3)
+    d, state = decide(config, state, Fleet(3, 0, 0), full, 90.0)
+    assert d.desired_active == 4 and state.floor == (90.0 + 3600.0, 4)
+    for t in range(105, 600, 15):  # as quiet again: it stays at 4
+        d, state = decide(config, state, Fleet(4, 0, 0), idle, float(t))
+        assert d.desired_active == 4, (t, d.reason)
+    d, state = decide(config, state, Fleet(4, 0, 0), idle, 3700.0)
+    assert d.desired_active == 3  # an hour on: the floor is gone
+
+
+def test_a_queue_is_ordered_for_as_work_once_capacity_is_known() -> None:
+    """With the arrival rate and a learned capacity, waiting requests count as work to
+    drain in a minute beside the arrivals — 100 waiting at 30 req/s on replicas serving
+    about 11 each ask for under 3 replicas (the 3 there keep their size), not HPA's
+    100 / 4 = 25."""
+    config = ScalingConfig(min_replicas=1, max_replicas=40, scale_up_window_s=0)
+    learned = State(desired_active=3)
+    for t in range(20):  # ticks kept up at 10 req/s per replica: the capacity is learned
+        calm = replace(signals(3, kv=0.3), arrival_rate=30.0)
+        _, learned = decide(config, learned, Fleet(3, 0, 0), calm, float(15 * t))
+    per = learned.capacity.per_replica
+    assert per is not None and 10.0 <= per <= 11.5
+    busy = replace(signals(3, queue=100, kv=0.5), arrival_rate=30.0)
+    d, _ = decide(config, learned, Fleet(3, 0, 0), busy, 300.0)
+    assert d.need_queue == (30.0 + 100 / 60) / per and d.desired_active == 3, d.reason
+    d, _ = decide(config, State(desired_active=3), Fleet(3, 0, 0), busy, 300.0)
+    assert d.need_queue == 25.0 and d.desired_active == 7  # nothing learned: HPA's form
+
+
+def test_a_rate_whose_window_the_counters_do_not_cover_yet_is_not_read() -> None:
+    """Prometheus' rate() over a window the gateways' counters began inside (traffic
+    starting, a new tenant's series) under-counts and rises as the window fills — a ramp
+    to the forecast, where there is only a trickle: the operator reads no arrival rate
+    until the counters have covered one window."""
+    from typing import Any, cast
+
+    from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
+    from kvfleet_operator.scaling.observe import Observation
+
+    config = AutoscalerConfig(prometheus_url="http://prometheus:9090", prometheus_rate_window="10s")
+    scaler = Autoscaler(cast(Any, None), config)
+    key = ("ai", "llama")
+
+    def rate_at(now: float, rate: float | None) -> float | None:
+        obs = Observation("prometheus", arrival_rate={key: rate} if rate is not None else {})
+        return scaler._demand(key, obs, now, 0.99).arrival_rate
+
+    assert rate_at(100.0, None) is None  # no traffic yet
+    assert rate_at(101.0, 0.3) is None and rate_at(108.0, 0.8) is None  # the window fills
+    assert rate_at(111.0, 1.0) == 1.0

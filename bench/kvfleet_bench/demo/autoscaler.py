@@ -7,12 +7,13 @@ become its scrape targets) or from the pods directly. Budgets live in Redis (exa
 run as this machine's redis-server) when it is installed. Three tenants send bursty traffic
 through the gateway with the OpenAI SDK — a support chat (multi-turn conversations sharing a
 system prompt), a document search (one long shared prompt) and a trial tenant whose small
-token budget runs out — steady, then a burst, then quiet.
+token budget runs out — steady, then a burst that climbs to its peak, then quiet.
 
 Live: replicas by role with their queue, KV and tokens/s; each tenant's TTFT, tokens/s and
 429s by reason; each scaling decision as it happens. At the end: `summary.json` and
 `timeline.png` in the output directory, and exit 0 only if requests were served, a warm
-replica was promoted, the fleet scaled up and back down, and the budget held.
+replica was promoted, the fleet scaled up — the burst's replicas ready before its traffic
+peaked — and back down, and the budget held.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ import yaml
 from rich.live import Live
 
 from kvfleet_bench.demo.cluster_view import (
+    BURST,
     NAME,
     NS,
     LiveTables,
     PlainLines,
     Progress,
     View,
+    burst_share,
     on_a_terminal,
+    peak_at,
     phase,
     refresh,
 )
@@ -68,7 +72,8 @@ WORDS = "kv cache prefix replica queue token budget latency router tenant gpu ba
 @dataclass(frozen=True)
 class DemoConfig:
     duration_s: float = 120.0
-    """Seconds of traffic: 20% steady, 35% burst, 45% quiet (the fleet scales back)."""
+    """Seconds of traffic: 20% steady, 35% burst (climbing to its peak over the first half),
+    45% quiet (the fleet scales back)."""
     out: Path = Path("kvfleet-demo")
     cold_start_s: float = 6.0
     """How long a new engine pod loads its model here (a real 8B: minutes)."""
@@ -206,7 +211,8 @@ async def _scenario(
     rng = random.Random(config.seed)
     keys = {t.name: "kvf-" + secrets.token_urlsafe(16) for t in tenants(config)}
     stats = {t.name: TenantStats(budget=t.budget) for t in tenants(config)}
-    run_ = Run(min_replicas=1, burst=(0.2 * config.duration_s, 0.55 * config.duration_s))
+    burst = (BURST[0] * config.duration_s, BURST[1] * config.duration_s)
+    run_ = Run(min_replicas=1, burst=burst, peak_at=peak_at(config.duration_s))
     view = View()
     src = f"Prometheus ({prometheus})" if prometheus else "the pods' /metrics (no Prometheus)"
     scrape_timeout = aiohttp.ClientTimeout(total=1.0)
@@ -326,7 +332,13 @@ async def _traffic(
         await one_request(clients["trial"], MODEL, question(SUPPORT), 64, stats["trial"])
 
     def rate(name: str) -> Any:
-        return lambda t: by_name[name].rates[phase(t, config.duration_s)]
+        def at(t: float) -> float:
+            steady, burst, quiet = by_name[name].rates
+            if phase(t, config.duration_s) == 2:
+                return quiet
+            return steady + (burst - steady) * burst_share(t, config.duration_s)
+
+        return at
 
     drivers = [
         asyncio.create_task(drive(rate(n), send, elapsed, config.duration_s, rng, inflight))

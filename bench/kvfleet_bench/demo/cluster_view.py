@@ -26,9 +26,29 @@ ISVC_PATH = f"/apis/kvfleet.dev/v1alpha1/namespaces/{NS}/inferenceservices"
 PHASES = ("steady", "burst", "quiet")
 
 
+BURST = (0.2, 0.55)
+"""The burst phase, as shares of the run: 20% steady before it, 45% quiet after."""
+RAMP = 0.5
+"""The share of the burst its traffic takes to climb from the steady rate to its peak."""
+
+
 def phase(t: float, duration: float) -> int:
     """20% steady, 35% burst, 45% quiet."""
-    return 0 if t < 0.2 * duration else (1 if t < 0.55 * duration else 2)
+    return 0 if t < BURST[0] * duration else (1 if t < BURST[1] * duration else 2)
+
+
+def peak_at(duration: float) -> float:
+    """When the burst's traffic reaches its peak (seconds since traffic began)."""
+    return (BURST[0] + RAMP * (BURST[1] - BURST[0])) * duration
+
+
+def burst_share(t: float, duration: float) -> float:
+    """How far the traffic has climbed from the steady rate to the burst's (0..1): a ramp a
+    forecast can see coming, then the peak; 0 outside the burst."""
+    if phase(t, duration) != 1:
+        return 0.0
+    start = BURST[0] * duration
+    return min(1.0, (t - start) / max(1e-9, peak_at(duration) - start))
 
 
 @dataclass

@@ -52,6 +52,10 @@ from kvfleet_operator.scaling.forecast import Capacity, Forecast, learn_capacity
 
 DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
+FLAP_MEMORY_S: float = 3600  # an hour
+"""How long a flap (down, then back up within two down windows) keeps its size as a floor."""
+QUEUE_DRAIN_S = 60.0
+"""A backlog is ordered for as work to finish within a minute, beside the arrivals."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +79,7 @@ class ScalingConfig:
     tolerance: float = fld(0.1, "Relative change below which the size is kept (as HPA's).")
     max_step_up: int = fld(4, "A tick adds at most max(this, the current size) replicas.")
     max_step_down: int = fld(
-        1,
+        2,
         "A tick removes at most this many replicas: one that goes comes back only after a"
         " cold start, and KV usage falls far faster than load as a fleet empties.",
     )
@@ -158,6 +162,12 @@ class State:
     """When the size last went up."""
     forecast: Forecast = field(default_factory=Forecast)
     capacity: Capacity = field(default_factory=Capacity)
+    last_down: tuple[float, int] | None = None
+    """(when, the size it went down to) of the last scale-down."""
+    floor: tuple[float, int] | None = None
+    """(until when, size): a size the fleet went down from and had to come back to soon
+    after — no scale-down under it for `FLAP_MEMORY_S` (the load it flapped on is still
+    the load)."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +281,23 @@ def _judged(config: ScalingConfig, signals: Signals) -> bool:
     )
 
 
+def draining(state: State, queue: float) -> bool:
+    """Whether the waiting requests are fewer than a tick ago by a clear margin (or gone)."""
+    return state.last_queue is not None and queue < DRAINING * state.last_queue
+
+
+def _queue_need(config: ScalingConfig, queue: float, rate: float | None,
+                per_replica: float | None) -> float:  # fmt: skip
+    """Replicas the waiting requests ask for. With the arrival rate and a learned capacity:
+    enough to serve the arrivals and drain the backlog within `QUEUE_DRAIN_S` (a queue is
+    work, counted in the unit capacity is learned in); without them, HPA's form, the
+    queue over its target per replica (which orders a replica per few waiting requests
+    however fast a replica serves them)."""
+    if rate is None or not per_replica:
+        return queue / config.target_queue_depth
+    return (rate + queue / QUEUE_DRAIN_S) / per_replica
+
+
 @dataclass(frozen=True)
 class _Terms:
     up: dict[str, float]
@@ -299,10 +326,11 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     queue = sum(max(0.0, r.queue) for r in measured) + max(0.0, signals.held)
     running = sum(max(0.0, r.running) for r in measured)
     slots = running / (config.max_running_requests * target) if config.max_running_requests else 0
-    need_q = queue / config.target_queue_depth
+    per = state.capacity.per_replica
+    need_q = _queue_need(config, queue, signals.arrival_rate, per)
     if queue <= config.target_queue_depth * max(1, fleet.active):
         need_q = 0.0  # an empty queue says nothing about how few replicas would do
-    if state.last_queue is not None and queue < DRAINING * state.last_queue:
+    if draining(state, queue):
         # A backlog that is draining needs time, not replicas: the capacity that drains it
         # is already serving (ordering for it would overshoot once it is gone).
         need_q = 0.0
@@ -316,13 +344,14 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
     ahead = state.forecast.ahead(cold + config.interval_s)
-    per = state.capacity.per_replica
     need_f = ahead / per if ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
     need_f_down = max(ahead or 0.0, level) / per if per else 0.0
     # An objective breached while nothing is starting: one more replica (what is starting
     # will answer it otherwise).
     one_more = float(current + 1) if fleet.starting == 0 and current > 0 else 0.0
+    if draining(state, queue):
+        one_more = 0.0  # the latencies of a backlog being served, not of what comes now
     over = _breaches(config, signals)
     need_slo = one_more if "slo" in over else 0.0
     need_itl = one_more if "itl" in over else 0.0
@@ -371,6 +400,9 @@ def decide(
     desired = _stabilized(config, history, current, raw, terms.from_zero, now - since, now)
     if signals.missing:
         desired = max(desired, current)  # no evidence that fewer would do
+    floor = state.floor if state.floor is not None and now < state.floor[0] else None
+    if floor is not None and desired < current:
+        desired = max(desired, min(current, floor[1]))  # it flapped under this size lately
     bound_by = _bound_by(config, terms, need, raw, desired, current)
     changed = desired != current
     per_q = terms.queue / max(1, fleet.active)
@@ -392,6 +424,8 @@ def decide(
     )
     new_state = replace(
         state,
+        floor=_flap_floor(config, state, floor, current, desired, now),
+        last_down=(now, desired) if desired < current else state.last_down,
         desired_active=desired,
         history=history,
         since=since,
@@ -400,6 +434,17 @@ def decide(
         last_change=now if changed else state.last_change,
     )
     return decision, new_state
+
+
+def _flap_floor(config: ScalingConfig, state: State, floor: tuple[float, int] | None,
+                current: int, desired: int, now: float) -> tuple[float, int] | None:  # fmt: skip
+    """A scale-up from the size the last scale-down reached, within two down windows of
+    it, is a flap: the size it came back to becomes a floor for `FLAP_MEMORY_S`."""
+    down = state.last_down
+    recent = down is not None and now - down[0] < 2 * config.scale_down_window_s
+    if desired > current and recent and down is not None and down[1] == current:
+        return (now + FLAP_MEMORY_S, desired)
+    return floor
 
 
 def _stabilized(config: ScalingConfig, history: tuple[tuple[float, int], ...], current: int,

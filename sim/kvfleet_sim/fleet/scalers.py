@@ -13,6 +13,9 @@ measured against.
   stabilization; the threshold is the user's to tune (the bench sweeps it).
 - Either baseline with a static warm floor: `minReplicas` raised, as a platform team keeps
   headroom without a warm pool.
+- `static`: a fixed size from start to end (sized by the bench for the trace's peak): what
+  a team without an autoscaler runs, and what a policy that cannot see a step coming
+  must pay before it to meet it.
 - `oracle`: knows every arrival; plans each window's size from the true rate over the
   window a cold start ahead, at a per-replica capacity measured on the workload's own
   token mix, times a headroom the bench raises until the oracle keeps the SLO (an upper
@@ -134,6 +137,14 @@ def keda_load(min_replicas: int, max_replicas: int, per_replica: float) -> HpaSc
         return (busy + view.held) / max(1, len(view.active))
 
     return HpaScaler(load, per_replica, min_replicas, max_replicas)
+
+
+@dataclass
+class StaticScaler:
+    size: int
+
+    def target(self, view: FleetView) -> Target:
+        return Target(self.size)
 
 
 @dataclass
