@@ -101,3 +101,26 @@ def test_a_bad_trace_file_names_its_line(tmp_path: Path) -> None:
     bad.write_text("when,prompt\n1,2\n")
     with pytest.raises(TraceFileError, match="missing column"):
         read_trace(bad)
+
+
+def test_the_step_goal_shows_what_meeting_a_surge_without_foresight_costs() -> None:
+    """The report's step goal sets kvfleet beside the oracle and the static fleet (the
+    smallest fixed size that keeps 99%), worst seed of each; it fails when kvfleet misses."""
+    from kvfleet_bench.autoscale_report import goals
+
+    def cell(label: str, seed: int, slo: float, gpu_hours: float) -> dict[str, object]:
+        return {"trace": "step", "label": label, "seed": seed, "slo_attainment": slo,
+                "gpu_hours": gpu_hours, "headroom": 1.0}  # fmt: skip
+
+    results = [
+        *(cell("kvfleet", s, 0.68, 3.0) for s in (1, 2)),
+        *(cell("oracle", s, 1.0, 1.4) for s in (1, 2)),
+        cell("static", 1, 0.995, 2.5),
+        cell("static", 2, 0.99, 2.8),
+    ]
+    step = next(g for g in goals(results) if g["goal"].startswith("step: kvfleet"))
+    assert not step["met"]
+    assert step["value"] == (
+        "68.00% (worst seed), 2.14× oracle (worst seed); a fleet kept at the peak size all "
+        "along: 99.00% at 2.00× oracle"
+    )
