@@ -307,6 +307,10 @@ async def a_missing_secret_is_named(k: Any) -> None:
     await k("delete", "kis", "nokeys", "-n", "ai", "--wait=false")
 
 
+# Every example at once: some 25 pods start together, each a Python process whose startup
+# does not shrink with the cluster's time scale (its probes do): 77 s on CI, 120 s on a
+# slower machine of the same kind.
+@pytest.mark.timeout(240)
 async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
