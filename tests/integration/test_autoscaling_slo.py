@@ -49,11 +49,15 @@ async def test_an_inter_token_latency_objective_adds_a_replica(stack: Stack) -> 
     strict = {"spec": {"autoscaling": {"slo": {"itlSeconds": 0.002}}}}  # under a decode step
     await asyncio.to_thread(stack.env.kube.patch, ISVC, NS, "llama", strict)
     load = asyncio.create_task(streams_for(20.0))
+
+    def bound_by_itl() -> dict[str, Any] | None:
+        said = auto()  # the decision itself: the next tick may already have replaced it
+        return said if said.get("boundBy") == "itl" else None
+
     try:
-        await until(lambda: auto().get("boundBy") == "itl", 20, "a decision bound by the ITL")
+        said = await until(bound_by_itl, 20, "a decision bound by the ITL")
     finally:
         load.cancel()
         await asyncio.gather(load, return_exceptions=True)
-    said = await asyncio.to_thread(auto)
     assert said["desiredActive"] >= 2, said
     assert "inter-token latency" in said["reason"] and "over the SLO 2ms" in said["reason"]
