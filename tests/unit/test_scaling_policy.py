@@ -403,3 +403,11 @@ def test_a_rate_whose_window_the_counters_do_not_cover_yet_is_not_read() -> None
     assert rate_at(100.0, None) is None  # no traffic yet
     assert rate_at(101.0, 0.3) is None and rate_at(108.0, 0.8) is None  # the window fills
     assert rate_at(111.0, 1.0) == 1.0
+
+
+def test_a_fleet_held_at_its_maximum_names_the_term_that_would_scale_it() -> None:
+    config = ScalingConfig(max_replicas=3, slo_itl_s=0.05)
+    slow = replace(signals(3, kv=0.4), itl=0.08)
+    d, _ = decide(config, State(desired_active=3), Fleet(3, 0, 0), slow, 0.0)
+    assert (d.desired_active, d.bound_by) == (3, "itl")
+    assert "(at the maximum: inter-token latency 80ms over the SLO 50ms)" in d.reason

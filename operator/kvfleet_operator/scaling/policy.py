@@ -515,6 +515,8 @@ def _explain(config: ScalingConfig, state: State, terms: _Terms, need: float, ra
             f"{config.scale_down_window_s:g}s"
         )
     why = f"steady at {desired}: load needs {need:.1f} replicas ({demand}){tail}"
+    if need > desired and desired >= config.max_replicas and bound_by in said:
+        why += f" (at the maximum: {said[bound_by]})"  # the term that would have scaled
     if raw > desired:
         why += f" (scale-up to {raw} waiting for its {config.scale_up_window_s:g}s window)"
     elif raw < desired:
