@@ -382,29 +382,6 @@ def test_a_queue_is_ordered_for_as_work_once_capacity_is_known() -> None:
     assert d.need_queue == 25.0 and d.desired_active == 7  # nothing learned: HPA's form
 
 
-def test_a_rate_whose_window_the_counters_do_not_cover_yet_is_not_read() -> None:
-    """Prometheus' rate() over a window the gateways' counters began inside (traffic
-    starting, a new tenant's series) under-counts and rises as the window fills — a ramp
-    to the forecast, where there is only a trickle: the operator reads no arrival rate
-    until the counters have covered one window."""
-    from typing import Any, cast
-
-    from kvfleet_operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
-    from kvfleet_operator.scaling.observe import Observation
-
-    config = AutoscalerConfig(prometheus_url="http://prometheus:9090", prometheus_rate_window="10s")
-    scaler = Autoscaler(cast(Any, None), config)
-    key = ("ai", "llama")
-
-    def rate_at(now: float, rate: float | None) -> float | None:
-        obs = Observation("prometheus", arrival_rate={key: rate} if rate is not None else {})
-        return scaler._demand(key, obs, now, 0.99).arrival_rate
-
-    assert rate_at(100.0, None) is None  # no traffic yet
-    assert rate_at(101.0, 0.3) is None and rate_at(108.0, 0.8) is None  # the window fills
-    assert rate_at(111.0, 1.0) == 1.0
-
-
 def test_a_fleet_held_at_its_maximum_names_the_term_that_would_scale_it() -> None:
     config = ScalingConfig(max_replicas=3, slo_itl_s=0.05)
     slow = replace(signals(3, kv=0.4), itl=0.08)

@@ -12,8 +12,8 @@ token budget runs out — steady, then a burst that climbs to its peak, then qui
 Live: replicas by role with their queue, KV and tokens/s; each tenant's TTFT, tokens/s and
 429s by reason; each scaling decision as it happens. At the end: `summary.json` and
 `timeline.png` in the output directory, and exit 0 only if requests were served, a warm
-replica was promoted, the fleet scaled up — the burst's replicas ready before its traffic
-peaked — and back down, and the budget held.
+replica was promoted, the fleet scaled up and back down, and the budget held; it reports
+whether the replicas the burst asked for were ready before its traffic peaked.
 """
 
 from __future__ import annotations

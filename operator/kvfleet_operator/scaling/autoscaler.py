@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvfleet_kernel.schema import Duration, Json, to_json
+from kvfleet_kernel.schema import Json, to_json
 from kvfleet_operator.kube import POD, Kube
 from kvfleet_operator.render.common import (
     ENGINE,
@@ -129,13 +129,8 @@ class Autoscaler:
     _prefill_seen: dict[Key, set[str]] = field(default_factory=dict)
     _last_gateway: dict[Key, _GatewayCounters] = field(default_factory=dict)
     """Direct scrape: the gateways' counters at the previous tick."""
-    _rate_since: dict[Key, float] = field(default_factory=dict)
-    """Prometheus: when each service's arrival rate first came (see `_demand`)."""
-    _rate_window_s: float = field(init=False, default=60.0)
 
     def __post_init__(self) -> None:
-        window = self.config.prometheus_rate_window
-        self._rate_window_s = Duration.parse(window, "prometheus rate window")
         self.reader: PrometheusReader | DirectReader = (
             PrometheusReader(
                 self.config.prometheus_url,
@@ -197,14 +192,7 @@ class Autoscaler:
         scrape gives counters, differenced against the previous tick (a counter that went
         down — a gateway restarted — gives nothing this tick)."""
         if obs.source != "direct":
-            rate = obs.arrival_rate.get(key)
-            since = self._rate_since.setdefault(key, now) if rate else None
-            if since is not None and now - since < self._rate_window_s:
-                # The gateways' counters began inside the rate window (traffic starting, a
-                # new tenant): rate() under-counts until the window is covered, and the rise
-                # would read as a ramp to the forecast.
-                rate = None
-            return Demand(rate, obs.slo_ttft.get(key), obs.slo_itl.get(key))
+            return Demand(obs.arrival_rate.get(key), obs.slo_ttft.get(key), obs.slo_itl.get(key))
         total = obs.arrivals_total.get(key)
         if total is None:
             return Demand()
