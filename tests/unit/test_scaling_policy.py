@@ -363,25 +363,6 @@ def test_a_flap_keeps_the_size_it_came_back_to() -> None:
     assert d.desired_active == 3  # an hour on: the floor is gone
 
 
-def test_a_queue_is_ordered_for_as_work_once_capacity_is_known() -> None:
-    """With the arrival rate and a learned capacity, waiting requests count as work to
-    drain in a minute beside the arrivals — 100 waiting at 30 req/s on replicas serving
-    about 11 each ask for under 3 replicas (the 3 there keep their size), not HPA's
-    100 / 4 = 25."""
-    config = ScalingConfig(min_replicas=1, max_replicas=40, scale_up_window_s=0)
-    learned = State(desired_active=3)
-    for t in range(20):  # ticks kept up at 10 req/s per replica: the capacity is learned
-        calm = replace(signals(3, kv=0.3), arrival_rate=30.0)
-        _, learned = decide(config, learned, Fleet(3, 0, 0), calm, float(15 * t))
-    per = learned.capacity.per_replica
-    assert per is not None and 10.0 <= per <= 11.5
-    busy = replace(signals(3, queue=100, kv=0.5), arrival_rate=30.0)
-    d, _ = decide(config, learned, Fleet(3, 0, 0), busy, 300.0)
-    assert d.need_queue == (30.0 + 100 / 60) / per and d.desired_active == 3, d.reason
-    d, _ = decide(config, State(desired_active=3), Fleet(3, 0, 0), busy, 300.0)
-    assert d.need_queue == 25.0 and d.desired_active == 7  # nothing learned: HPA's form
-
-
 def test_a_fleet_held_at_its_maximum_names_the_term_that_would_scale_it() -> None:
     config = ScalingConfig(max_replicas=3, slo_itl_s=0.05)
     slow = replace(signals(3, kv=0.4), itl=0.08)

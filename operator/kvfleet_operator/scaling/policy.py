@@ -54,8 +54,6 @@ DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
 FLAP_MEMORY_S: float = 3600  # an hour
 """How long a flap (down, then back up within two down windows) keeps its size as a floor."""
-QUEUE_DRAIN_S = 60.0
-"""A backlog is ordered for as work to finish within a minute, beside the arrivals."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,18 +284,6 @@ def draining(state: State, queue: float) -> bool:
     return state.last_queue is not None and queue < DRAINING * state.last_queue
 
 
-def _queue_need(config: ScalingConfig, queue: float, rate: float | None,
-                per_replica: float | None) -> float:  # fmt: skip
-    """Replicas the waiting requests ask for. With the arrival rate and a learned capacity:
-    enough to serve the arrivals and drain the backlog within `QUEUE_DRAIN_S` (a queue is
-    work, counted in the unit capacity is learned in); without them, HPA's form, the
-    queue over its target per replica (which orders a replica per few waiting requests
-    however fast a replica serves them)."""
-    if rate is None or not per_replica:
-        return queue / config.target_queue_depth
-    return (rate + queue / QUEUE_DRAIN_S) / per_replica
-
-
 @dataclass(frozen=True)
 class _Terms:
     up: dict[str, float]
@@ -326,8 +312,7 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     queue = sum(max(0.0, r.queue) for r in measured) + max(0.0, signals.held)
     running = sum(max(0.0, r.running) for r in measured)
     slots = running / (config.max_running_requests * target) if config.max_running_requests else 0
-    per = state.capacity.per_replica
-    need_q = _queue_need(config, queue, signals.arrival_rate, per)
+    need_q = queue / config.target_queue_depth
     if queue <= config.target_queue_depth * max(1, fleet.active):
         need_q = 0.0  # an empty queue says nothing about how few replicas would do
     if draining(state, queue):
@@ -344,6 +329,7 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
     ahead = state.forecast.ahead(cold + config.interval_s)
+    per = state.capacity.per_replica
     need_f = ahead / per if ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
     need_f_down = max(ahead or 0.0, level) / per if per else 0.0
