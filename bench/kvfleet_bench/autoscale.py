@@ -263,8 +263,8 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     # Sized for the load at the start, as a user deploying into live traffic would (a
     # file's rate at 0 counts a half window).
     initial = max(1, math.ceil(max(rate_at(0.0), rate_at(7.5)) / cell.capacity))
-    if cell.policy == "static":
-        initial = static_size(cell, rate_at)
+    if isinstance(scaler, StaticScaler):
+        initial = scaler.size
     if cell.policy == "oracle":  # what it would have ordered before the run began
         first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
         initial = max(initial, math.ceil(first * cell.headroom / cell.capacity - 1e-9))
@@ -339,7 +339,7 @@ def _pool_map(fn: Callable[[Cell], dict[str, Any]], cells: list[Cell], workers: 
     return out
 
 
-def _oracle(base: list[Cell], workers: int, log: Callable[[str], None],
+def _lowest_headroom(base: list[Cell], workers: int, log: Callable[[str], None],
             goal: float = ORACLE_SLO) -> list[dict[str, Any]]:  # fmt: skip
     """Each cell (the oracle, or the static fleet) at the lowest headroom that keeps `goal`
     within the SLO (the highest tried when none does: the oracle is reported broken)."""
@@ -394,10 +394,10 @@ def run_autoscale_bench(
         if trace == "steady":
             continue  # the flapping check: kvfleet's size changes on a noisy plateau
         if "oracle" in plan.policies:
-            results += _oracle([cell("oracle", s) for s in seeds], workers, log)
+            results += _lowest_headroom([cell("oracle", s) for s in seeds], workers, log)
         if trace in STATIC_REFERENCE:
             statics = [cell("static", s) for s in seeds]
-            results += _oracle(statics, workers, log, goal=STATIC_SLO)
+            results += _lowest_headroom(statics, workers, log, goal=STATIC_SLO)
         sweep = [p for p in ("hpa", "keda") if p in plan.policies]
         names = [f"{b}{fl}" for b in _baselines(sweep, trace) for fl in ("", "+1")]
         first = _pool_map(run_cell, [cell(n, seeds[0]) for n in names], workers, log)

@@ -87,6 +87,9 @@ class Run:
     peak_at: float | None = None
     """When the burst's traffic reached its peak (capacity is due before it)."""
 
+    def scale_ups(self) -> list[Decision]:
+        return [d for d in self.decisions if d.what.startswith("ScaledUp")]
+
     def checks(self, tenants: dict[str, TenantStats]) -> dict[str, tuple[bool, str]]:
         """What the demo must show, each with the evidence (exit 0 only if all hold)."""
         served = sum(s.ok for s in tenants.values())
@@ -94,7 +97,7 @@ class Run:
         budgeted = {n: s for n, s in tenants.items() if s.budget is not None}
         over = {n: s for n, s in budgeted.items() if s.most_in_one_period() > (s.budget or 0)}
         exhausted = [n for n, s in budgeted.items() if s.refused.get("insufficient_quota")]
-        ups = [d for d in self.decisions if d.what.startswith("ScaledUp")]
+        ups = self.scale_ups()
         return {
             "requests served": (served > 0, f"{served} served, {failed} failed"),
             "a warm replica promoted": (
@@ -147,7 +150,7 @@ def _budget_evidence(name: str, s: TenantStats) -> str:
 
 def summary(run: Run, tenants: dict[str, TenantStats], source: str) -> dict[str, Any]:
     checks = run.checks(tenants)
-    ahead = _ahead_of(run, [d for d in run.decisions if d.what.startswith("ScaledUp")])
+    ahead = _ahead_of(run, run.scale_ups())
     per_tenant = {}
     for name, s in tenants.items():
         ttft = [v for _, v in s.ttft]

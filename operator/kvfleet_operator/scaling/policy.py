@@ -315,7 +315,8 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     need_q = queue / config.target_queue_depth
     if queue <= config.target_queue_depth * max(1, fleet.active):
         need_q = 0.0  # an empty queue says nothing about how few replicas would do
-    if draining(state, queue):
+    backlog_draining = draining(state, queue)
+    if backlog_draining:
         # A backlog that is draining needs time, not replicas: the capacity that drains it
         # is already serving (ordering for it would overshoot once it is gone).
         need_q = 0.0
@@ -336,7 +337,7 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     # An objective breached while nothing is starting: one more replica (what is starting
     # will answer it otherwise).
     one_more = float(current + 1) if fleet.starting == 0 and current > 0 else 0.0
-    if draining(state, queue):
+    if backlog_draining:
         one_more = 0.0  # the latencies of a backlog being served, not of what comes now
     over = _breaches(config, signals)
     need_slo = one_more if "slo" in over else 0.0
@@ -427,8 +428,9 @@ def _flap_floor(config: ScalingConfig, state: State, floor: tuple[float, int] | 
     """A scale-up from the size the last scale-down reached, within two down windows of
     it, is a flap: the size it came back to becomes a floor for `FLAP_MEMORY_S`."""
     down = state.last_down
-    recent = down is not None and now - down[0] < 2 * config.scale_down_window_s
-    if desired > current and recent and down is not None and down[1] == current:
+    if down is None or desired <= current or down[1] != current:
+        return floor
+    if now - down[0] < 2 * config.scale_down_window_s:
         return (now + FLAP_MEMORY_S, desired)
     return floor
 
