@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet_operator.scaling.policy import ScalingConfig
+from kvfleet_operator.scaling.model import ScalingConfig
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, FleetView, Target

@@ -14,7 +14,7 @@ from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.common import GROUP_INDEX_LABEL, ROLE_LABEL, WORKER_INDEX_LABEL
 from kvfleet_operator.replicas import removable_groups
 from kvfleet_operator.scaling.autoscaler import Scaled
-from kvfleet_operator.scaling.policy import Decision
+from kvfleet_operator.scaling.model import Decision
 from tests.support.leaderworkerset import schema_problems
 from tests.support.objects import example, isvc
 

@@ -25,6 +25,7 @@ from kvfleet_operator.render.common import (
     PREFILL,
     is_group_worker,
 )
+from kvfleet_operator.scaling.model import Decision, Fleet, ScalingConfig, State
 from kvfleet_operator.scaling.observe import (
     Demand,
     DirectReader,
@@ -38,14 +39,7 @@ from kvfleet_operator.scaling.observe import (
     role_of,
     signals_for,
 )
-from kvfleet_operator.scaling.policy import (
-    Decision,
-    Fleet,
-    ScalingConfig,
-    State,
-    decide,
-    learn_cold_start,
-)
+from kvfleet_operator.scaling.policy import decide, learn_cold_start
 from kvfleet_operator.spec import Autoscaling, InferenceServiceSpec, parse_spec
 from kvfleet_operator.status import (
     AutoscalingStatus,

@@ -37,7 +37,7 @@ from kvfleet_kernel.sglang_metrics import (
     selector,
 )
 from kvfleet_operator.render.common import ENGINE_PORT, GATEWAY_METRICS_PORT, ROLE_LABEL
-from kvfleet_operator.scaling.policy import ReplicaSignals, Signals
+from kvfleet_operator.scaling.model import ReplicaSignals, Signals
 from kvfleet_operator.status import pod_ready
 
 Key = tuple[str, str]

@@ -17,7 +17,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   size nothing changes.
 - **Fast up, slow down.** Per-direction stabilization windows (the spec's): a scale-up takes
   the smallest recommendation of the up window, a scale-down the largest of the down window;
-  step limits per tick.
+  step limits per tick. Demand that has clearly fallen (for half a down window, by more
+  than the forecast's recent misses) takes the fleet down ahead of the window, to what its
+  level plus those misses needs: the window guards noisy signals, not a clear fall.
 - **Capacity on the way.** Replicas that are starting are capacity already ordered: while
   any is starting, the queue (which grows because that capacity is late) may not raise the
   target above the size already ordered — no cascade of scale-ups while models load.
@@ -45,160 +47,22 @@ Each decision names the term that bound it (`bound_by`) with its numbers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from kvfleet_kernel.schema import fld
-from kvfleet_operator.scaling.forecast import Capacity, Forecast, learn_capacity, observe
+from kvfleet_operator.scaling.explain import Terms, explain, explain_falling
+from kvfleet_operator.scaling.forecast import learn_capacity, observe
+from kvfleet_operator.scaling.model import (
+    Decision,
+    Fleet,
+    ScalingConfig,
+    Signals,
+    State,
+)
 
 DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
 FLAP_MEMORY_S: float = 3600  # an hour
 """How long a flap (down, then back up within two down windows) keeps its size as a floor."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScalingConfig:
-    """The bounds and targets of one service (from its spec) and the policy's tuning."""
-
-    min_replicas: int = fld(1, "Fewest active replicas.")
-    max_replicas: int = fld(10, "Most replicas, active + warm.")
-    warm_replicas: int = fld(0, "Loaded spares kept beside the active ones.")
-    target_queue_depth: float = fld(4.0, "Waiting requests per active replica.")
-    target_kv_cache_usage: float = fld(0.85, "KV-cache usage per active replica (0..1).")
-    max_running_requests: int | None = fld(
-        None,
-        "Batch slots of one replica (the engine's --max-running-requests); None: unbounded"
-        " by slots (the KV cache bounds it). Running requests count against them at the KV"
-        " target.",
-    )
-    scale_up_window_s: float = fld(15.0, "Scale-up stabilization window.")
-    scale_down_window_s: float = fld(300.0, "Scale-down stabilization window.")
-    cold_start_s: float = fld(300.0, "Prior of the time from a new pod to a ready replica.")
-    tolerance: float = fld(0.1, "Relative change below which the size is kept (as HPA's).")
-    max_step_up: int = fld(4, "A tick adds at most max(this, the current size) replicas.")
-    max_step_down: int = fld(
-        2,
-        "A tick removes at most this many replicas: one that goes comes back only after a"
-        " cold start, and KV usage falls far faster than load as a fleet empties.",
-    )
-    readiness_grace_s: float = fld(
-        60.0, "A replica ready for less than this counts at the target in scale-down sums."
-    )
-    warm_auto: bool = fld(
-        False, "Size the warm pool by forecast risk too (at least warm_replicas)."
-    )
-    slo_ttft_s: float | None = fld(None, "TTFT objective; over it, one more replica.")
-    slo_itl_s: float | None = fld(None, "Inter-token latency objective; over it, one more replica.")
-    interval_s: float = fld(15.0, "Seconds between decisions (the forecast's step).")
-
-
-@dataclass(frozen=True)
-class ReplicaSignals:
-    """One active replica's engine metrics (`sglang:*` gauges)."""
-
-    pod: str
-    queue: float
-    """`num_queue_reqs`: requests waiting for admission."""
-    running: float
-    """`num_running_reqs`."""
-    kv_usage: float
-    """`token_usage`: used KV over the pool, 0..1."""
-    young: bool = False
-    """Ready for less than the grace period: its (empty) cache says nothing yet."""
-
-
-@dataclass(frozen=True)
-class Signals:
-    """What one tick observed of one service."""
-
-    replicas: tuple[ReplicaSignals, ...] = ()
-    """Fresh metrics of active, ready replicas."""
-    missing: tuple[str, ...] = ()
-    """Active, ready replicas without fresh metrics (stale, not scraped yet, partial)."""
-    held: float = 0.0
-    """Requests waiting at the gateways: held because no replica can take them (scale from
-    zero), or queued because every replica is saturated (fair sharing under overload)."""
-    error: str | None = None
-    """The reader failed altogether (Prometheus down, gateway unreachable)."""
-    arrival_rate: float | None = None
-    """Requests per second arriving at the gateways since the last tick (None: unknown)."""
-    ttft: float | None = None
-    """The TTFT the SLO is judged on (the p99, or the spec's attainment quantile), seconds."""
-    itl: float | None = None
-    """The inter-token latency the SLO is judged on (the same quantile), seconds."""
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """The service's engine pods as the cluster reports them."""
-
-    active: int
-    """Ready pods labelled active."""
-    warm: int
-    """Ready pods labelled warm."""
-    starting: int
-    """Pods created and not ready yet (younger than `stuck_after` cold starts)."""
-
-
-@dataclass(frozen=True)
-class State:
-    """What the policy carries from tick to tick (rebuilt from status after a restart)."""
-
-    desired_active: int | None = None
-    history: tuple[tuple[float, int], ...] = ()
-    """(time, raw recommendation) within the longer stabilization window."""
-    last_change: float | None = None
-    cold_start_s: float | None = None
-    """Learned from pod created → Ready times; None: the config's prior."""
-    cold_start_samples: int = 0
-    since: float | None = None
-    """When this state began (first tick, operator restart): no scale-down for a whole
-    down window after it, for lack of evidence."""
-    last_queue: float | None = None
-    """Waiting + held requests at the previous tick."""
-    last_up: float | None = None
-    """When the size last went up."""
-    forecast: Forecast = field(default_factory=Forecast)
-    capacity: Capacity = field(default_factory=Capacity)
-    last_down: tuple[float, int] | None = None
-    """(when, the size it went down to) of the last scale-down."""
-    floor: tuple[float, int] | None = None
-    """(until when, size): a size the fleet went down from and had to come back to soon
-    after — no scale-down under it for `FLAP_MEMORY_S` (the load it flapped on is still
-    the load)."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    desired_active: int
-    desired_warm: int
-    reason: str
-    holding: bool = False
-    """The data was missing or failed: the size was held."""
-    queue_per_replica: float | None = None
-    kv_cache_usage: float | None = None
-    """Mean over active replicas with data."""
-    held_requests: float = 0.0
-    recommendation: int | None = None
-    """This tick's raw recommendation before windows and steps."""
-    changed: bool = False
-    need_kv: float = 0.0
-    """Replicas the KV usage asks for (summed usage over the target)."""
-    need_queue: float = 0.0
-    """Replicas the queue asks for (0 when the queue is under its target)."""
-    bound_by: str = "steady"
-    """The term that set the size: forecast, queue, kv, slots, slo (TTFT), itl, min, max,
-    window, held."""
-    forecast_rate: float | None = None
-    """Requests per second expected one cold start ahead."""
-    capacity_per_replica: float | None = None
-    """Requests per second one replica serves at the KV target (learned)."""
-    missing: tuple[str, ...] = ()
-    """Active replicas without fresh metrics (counted saturated; no scale-down)."""
-
-    @property
-    def desired_total(self) -> int:
-        return self.desired_active + self.desired_warm
 
 
 def bounds(config: ScalingConfig, active: int) -> int:
@@ -245,7 +109,9 @@ def _learn_demand(
     queue = sum(max(0.0, r.queue) for r in signals.replicas) + max(0.0, signals.held)
     kept_up = _kept_up(config, state, fleet, signals, queue, load)
     capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up)
-    return replace(state, forecast=forecast, capacity=capacity)
+    began = state.falling_since or (now, forecast.level or 0.0)
+    falling = None if forecast.trend >= 0 else began
+    return replace(state, forecast=forecast, capacity=capacity, falling_since=falling)
 
 
 def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals,
@@ -284,23 +150,8 @@ def draining(state: State, queue: float) -> bool:
     return state.last_queue is not None and queue < DRAINING * state.last_queue
 
 
-@dataclass(frozen=True)
-class _Terms:
-    up: dict[str, float]
-    """Replicas each term asks for on the way up."""
-    down: float
-    """Replicas the fleet needs for a scale-down (young replicas at the target)."""
-    queue: float
-    running: float
-    mean_kv: float | None
-    from_zero: bool
-    forecast_rate: float | None
-    serving: int
-    """Active replicas (at least 1: what per-replica numbers divide by)."""
-
-
 def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, now: float,
-           current: int) -> _Terms:  # fmt: skip
+           current: int) -> Terms:  # fmt: skip
     measured = signals.replicas
     kv = [min(1.0, max(0.0, r.kv_usage)) for r in measured]
     target = config.target_kv_cache_usage
@@ -346,7 +197,7 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
           "itl": need_itl}  # fmt: skip
     down = max(kv_down / target, need_q, slots, need_f_down, need_slo, need_itl)
     mean_kv = sum(kv) / len(kv) if kv else None
-    return _Terms(up, down, queue, running, mean_kv, from_zero, ahead, max(1, fleet.active))
+    return Terms(up, down, queue, running, mean_kv, from_zero, ahead, max(1, fleet.active))
 
 
 def decide(
@@ -385,18 +236,31 @@ def decide(
     raw = bounds(config, raw)
     history = (*past, (now, raw))
     desired = _stabilized(config, history, current, raw, terms.from_zero, now - since, now)
+    falling = (
+        _falling_demand(config, state, now) if now - since >= config.scale_down_window_s else None
+    )
+    early = falling is not None and raw <= falling < desired <= current
+    if falling is not None and early:
+        # Demand falling with its upper bound inside fewer replicas: the window (which guards
+        # noisy signals) need not hold capacity the forecast has ruled out.
+        desired = max(falling, current - config.max_step_down, config.min_replicas)
     if signals.missing:
         desired = max(desired, current)  # no evidence that fewer would do
     floor = state.floor if state.floor is not None and now < state.floor[0] else None
     if floor is not None and desired < current:
         desired = max(desired, min(current, floor[1]))  # it flapped under this size lately
-    bound_by = _bound_by(config, terms, need, raw, desired, current)
+    bound_by = "forecast" if early else _bound_by(config, terms, need, raw, desired, current)
     changed = desired != current
     per_q = terms.queue / max(1, fleet.active)
+    reason = (
+        explain_falling(config, state, desired)
+        if early
+        else explain(config, state, terms, need, raw, desired, current, per_q, bound_by, signals)
+    )
     decision = Decision(
         desired,
         warm_target(config, state, desired),
-        _explain(config, state, terms, need, raw, desired, current, per_q, bound_by, signals),
+        reason,
         queue_per_replica=per_q,
         kv_cache_usage=terms.mean_kv,
         held_requests=signals.held,
@@ -421,6 +285,22 @@ def decide(
         last_change=now if changed else state.last_change,
     )
     return decision, new_state
+
+
+def _falling_demand(config: ScalingConfig, state: State, now: float) -> int | None:
+    """Replicas enough for demand that has been falling for half a down window, by more than
+    the forecast's recent under-forecasts: its level now plus that under-forecast, at the
+    learned capacity; None when demand is not falling so, or either is unknown. (A dip on
+    a noisy plateau turns the trend for a tick or two and stays inside its own noise.)"""
+    f, per = state.forecast, state.capacity.per_replica
+    began = state.falling_since
+    scored = config.scale_down_window_s / config.interval_s  # a window's worth of noise seen
+    if f.level is None or not per or began is None or len(f.errors) < scored:
+        return None
+    risk = f.risk()
+    if now - began[0] < config.scale_down_window_s / 2 or began[1] - f.level <= risk:
+        return None
+    return max(config.min_replicas, math.ceil((f.level + risk) / per - 1e-9))
 
 
 def _flap_floor(config: ScalingConfig, state: State, floor: tuple[float, int] | None,
@@ -456,7 +336,7 @@ def _stabilized(config: ScalingConfig, history: tuple[tuple[float, int], ...], c
     return bounds(config, desired)
 
 
-def _bound_by(config: ScalingConfig, terms: _Terms, need: float, raw: int, desired: int,
+def _bound_by(config: ScalingConfig, terms: Terms, need: float, raw: int, desired: int,
               current: int) -> str:  # fmt: skip
     """The term that set the size: the largest one on the way up (or `max`), `down` or
     `min` on the way down, `window` while a change waits for its window."""
@@ -470,43 +350,3 @@ def _bound_by(config: ScalingConfig, terms: _Terms, need: float, raw: int, desir
     if desired == config.min_replicas and need <= desired:
         return "min"
     return top if need > 0 else "steady"
-
-
-def _explain(config: ScalingConfig, state: State, terms: _Terms, need: float, raw: int,
-             desired: int, current: int, per_q: float, bound_by: str,
-             signals: Signals) -> str:  # fmt: skip
-    per = state.capacity.per_replica
-    demand = (
-        f"forecast {terms.forecast_rate:.1f} req/s in {config.cold_start_s:g}s at {per:.1f}/replica"
-        if terms.forecast_rate is not None and per
-        else "no demand forecast yet"
-    )
-    said = {
-        "kv": f"KV usage {terms.mean_kv or 0:.2f} over target {config.target_kv_cache_usage:g}",
-        "queue": f"queue {per_q:.1f}/replica over target {config.target_queue_depth:g}",
-        "slots": f"{terms.running / terms.serving:.1f} running/replica of "
-        f"{config.max_running_requests} slots, over target {config.target_kv_cache_usage:g}",
-        "forecast": demand,
-        "slo": f"TTFT {signals.ttft or 0:.2f}s over the SLO {config.slo_ttft_s or 0:g}s",
-        "itl": f"inter-token latency {1000 * (signals.itl or 0):.0f}ms over the SLO"
-        f" {1000 * (config.slo_itl_s or 0):g}ms",
-    }
-    missing = f"; no fresh metrics from {', '.join(sorted(signals.missing)[:3])} (counted full)"
-    tail = missing if signals.missing else ""
-    if desired > current:
-        term = said.get(bound_by, said[max(terms.up, key=lambda k: terms.up[k])])
-        return f"scale up to {desired}: {term}{tail}"
-    if desired < current:
-        return (
-            f"scale down to {desired}: load needs {terms.down:.1f} replicas (KV "
-            f"{terms.mean_kv or 0:.2f}, queue {per_q:.1f}/replica, {demand}) for "
-            f"{config.scale_down_window_s:g}s"
-        )
-    why = f"steady at {desired}: load needs {need:.1f} replicas ({demand}){tail}"
-    if need > desired and desired >= config.max_replicas and bound_by in said:
-        why += f" (at the maximum: {said[bound_by]})"  # the term that would have scaled
-    if raw > desired:
-        why += f" (scale-up to {raw} waiting for its {config.scale_up_window_s:g}s window)"
-    elif raw < desired:
-        why += f" (scale-down to {raw} waiting for its {config.scale_down_window_s:g}s window)"
-    return why

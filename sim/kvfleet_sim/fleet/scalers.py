@@ -28,15 +28,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvfleet_operator.scaling.policy import (
+from kvfleet_operator.scaling.model import (
     Decision,
     Fleet,
     ReplicaSignals,
     ScalingConfig,
     Signals,
     State,
-    decide,
 )
+from kvfleet_operator.scaling.policy import decide
 from kvfleet_sim.fleet.des import FleetView, Target
 
 
