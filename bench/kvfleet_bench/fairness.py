@@ -47,6 +47,9 @@ FLOOD_FACTOR = 5.0
 STEADY, FLOOD = ("steady-a", "steady-b"), "flood"
 INPUT_LEN, OUTPUT_LEN = 512, 128
 MODES = ("alone", "fifo", "fair")
+SWEPT_RESERVES = (0, 2, 4)
+"""Reserves the fair queue also runs with (besides `RESERVE`): what a larger or no reserve
+buys the steady tenants and costs the fleet."""
 
 
 def _engine() -> EngineConfig:
@@ -69,10 +72,10 @@ def serve(arrivals: list[Arrival], gate: FleetGate | None) -> list[RequestRecord
     return sim.run(Replay(arrivals)).records  # type: ignore[arg-type]
 
 
-def fair_gate() -> FleetGate:
+def fair_gate(reserve: int = RESERVE) -> FleetGate:
     """The gateway's fairness settings for this fleet: the engines' slots, the default
-    reserve, the product's default queue bounds and weights."""
-    return FleetGate(Saturation(max_inflight_per_replica=SLOTS, reserve_per_replica=RESERVE),
+    reserve (unless swept), the product's default queue bounds and weights."""
+    return FleetGate(Saturation(max_inflight_per_replica=SLOTS, reserve_per_replica=reserve),
                      max_waiting=1000, timeout_s=60.0)  # fmt: skip
 
 
@@ -88,9 +91,13 @@ def _merge(*streams: list[Arrival]) -> list[Arrival]:
     return list(heapq.merge(*streams, key=lambda a: a.time))
 
 
-def _p99(xs: Sequence[float]) -> float:
+def _quantile(xs: Sequence[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)] if xs else math.nan
+    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)] if xs else math.nan
+
+
+def _p99(xs: Sequence[float]) -> float:
+    return _quantile(xs, 0.99)
 
 
 def cells_of(mode: str, records: list[RequestRecord], seed: int,
@@ -105,6 +112,7 @@ def cells_of(mode: str, records: list[RequestRecord], seed: int,
         waits = [w for t, who, w in gate.waits if who == tenant and t >= WARMUP_S] if gate else []
         out.append({"tenant": tenant, "mode": mode, "seed": seed,
                     "ttft_p99": round(_p99([r.ttft for r in mine]), 4),
+                    "ttft_p50": round(_quantile([r.ttft for r in mine], 0.5), 4),
                     "output_throughput": round(done / (WINDOW_S - WARMUP_S), 1),
                     "served": len(mine), "shed": shed,
                     "waited": round(sum(w > 0 for w in waits) / max(1, len(waits)), 4),
@@ -128,8 +136,25 @@ def run_seed(seed: int) -> dict[str, Any]:
     gate = fair_gate()
     fair = serve(everyone, gate)
     cells += cells_of("fair", fair, seed, gate)
+    sweep = [_sweep_point(RESERVE, cells)]
+    for reserve in SWEPT_RESERVES:
+        gate = fair_gate(reserve)
+        sweep.append(_sweep_point(reserve, cells_of("fair", serve(everyone, gate), seed, gate)))
     return {"seed": seed, "capacity": cap, "rates": rates, "cells": cells,
+            "sweep": sorted(sweep, key=lambda p: p["reserve"]),
             "service": {"fifo": _service(fifo), "fair": _service(fair)}}  # fmt: skip
+
+
+def _sweep_point(reserve: int, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fair queue with `reserve` slots per replica: the worse steady tenant's TTFT p50 and
+    p99 and share of requests that waited at the gateway, and the fleet's output."""
+    fair = [c for c in cells if c["mode"] == "fair"]
+    steady = [c for c in fair if c["tenant"] in STEADY]
+    return {"reserve": reserve,
+            "steady_ttft_p50": max(c["ttft_p50"] for c in steady),
+            "steady_ttft_p99": max(c["ttft_p99"] for c in steady),
+            "steady_waited": max(c["waited"] for c in steady),
+            "output_throughput": round(sum(c["output_throughput"] for c in fair), 1)}  # fmt: skip
 
 
 def _service(records: list[RequestRecord]) -> dict[str, list[tuple[float, int]]]:
@@ -157,4 +182,6 @@ def run_fairness_bench(log: Callable[[str], None], seeds: Sequence[int],
 
 def dump_json(runs: list[dict[str, Any]]) -> str:
     keys = ("tenant", "mode", "ttft_p99", "output_throughput", "seed")
-    return json.dumps({"cells": [{k: c[k] for k in keys} for r in runs for c in r["cells"]]})
+    return json.dumps({"cells": [{k: c[k] for k in keys} for r in runs for c in r["cells"]],
+                       "reserve_sweep": [{**p, "seed": r["seed"]}
+                                         for r in runs for p in r["sweep"]]})  # fmt: skip
