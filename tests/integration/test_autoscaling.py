@@ -221,13 +221,22 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
     assert not tail.done(), "the long requests ended before any demotion"
     print(f"one replica demoted {time.monotonic() - down:.1f}s after the load dropped")
     assert await tail == [200] * 3
-    await until(
-        lambda: (
-            sorted(stack.roles().values()) == ["active", "warm"] and len(live(stack.pods())) == 2
-        ),
-        40,
-        "back to one active and one warm",
-    )
+    # The tail's three arrivals stay in a Prometheus rate() window (1m) for a minute after
+    # they came, then the down window (6 s) runs; 30 s on top for ticks and scrapes. (A tail
+    # that ends early leaves most of that minute still to wait.)
+    settle_s = 60 + float(AUTOSCALING["scaleDownStabilizationSeconds"]) + 30
+    try:
+        await until(
+            lambda: (
+                sorted(stack.roles().values()) == ["active", "warm"]
+                and len(live(stack.pods())) == 2
+            ),
+            max(10.0, down + settle_s - time.monotonic()),
+            "back to one active and one warm",
+        )
+    except BaseException:
+        print_scaling(stack)  # what the operator decided, for the failure's report
+        raise
     assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
     print(f"back to 1 active + 1 warm {time.monotonic() - down:.1f}s after the load dropped")
     await until(lambda: len(stack.pods()) == 2, 60, "the removed pods' processes gone")
@@ -239,6 +248,15 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
     except TimeoutError:
         pytest.fail(f"no demand forecast and capacity in status.autoscaling: last {last}")
     assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
+
+
+def print_scaling(stack: Stack) -> None:
+    """The fleet's roles, the last decision and the scaling Events, in order."""
+    print("roles:", stack.roles())
+    print("status.autoscaling:", (stack.body().get("status") or {}).get("autoscaling"))
+    events = [e for e in stack.env.kube.list(EVENTS, NS) if e["reason"].startswith("Scaled")]
+    for e in sorted(events, key=lambda e: e.get("lastTimestamp") or ""):
+        print(e.get("lastTimestamp"), e["reason"], e.get("message"))
 
 
 async def watch_demand(stack: Stack, seen: list[dict[str, Any]]) -> dict[str, Any]:

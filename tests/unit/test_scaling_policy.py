@@ -362,6 +362,32 @@ def test_a_flap_keeps_the_size_it_came_back_to() -> None:
     assert d.desired_active == 3  # an hour on: the floor is gone
 
 
+def test_a_flap_floor_does_not_hold_an_idle_fleet() -> None:
+    """The same flap, then no traffic at all: the floor guards a plateau's noise, so an
+    empty fleet goes down as its windows allow, to the minimum, not an hour later."""
+    config = ScalingConfig(min_replicas=1, max_replicas=8, scale_up_window_s=0,
+                           scale_down_window_s=60)  # fmt: skip
+    state = State(desired_active=4, since=-1000.0)
+    d, state = decide(config, state, Fleet(4, 0, 0), signals(4, kv=0.55), 0.0)
+    d, state = decide(config, state, Fleet(3, 0, 0), signals(3, kv=0.99), 90.0)
+    assert d.desired_active == 4 and state.floor is not None
+
+    def empty(n: int, rate: float | None = 0.0) -> Signals:
+        return Signals(tuple(ReplicaSignals(f"p{i}", 0.0, 0.0, 0.0) for i in range(n)),
+                       arrival_rate=rate)  # fmt: skip
+
+    sizes = []
+    for t in range(105, 600, 15):
+        n = d.desired_active
+        d, state = decide(config, state, Fleet(n, 0, 0), empty(n), float(t))
+        sizes.append(d.desired_active)
+    assert sizes[-1] == 1, sizes
+    assert sizes.index(1) * 15 + 105 <= 90 + 60 + 4 * 60, sizes  # a window per step at most
+    floored = State(desired_active=4, since=-1000.0, floor=(4000.0, 4))
+    d, state = decide(config, floored, Fleet(4, 0, 0), empty(4, None), 200.0)  # rate unknown
+    assert d.desired_active == 4, d.reason
+
+
 def test_a_fleet_held_at_its_maximum_names_the_term_that_would_scale_it() -> None:
     config = ScalingConfig(max_replicas=3, slo_itl_s=0.05)
     slow = replace(signals(3, kv=0.4), itl=0.08)

@@ -19,7 +19,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   the smallest recommendation of the up window, a scale-down the largest of the down window;
   step limits per tick. Demand that has clearly fallen (for half a down window, by more
   than the forecast's recent misses) takes the fleet down ahead of the window, to what its
-  level plus those misses needs: the window guards noisy signals, not a clear fall.
+  level plus those misses needs: the window guards noisy signals, not a clear fall. A size
+  the fleet had to come back to within two down windows (a flap) is a floor for an hour,
+  while there is load: an idle fleet goes down as its windows allow.
 - **Capacity on the way.** Replicas that are starting are capacity already ordered: while
   any is starting, the queue (which grows because that capacity is late) may not raise the
   target above the size already ordered — no cascade of scale-ups while models load.
@@ -50,7 +52,7 @@ import math
 from dataclasses import replace
 
 from kvfleet_operator.scaling.explain import Terms, explain, explain_falling
-from kvfleet_operator.scaling.forecast import learn_capacity, observe
+from kvfleet_operator.scaling.forecast import MIN_RATE, learn_capacity, observe
 from kvfleet_operator.scaling.model import (
     Decision,
     Fleet,
@@ -247,6 +249,8 @@ def decide(
     if signals.missing:
         desired = max(desired, current)  # no evidence that fewer would do
     floor = state.floor if state.floor is not None and now < state.floor[0] else None
+    if floor is not None and _idle(signals, terms):
+        floor = None  # a floor guards a plateau's noise; an empty fleet has none
     if floor is not None and desired < current:
         desired = max(desired, min(current, floor[1]))  # it flapped under this size lately
     bound_by = "forecast" if early else _bound_by(config, terms, need, raw, desired, current)
@@ -285,6 +289,13 @@ def decide(
         last_change=now if changed else state.last_change,
     )
     return decision, new_state
+
+
+def _idle(signals: Signals, terms: Terms) -> bool:
+    """Nothing arriving (a known rate under `MIN_RATE`), waiting or running."""
+    rate = signals.arrival_rate
+    quiet = rate is not None and rate < MIN_RATE
+    return quiet and terms.queue <= 0 and terms.running <= 0 and signals.held <= 0
 
 
 def _falling_demand(config: ScalingConfig, state: State, now: float) -> int | None:
