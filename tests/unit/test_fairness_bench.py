@@ -3,9 +3,10 @@ steady tenant ahead of a flood's backlog, and the goals can fail."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from kvfleet_bench.fairness import _merge, fair_gate, serve, tenant_arrivals
+from kvfleet_bench.fairness import _merge, dump_json, fair_gate, serve, tenant_arrivals
 from kvfleet_bench.fairness_report import _sweep_table, _why_ttft, goals
 
 
@@ -27,7 +28,7 @@ def test_the_fair_queue_keeps_a_steady_tenant_out_of_a_floods_backlog() -> None:
 
 
 def _run(seed: int, alone: float, fair: float, flood: float, fifo: float) -> dict[str, Any]:
-    cell = {"ttft_p99": 0.03, "output_throughput": 1000.0}
+    cell = {"ttft_p99": 0.03, "output_throughput": 1000.0, "seed": seed}
     cells = [
         {**cell, "mode": "alone", "tenant": t, "ttft_p99": alone} for t in ("steady-a", "steady-b")
     ]
@@ -76,3 +77,14 @@ def test_the_report_says_what_a_larger_reserve_buys_and_costs() -> None:
     assert "With a reserve of 2 per replica none of them waits" in why, why
     assert "TTFT p99 1.40–1.40× their runs alone at 5.0%–5.0% of FIFO's output" in why, why
     assert "with 4, TTFT p99 1.20–1.20× their runs alone at 10.0%–10.0%" in why, why
+
+
+def test_the_json_line_keeps_its_contract() -> None:
+    """`kvfleet bench fairness --json`'s last line: every cell with exactly the documented
+    keys (the sweep rides beside them, each point with its seed)."""
+    out = json.loads(dump_json([_swept(1), _swept(2)]))
+    keys = {"tenant", "mode", "ttft_p99", "output_throughput", "seed"}
+    assert all(set(c) == keys for c in out["cells"]), out["cells"][0]
+    assert {c["mode"] for c in out["cells"]} == {"alone", "fair", "fifo"}
+    assert {c["seed"] for c in out["cells"]} == {1, 2}
+    assert [(p["seed"], p["reserve"]) for p in out["reserve_sweep"]][:3] == [(1, 0), (1, 2), (1, 4)]
