@@ -18,6 +18,8 @@ from kvfleet_operator.gateway_spec import (
     ResourceOverrides,
     SecretKey,
 )
+from kvfleet_operator.spec_scaling import Autoscaling
+from kvfleet_operator.spec_weights import LoraSpec, ModelSource
 
 GROUP, VERSION, KIND, PLURAL = "kvfleet.dev", "v1alpha1", "InferenceService", "inferenceservices"
 ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
@@ -117,103 +119,6 @@ Quantization = Literal[
     "w8a8_int8", "modelopt_fp8", "modelopt_fp4", "compressed-tensors",
 ]  # fmt: skip
 SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class PvcSource:
-    """Weights already on a PersistentVolumeClaim."""
-
-    claim_name: str = fld(doc="PVC holding the weights (mounted read-only).")
-    path: str = fld("/", "Directory of the model inside the claim.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSource:
-    """Where the weights come from: exactly one of huggingFace, pvc, uri."""
-
-    RULES: ClassVar = (
-        Rule(
-            "[has(self.huggingFace), has(self.pvc), has(self.uri)].filter(x, x).size() == 1",
-            "exactly one of huggingFace, pvc, uri must be set",
-        ),
-    )
-    hugging_face: str | None = fld(
-        None,
-        "Hugging Face model id, e.g. meta-llama/Llama-3.1-8B-Instruct.",
-        pattern=r"^[\w.-]+/[\w.-]+$",
-    )
-    pvc: PvcSource | None = fld(None, "Weights on a PersistentVolumeClaim.")
-    uri: str | None = fld(
-        None,
-        "Weights at a URI the engine image can read (s3://, gs://, https://).",
-        pattern=r"^(s3|gs|https?|oci)://\S+$",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoraAdapter:
-    name: str = fld(
-        doc="The adapter's name: what clients put in `model` (alone or as <model>:<name>).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        max_length=128,
-    )
-    source: ModelSource = fld(
-        doc="Where its weights come from: huggingFace (the engine downloads the repo), pvc"
-        " (mounted read-only), or uri."
-    )
-    preload: bool = fld(
-        False,
-        "Load it when an engine starts (--lora-paths); otherwise the gateway loads it on a"
-        " replica when a request first needs it there.",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoraSpec:
-    """LoRA adapters on the engines (SGLang's --enable-lora), routed by the gateway to the
-    replicas that hold them and loaded on demand."""
-
-    RULES: ClassVar = (
-        Rule(
-            "(has(self.adapters) && self.adapters.exists(a, has(a.preload) && a.preload))"
-            " || (has(self.maxLoraRank) && has(self.targetModules))",
-            "with no preloaded adapter SGLang sizes its LoRA buffers from maxLoraRank and"
-            " targetModules: set both",
-            ".maxLoraRank",
-        ),
-        Rule(
-            "!has(self.maxLoadedLoras) || self.maxLoadedLoras >= self.maxLorasPerBatch",
-            "maxLoadedLoras must be at least maxLorasPerBatch",
-            ".maxLoadedLoras",
-        ),
-        Rule(
-            "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b,"
-            " b.name == a.name))",
-            "adapter names must be unique",
-            ".adapters",
-        ),
-    )
-    adapters: tuple[LoraAdapter, ...] = fld((), "The adapters clients may use.", max_items=1000)
-    max_loras_per_batch: int = fld(
-        8, "Distinct adapters one batch runs (SGLang --max-loras-per-batch).", minimum=1,
-        maximum=64,
-    )  # fmt: skip
-    max_lora_rank: int | None = fld(
-        None, "Largest adapter rank to size buffers for (--max-lora-rank).", minimum=1,
-        maximum=1024,
-    )  # fmt: skip
-    max_loaded_loras: int | None = fld(
-        None,
-        "Adapters one engine holds at once (--max-loaded-loras); the gateway unloads the least"
-        " recently used beyond it. Unset: maxLorasPerBatch.",
-        minimum=1,
-    )
-    target_modules: tuple[str, ...] | None = fld(
-        None,
-        "Modules adapters may target (--lora-target-modules, e.g. q_proj v_proj, or all).",
-        max_items=32,
-        max_length=64,
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,82 +259,6 @@ class EngineSpec:
         120, "Time a stopping replica has to finish its running requests.", minimum=5
     )
     shm_size: str = fld("16Gi", "Size of the /dev/shm memory volume (NCCL, tensor parallel).")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Slo:
-    """The latency objectives the autoscaler keeps, judged at the gateways (client-side)."""
-
-    RULES: ClassVar = (
-        Rule(
-            "has(self.ttftSeconds) || has(self.itlSeconds)",
-            "an slo sets ttftSeconds, itlSeconds or both",
-            ".ttftSeconds",
-        ),
-    )
-    ttft_seconds: float | None = fld(
-        None, "Time to first token not to exceed.", minimum=0.01, maximum=3600
-    )
-    itl_seconds: float | None = fld(
-        None,
-        "Inter-token latency (time between streamed chunks) not to exceed: over it, one more"
-        " replica — the decode pool of a disaggregated service (more replicas, smaller"
-        " batches, shorter steps).",
-        minimum=0.001,
-        maximum=60,
-    )
-    attainment: float = fld(
-        0.99,
-        "Share of requests within the objectives: the quantile judged (0.99: the p99).",
-        minimum=0.5,
-        maximum=0.9999,
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Autoscaling:
-    """The operator owns the engine replica count; the spec holds only the bounds."""
-
-    RULES: ClassVar = (
-        Rule(
-            "self.minReplicas <= self.maxReplicas",
-            "minReplicas must not exceed maxReplicas",
-            ".minReplicas",
-        ),
-        Rule(
-            "self.minReplicas + self.warmReplicas <= self.maxReplicas",
-            "minReplicas + warmReplicas must fit within maxReplicas",
-            ".warmReplicas",
-        ),
-    )
-    min_replicas: int = fld(1, "Fewest active replicas.", minimum=0)
-    max_replicas: int = fld(doc="Most replicas (active + warm).", minimum=1, maximum=1000)
-    warm_replicas: int = fld(
-        0, "Loaded-but-idle spares kept beside the active ones.", minimum=0, maximum=100
-    )
-    target_queue_depth: float = fld(
-        4.0, "Waiting requests per active replica above which to scale up.", minimum=0.1
-    )
-    target_kv_cache_usage: float = fld(
-        0.85, "KV-cache usage (0..1) above which to scale up.", minimum=0.05, maximum=1.0
-    )
-    scale_up_stabilization_seconds: int = fld(15, "Window of scale-up decisions.", minimum=0)
-    scale_down_stabilization_seconds: int = fld(300, "Window of scale-down.", minimum=0)
-    cold_start_seconds: int = fld(
-        300, "Expected time from a new pod to a ready replica (planning horizon).", minimum=1
-    )
-    warm_pool: Literal["fixed", "auto"] = fld(
-        "fixed",
-        "fixed: warmReplicas spares. auto: at least warmReplicas, and as many more as cover the"
-        " growth the demand forecast cannot rule out within a cold start (a high quantile of its"
-        " recent under-forecasts, in replicas of the capacity learned so far).",
-    )
-    slo: Slo | None = fld(
-        None,
-        "Latency objectives: a TTFT or inter-token latency over its objective adds a replica,"
-        " and a tick over one does not count as a rate the fleet served well when the"
-        " capacity per replica is learned.",
-    )
 
 
 GpuType = Literal["h100", "h200", "a100-80g", "l40s"]

@@ -31,9 +31,8 @@ from kvfleet_operator.spec import (
     Disaggregation,
     EngineSpec,
     InferenceServiceSpec,
-    LoraAdapter,
-    LoraSpec,
 )
+from kvfleet_operator.spec_weights import LoraAdapter, LoraSpec
 
 
 def engine_key_secret(owner: Owner) -> Json:

@@ -40,7 +40,8 @@ from kvfleet_operator.scaling.observe import (
     signals_for,
 )
 from kvfleet_operator.scaling.policy import decide, learn_cold_start
-from kvfleet_operator.spec import Autoscaling, InferenceServiceSpec, parse_spec
+from kvfleet_operator.spec import InferenceServiceSpec, parse_spec
+from kvfleet_operator.spec_scaling import Autoscaling
 from kvfleet_operator.status import (
     AutoscalingStatus,
     LiveMetrics,
