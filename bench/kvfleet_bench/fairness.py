@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -27,7 +26,7 @@ from kvfleet_gateway.fairness import Saturation
 from kvfleet_gateway.routing import KvfleetTuning
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.collector import RequestRecord
+from kvfleet_sim.fleet.collector import RequestRecord, percentile
 from kvfleet_sim.fleet.des import FleetConfig
 from kvfleet_sim.fleet.fair_gate import FleetGate
 from kvfleet_sim.fleet.routing import routed_fleet
@@ -91,15 +90,6 @@ def _merge(*streams: list[Arrival]) -> list[Arrival]:
     return list(heapq.merge(*streams, key=lambda a: a.time))
 
 
-def _quantile(xs: Sequence[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)] if xs else math.nan
-
-
-def _p99(xs: Sequence[float]) -> float:
-    return _quantile(xs, 0.99)
-
-
 def cells_of(mode: str, records: list[RequestRecord], seed: int,
              gate: FleetGate | None) -> list[dict[str, Any]]:  # fmt: skip
     out = []
@@ -111,12 +101,12 @@ def cells_of(mode: str, records: list[RequestRecord], seed: int,
         shed = sum(1 for s in gate.shed if s.arrival.tenant == tenant) if gate else 0
         waits = [w for t, who, w in gate.waits if who == tenant and t >= WARMUP_S] if gate else []
         out.append({"tenant": tenant, "mode": mode, "seed": seed,
-                    "ttft_p99": round(_p99([r.ttft for r in mine]), 4),
-                    "ttft_p50": round(_quantile([r.ttft for r in mine], 0.5), 4),
+                    "ttft_p99": round(percentile([r.ttft for r in mine], 99), 4),
+                    "ttft_p50": round(percentile([r.ttft for r in mine], 50), 4),
                     "output_throughput": round(done / (WINDOW_S - WARMUP_S), 1),
                     "served": len(mine), "shed": shed,
                     "waited": round(sum(w > 0 for w in waits) / max(1, len(waits)), 4),
-                    "wait_p99": round(_p99(waits), 4) if waits else 0.0})  # fmt: skip
+                    "wait_p99": round(percentile(waits, 99), 4) if waits else 0.0})  # fmt: skip
     return out
 
 

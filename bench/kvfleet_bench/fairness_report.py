@@ -110,6 +110,16 @@ def _alone(run: dict[str, Any], quantile: str) -> float:
     return float(max(_cell(run, "alone", t)[quantile] for t in STEADY))
 
 
+def _over_alone(point: dict[str, Any], run: dict[str, Any]) -> float:
+    """A sweep point's worse steady TTFT p99 over the worse of their runs alone."""
+    return float(point["steady_ttft_p99"]) / _alone(run, "ttft_p99")
+
+
+def _output_lost(point: dict[str, Any], run: dict[str, Any]) -> float:
+    """The share of FIFO's output a sweep point gives up."""
+    return 1 - float(point["output_throughput"]) / _total(run, "fifo")
+
+
 def _sweep_table(runs: list[dict[str, Any]]) -> list[str]:
     """The fair queue at each reserve: the worse steady tenant against its run alone, and the
     fleet's output against FIFO's."""
@@ -129,9 +139,9 @@ def _sweep_table(runs: list[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"| {r['seed']} | {pt['reserve']} | {_ms(pt['steady_ttft_p50'])} | "
                 f"{_ms(pt['steady_ttft_p99'])} | "
-                f"{pt['steady_ttft_p99'] / _alone(r, 'ttft_p99'):.2f}× | "
+                f"{_over_alone(pt, r):.2f}× | "
                 f"{pt['steady_waited']:.1%} | {pt['output_throughput']:,.0f} | "
-                f"{pt['output_throughput'] / _total(r, 'fifo') - 1:+.1%} |"
+                f"{-_output_lost(pt, r):+.1%} |"
             )
     return lines
 
@@ -152,8 +162,8 @@ def _why(runs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
 def _at_reserve(runs: list[dict[str, Any]], reserve: int) -> str:
     """The steady tenants' p99 over alone and the output lost to FIFO at one swept reserve."""
     top = [(pt, r) for r in runs for pt in r["sweep"] if pt["reserve"] == reserve]
-    p99 = [pt["steady_ttft_p99"] / _alone(r, "ttft_p99") for pt, r in top]
-    cost = [1 - pt["output_throughput"] / _total(r, "fifo") for pt, r in top]
+    p99 = [_over_alone(pt, r) for pt, r in top]
+    cost = [_output_lost(pt, r) for pt, r in top]
     return (f"TTFT p99 {min(p99):.2f}–{max(p99):.2f}× their runs alone at "
             f"{min(cost):.1%}–{max(cost):.1%} of FIFO's output")  # fmt: skip
 
