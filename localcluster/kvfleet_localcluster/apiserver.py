@@ -6,9 +6,9 @@ a `Store` with real semantics: 201 on create, 409 on conflicts, 422 on failed pa
 PUT, merge / JSON / strategic-merge patches and single-manager server-side apply; status and
 scale subresources; label and field selectors on list and watch; watches that resume from a
 resourceVersion (410 when too old) and end at timeoutSeconds; generateName; namespaces;
-ownerReference garbage collection; CRDs that become servable resources when created, with
-their schemas applied to every write (`validation.py`); discovery, OpenAPI v3 and
-server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
+ownerReference garbage collection; CRDs that become servable resources when created
+(`crd_serving.py`), with their schemas applied to every write (`validation.py`, `writes.py`);
+discovery, OpenAPI v3 and server-side tables shaped for kubectl (`openapi.py`, `tables.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import kmock
 import yaml
 
 from kvfleet_localcluster import access, portforward, protobuf
-from kvfleet_localcluster.admission import USER, WRITE, Admission, WriteContext
+from kvfleet_localcluster.admission import USER, Admission
 from kvfleet_localcluster.auth import (
     PUBLIC_PATHS,
     Attributes,
@@ -41,21 +40,22 @@ from kvfleet_localcluster.auth import (
     impersonation_checks,
     request_attributes,
 )
+from kvfleet_localcluster.crd_serving import (
+    CRD_GROUP,
+    CRD_PLURAL,
+    established_status,
+    is_established,
+    printer_columns,
+    served_versions,
+)
 from kvfleet_localcluster.logs import LogSource, serve_logs
 from kvfleet_localcluster.metrics import ApiServerMetrics
 from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
 from kvfleet_localcluster.statefulsets import default_statefulset
-from kvfleet_localcluster.store import ApiError, Kind, PatchType, Store
+from kvfleet_localcluster.store import ApiError, Kind, Store
 from kvfleet_localcluster.tables import to_table
 from kvfleet_localcluster.watch import serve_watch
-
-PATCH_TYPES: dict[str, PatchType] = {
-    "application/merge-patch+json": "merge",
-    "application/json-patch+json": "json",
-    "application/strategic-merge-patch+json": "strategic",
-    "application/apply-patch+yaml": "apply",
-}
-CRD_GROUP, CRD_PLURAL = "apiextensions.k8s.io", "customresourcedefinitions"
+from kvfleet_localcluster.writes import serve_write
 
 
 def _wants_table(raw: aiohttp.web.BaseRequest) -> bool:
@@ -64,7 +64,6 @@ def _wants_table(raw: aiohttp.web.BaseRequest) -> bool:
 
 
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
-FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
 
 
 @dataclass(frozen=True)
@@ -83,17 +82,6 @@ class AuditRecord:
 
 def _status(err: ApiError) -> aiohttp.web.Response:
     return aiohttp.web.json_response(err.status(), status=err.code)
-
-
-def _field_manager(raw: aiohttp.web.BaseRequest) -> str:
-    """`fieldManager`, else the client's user agent up to its first '/', as the API server
-    names a manager nobody named."""
-    given = raw.query.get("fieldManager")
-    if given is not None:
-        if len(given) > 128:
-            raise ApiError(422, "Invalid", "fieldManager: Too long: may not be more than 128")
-        return given
-    return raw.headers.get("User-Agent", "unknown").split("/", 1)[0][:128] or "unknown"
 
 
 _DISCOVERY = re.compile(r"^/(api/v1|apis/[^/]+/[^/]+)/?$")
@@ -186,7 +174,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
     def _on_event(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind.key == (CRD_GROUP, CRD_PLURAL) and event in ("ADDED", "MODIFIED"):
             self.register_crd(obj)
-            if not _established(obj):  # after this write's listeners, as its own write
+            if not is_established(obj):  # after this write's listeners, as its own write
                 asyncio.get_running_loop().call_soon(self._establish, kind, obj)
         if kind.key == ("", "namespaces") and event == "ADDED":
             self.admission.ensure_default_service_account(obj["metadata"]["name"])
@@ -234,60 +222,20 @@ class ClusterAPI(kmock.KubernetesEmulator):
             self.store.kinds[(group, plural)] = spec
         return spec
 
-    def _establish(self, kind: Kind, crd: dict[str, Any]) -> None:
-        """What the apiextensions controllers report once a CRD is served: its names
-        accepted and the API established (`helm install` and `kubectl wait
-        --for=condition=Established` wait for it)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        spec = crd.get("spec") or {}
-        status = {
-            "acceptedNames": spec.get("names") or {},
-            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
-            "conditions": [
-                {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now}
-                for t, r, m in (
-                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
-                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+    def register_crd(self, crd: dict[str, Any]) -> None:
+        for served in served_versions(crd):
+            if served.schema:
+                self._schemas[(served.kind.group, served.kind.version, served.kind.plural)] = (
+                    served.schema
                 )
-            ],
-        }
+            self.resources[served.resource] = served.info
+            self.store.kinds[served.kind.key] = served.kind
+
+    def _establish(self, kind: Kind, crd: dict[str, Any]) -> None:
+        status = established_status(crd)
         with contextlib.suppress(ApiError):  # deleted meanwhile
             self.store.patch(
                 kind, None, crd["metadata"]["name"], "merge", {"status": status}, "status"
-            )
-
-    def register_crd(self, crd: dict[str, Any]) -> None:
-        spec = crd.get("spec") or {}
-        names = spec.get("names") or {}
-        group, plural = spec.get("group"), names.get("plural")
-        if not group or not plural:
-            return
-        namespaced = spec.get("scope", "Namespaced") == "Namespaced"
-        for version in spec.get("versions") or []:
-            schema = (version.get("schema") or {}).get("openAPIV3Schema")
-            if schema:
-                self._schemas[(group, version["name"], plural)] = schema
-            subs = version.get("subresources") or {}
-            scale = subs.get("scale") or {}
-            self.resources[kmock.resource(group, version["name"], plural)] = kmock.ResourceInfo(
-                kind=names.get("kind"),
-                singular=names.get("singular"),
-                namespaced=namespaced,
-                verbs={"list", "watch", "get", "create", "update", "patch", "delete"},
-                shortnames=set(names.get("shortNames") or ()),
-                categories=set(names.get("categories") or ()),
-                subresources=set(subs),
-            )
-            self.store.kinds[(group, plural)] = Kind(
-                group,
-                version["name"],
-                plural,
-                names.get("kind", ""),
-                namespaced,
-                frozenset(subs),
-                scale.get("specReplicasPath", ".spec.replicas"),
-                scale.get("statusReplicasPath", ".status.replicas"),
-                scale.get("labelSelectorPath"),
             )
 
     def load_crds(self, directory: Path) -> int:
@@ -504,7 +452,7 @@ class ClusterAPI(kmock.KubernetesEmulator):
         if method == "GET" and q.get("watch") in ("true", "1"):
             return await serve_watch(self, kind, ns, name, raw)
         if method in ("POST", "PUT", "PATCH", "DELETE"):
-            return await self._write(kind, request, raw)
+            return await serve_write(self.store, kind, request, raw)
         if name is None:
             if method == "GET":
                 items, rv = self.store.list_objects(
@@ -530,102 +478,10 @@ class ClusterAPI(kmock.KubernetesEmulator):
             return self._json(obj)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 
-    async def _write(
-        self, kind: Kind, request: Any, raw: aiohttp.web.BaseRequest
-    ) -> aiohttp.web.StreamResponse:
-        """POST, PUT, PATCH, DELETE: with `dryRun=All` (everything but storing and telling
-        watchers), `fieldManager` and `fieldValidation` (Strict / Warn, the default / Ignore)."""
-        q = raw.query
-        dry_values = q.getall("dryRun", [])
-        if any(v != "All" for v in dry_values):
-            raise ApiError(400, "BadRequest", f"unsupported dryRun value(s) {dry_values}: use All")
-        validation = q.get("fieldValidation", "Warn")
-        if validation not in FIELD_VALIDATION:
-            raise ApiError(
-                400, "BadRequest", f"fieldValidation must be one of {', '.join(FIELD_VALIDATION)}"
-            )
-        manager = _field_manager(raw)
-        body = await raw.read()
-        write = WriteContext(validation, user=USER.get(None))
-        token = WRITE.set(write)
-        try:
-            result, status = self._dispatch_write(
-                kind, request, raw, body, bool(dry_values), manager
-            )
-        finally:
-            WRITE.reset(token)
-        response = self._json(result, status)
-        for u in write.unknown if validation == "Warn" else ():
-            response.headers.add("Warning", f'299 - "unknown field \\"{u}\\""')
-        return response
-
-    def _dispatch_write(
-        self,
-        kind: Kind,
-        request: Any,
-        raw: aiohttp.web.BaseRequest,
-        body: bytes,
-        dry: bool,
-        manager: str,
-    ) -> tuple[Any, int]:
-        ns, name, sub, q = request.namespace, request.name, request.subresource, raw.query
-        method = raw.method
-        if name is None:
-            if method == "POST":
-                return self.store.create(kind, ns, self._body(raw, request), dry, manager), 201
-            raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
-        if method == "PUT":
-            obj = self._body(raw, request)
-            return self.store.replace(kind, ns, name, obj, sub, dry, manager), 200
-        if method == "PATCH":
-            ctype = raw.headers.get("Content-Type", "").split(";")[0].strip()
-            patch_type = PATCH_TYPES.get(ctype)
-            if patch_type is None:
-                raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
-            try:
-                patch = yaml.safe_load(body) if patch_type == "apply" else json.loads(body)
-            except ValueError as exc:
-                raise ApiError(400, "BadRequest", f"the patch is not valid: {exc}") from None
-            force = q.get("force") in ("true", "1")
-            if force and patch_type != "apply":
-                raise ApiError(400, "BadRequest", "force is only allowed for apply patches")
-            result = self.store.patch(kind, ns, name, patch_type, patch, sub, dry, manager, force)
-            return result, 200
-        if method == "DELETE":
-            options = self._body(raw, request, required=False) or {}
-            policy = (
-                q.get("propagationPolicy") or options.get("propagationPolicy") or ("Background")
-            )
-            dry = dry or "All" in (options.get("dryRun") or [])
-            return self.store.delete(kind, ns, name, policy, dry), 200
-        raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
-
     def _table(self, kind: Kind, items: list[dict[str, Any]], rv: str) -> dict[str, Any]:
-        columns = None
-        for crd in self.store.list_objects(self.kind(CRD_GROUP, "v1", CRD_PLURAL), None)[0]:
-            spec = crd.get("spec") or {}
-            if (spec.get("group"), (spec.get("names") or {}).get("plural")) == kind.key:
-                for v in spec.get("versions") or []:
-                    if v.get("name") == kind.version:
-                        columns = v.get("additionalPrinterColumns")
-        return to_table(kind.kind, items, columns, rv)
-
-    @staticmethod
-    def _body(raw: aiohttp.web.BaseRequest, request: Any, required: bool = True) -> Any:
-        data = request.data
-        if data is None and required:
-            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-        if data is not None and not isinstance(data, dict):
-            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-        return data
+        crds, _ = self.store.list_objects(self.kind(CRD_GROUP, "v1", CRD_PLURAL), None)
+        return to_table(kind.kind, items, printer_columns(crds, kind), rv)
 
     @staticmethod
     def _json(obj: Any, status: int = 200) -> aiohttp.web.Response:
         return aiohttp.web.json_response(obj, status=status)
-
-
-def _established(crd: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Established" and c.get("status") == "True"
-        for c in (crd.get("status") or {}).get("conditions") or []
-    )
