@@ -43,6 +43,11 @@ AUTOSCALING = {
 }
 
 
+# The Prometheus test scrapes every second: a 15 s rate() window holds fifteen samples (the
+# default minute is sized for the usual 15-30 s scrape), and the scale-down waits that much.
+RATE_WINDOW_S = 15
+
+
 @dataclass
 class Stack:
     env: Env
@@ -51,7 +56,12 @@ class Stack:
     def start_operator(self, prometheus: str | None = None) -> OperatorThread:
         self.operator = OperatorThread(
             self.env.credentials,
-            autoscaler=AutoscalerConfig(prometheus_url=prometheus, interval_s=1.0, stale_s=5.0),
+            autoscaler=AutoscalerConfig(
+                prometheus_url=prometheus,
+                interval_s=1.0,
+                stale_s=5.0,
+                prometheus_rate_window=f"{RATE_WINDOW_S}s",
+            ),
         )
         assert self.operator.ready.wait(15), "the operator did not start"
         return self.operator
@@ -106,14 +116,18 @@ def autoscaled(**engine: Any) -> dict[str, Any]:
 
 
 async def chat(
-    session: aiohttp.ClientSession, url: str, max_tokens: int, ignore_eos: bool = False
+    session: aiohttp.ClientSession,
+    url: str,
+    max_tokens: int,
+    ignore_eos: bool = False,
+    prompt: str = "tell me about kvfleet",
 ) -> int:
     body = {
         "model": "llama-3.1-8b",
         "max_tokens": max_tokens,
         "ignore_eos": ignore_eos,
         "stream": True,
-        "messages": [{"role": "user", "content": "tell me about kvfleet"}],
+        "messages": [{"role": "user", "content": prompt}],
     }
     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
         async for _ in r.content:
@@ -122,15 +136,22 @@ async def chat(
 
 
 async def burst(
-    url: str, n: int, max_tokens: int, every_s: float = 0.0, ignore_eos: bool = False
+    url: str,
+    n: int,
+    max_tokens: int,
+    every_s: float = 0.0,
+    ignore_eos: bool = False,
+    distinct: bool = False,
 ) -> list[int]:
     """`n` streaming chats, one every `every_s` seconds; their HTTP statuses. With
-    `ignore_eos` each runs to `max_tokens` (else the engine ends it where the text would)."""
+    `ignore_eos` each runs to `max_tokens` (else the engine ends it where the text would);
+    `distinct`: no two share a prompt prefix (the router spreads them by load alone)."""
     timeout = aiohttp.ClientTimeout(total=120)
 
     async def one(s: aiohttp.ClientSession, i: int) -> int:
         await asyncio.sleep(i * every_s)
-        return await chat(s, url, max_tokens, ignore_eos)
+        prompt = f"{i}: tell me about kvfleet" if distinct else "tell me about kvfleet"
+        return await chat(s, url, max_tokens, ignore_eos, prompt)
 
     async with aiohttp.ClientSession(timeout=timeout) as s:
         return list(await asyncio.gather(*(one(s, i) for i in range(n))))
@@ -148,28 +169,30 @@ async def ready_service(stack: Stack) -> str:
     return str(url)
 
 
-async def served_requests(pod_ip: str) -> float:
-    """`sglang:prompt_tokens_total` of one engine pod: non-zero once it has prefilled (and
-    sent the first token of) a request."""
+async def engine_metric(pod_ip: str, name: str) -> float:
+    """One engine pod's metric `name`, summed over its series."""
     async with aiohttp.ClientSession() as s, s.get(f"http://{pod_ip}:30000/metrics") as r:
         text = await r.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("sglang:prompt_tokens_total")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def served_requests(pod_ip: str) -> float:
+    """Non-zero once the pod has prefilled (and sent the first token of) a request."""
+    return await engine_metric(pod_ip, "sglang:prompt_tokens_total")
 
 
 def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
-    """`tail_tokens`: the long requests' length, which must outlast the demotion. Their three
-    arrivals at once are demand the forecast must see fade, so the scale-down window starts
-    over when they come (and read from Prometheus, the load's drop shows a scrape and a rate
-    window later than scraped directly)."""
+async def scale_up_and_down(stack: Stack) -> None:
+    """Up under a burst, down under a tail of three long requests that must outlast the
+    demotion. Their three arrivals at once are demand the forecast must see fade, so the
+    scale-down window starts over when they come (and read from Prometheus, the load's drop
+    shows a scrape and a rate window later than scraped directly)."""
+    t0 = time.monotonic()
     url = await ready_service(stack)
+    print(f"service ready in {time.monotonic() - t0:.1f}s")
     last: list[dict[str, Any]] = []
     watch = asyncio.create_task(watch_demand(stack, last))
     pods = await asyncio.to_thread(stack.pods)
@@ -193,6 +216,13 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
         "the engine Deployment at its maximum",
     )
     scaled_s = time.monotonic() - started
+    # A long request on each replica (distinct prompts: spread by load) as the load's last
+    # requests go out: 3 running of 2 slots each is load for 2 replicas (at the 0.85 target),
+    # so once the load has drained (10-20 s) one is demoted with its request in flight, which
+    # completes (2,400 tokens: ~25 s); a pod goes only once idle.
+    await asyncio.sleep(max(0.0, started + 30 * 0.3 - time.monotonic()))
+    down = time.monotonic()
+    tail = asyncio.create_task(burst(url, 3, 2400, ignore_eos=True, distinct=True))
     statuses = await load
     assert statuses == [200] * 30, statuses
     body = await asyncio.to_thread(stack.body)
@@ -210,35 +240,46 @@ async def scale_up_and_down(stack: Stack, tail_tokens: int = 1200) -> None:
         f"warm spare promoted {promoted_s:.1f}s and serving {serving_s:.1f}s after the burst "
         f"began; Deployment at max after {scaled_s:.1f}s"
     )
-    # A long request on each replica while the load drops: 3 running of 2 slots each is
-    # load for 2 replicas (at the 0.85 target), so one is demoted with its request in
-    # flight, which completes; a pod goes only once idle.
-    down = time.monotonic()
-    tail = asyncio.create_task(burst(url, 3, tail_tokens, ignore_eos=True))
-    await until(
-        lambda: list(stack.roles().values()).count("active") == 2, 30, "demotion to 2 active"
+    roles = await until(
+        lambda: (r := stack.roles()) and list(r.values()).count("active") == 2 and r,
+        30,
+        "demotion to 2 active",
     )
     assert not tail.done(), "the long requests ended before any demotion"
-    print(f"one replica demoted {time.monotonic() - down:.1f}s after the load dropped")
+    demoted = [
+        p for p in await asyncio.to_thread(stack.pods) if roles.get(p["metadata"]["name"]) == "warm"
+    ]
+    running = [
+        await engine_metric(p["status"]["podIP"], "sglang:num_running_reqs") for p in demoted
+    ]
+    print(
+        f"one replica demoted {time.monotonic() - down:.1f}s after the tail began; "
+        f"requests running on it: {running}"
+    )
+    # What the story is about: the demoted replica still had a request to finish.
+    assert max(running) >= 1, f"the demoted replica was idle: {running}"
     assert await tail == [200] * 3
-    # The tail's three arrivals stay in a Prometheus rate() window (1m) for a minute after
-    # they came, then the down window (6 s) runs; 30 s on top for ticks and scrapes. (A tail
-    # that ends early leaves most of that minute still to wait.)
-    settle_s = 60 + float(AUTOSCALING["scaleDownStabilizationSeconds"]) + 30
+    done = time.monotonic()
+    print(f"the long requests done {done - down:.1f}s after they began")
+    # The fleet is busy until the tail ends, and the tail's three arrivals stay in a Prometheus
+    # rate() window that long after they came; then the down window (6 s) runs; 30 s on top
+    # for ticks and scrapes.
+    busy_until = max(done, down + RATE_WINDOW_S)
+    settle_s = float(AUTOSCALING["scaleDownStabilizationSeconds"]) + 30
     try:
         await until(
             lambda: (
                 sorted(stack.roles().values()) == ["active", "warm"]
                 and len(live(stack.pods())) == 2
             ),
-            max(10.0, down + settle_s - time.monotonic()),
+            busy_until + settle_s - time.monotonic(),
             "back to one active and one warm",
         )
     except BaseException:
         print_scaling(stack)  # what the operator decided, for the failure's report
         raise
     assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
-    print(f"back to 1 active + 1 warm {time.monotonic() - down:.1f}s after the load dropped")
+    print(f"back to 1 active + 1 warm {time.monotonic() - done:.1f}s after the tail ended")
     await until(lambda: len(stack.pods()) == 2, 60, "the removed pods' processes gone")
     # Demand: the gateways' arrival rate, forecast a cold start ahead, and the capacity per
     # replica the fleet has shown, in the status (and `kvfleet describe`) at some point of
@@ -325,8 +366,8 @@ def prometheus_sd(tmp_path: Path) -> Iterator[Any]:
         yield start
 
 
-# The whole story (up, a 2,400-token tail down, a restart, Prometheus gone) takes ~80 s alone;
-# each step keeps its own deadline, so the test's limit is only the backstop.
+# The whole story (up, down, a restart, Prometheus gone) takes ~60 s alone; each step keeps its
+# own deadline, so the test's limit is only the backstop.
 @pytest.mark.timeout(240)
 async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
     stack: Stack, prometheus_sd: Any, tmp_path: Path
@@ -350,7 +391,7 @@ async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
     syncer = asyncio.create_task(keep_syncing())
     try:
         await asyncio.to_thread(stack.start_operator, url)
-        await scale_up_and_down(stack, tail_tokens=2400)
+        await scale_up_and_down(stack)
         body = await asyncio.to_thread(stack.body)
         assert body["status"]["autoscaling"]["source"] == "prometheus"
 
