@@ -14,10 +14,13 @@ never applied it.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.render.common import GROUP_INDEX_LABEL, ROLE_LABEL
+from kvfleet_operator.scaling.policy import shrink_order
 from kvfleet_operator.status import pod_ready
 
 OWNED_METADATA = ("labels", "annotations", "ownerReferences")
@@ -198,9 +201,16 @@ def needs_apply(desired: Json, live: Json | None, manager: str) -> bool:
     return owned is None or not all(renders(desired, path) for path in owned)
 
 
-def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> dict[str, str]:
+def warm_assignment(
+    pods: list[Json],
+    warm_target: int,
+    active_target: int,
+    in_flight: Mapping[str, float] | None = None,
+) -> dict[str, str]:
     """Which ready engine pods are warm spares: pods beyond `active_target`, up to
-    `warm_target`, preferring pods already warm (no churn), then the newest. Traffic comes
+    `warm_target`, preferring pods already warm (no churn), then the active ones a shrinking
+    fleet demotes first (`shrink_order`: the fewest requests in flight by `in_flight`, pod
+    name -> running + queued; a pod it lacks counts as busy; then the newest). Traffic comes
     first: while fewer than `active_target` are ready, every ready pod is active.
     Returns pod name → role for every ready pod."""
     ready = [p for p in pods if pod_ready(p)]
@@ -214,12 +224,19 @@ def warm_assignment(pods: list[Json], warm_target: int, active_target: int) -> d
     def not_warm(p: Json) -> bool:
         return (p["metadata"].get("labels") or {}).get(ROLE_LABEL) != "warm"
 
-    # Newest first, then (stable) the pods already warm ahead of the rest. LeaderWorkerSet
-    # groups: the highest groups, always — LWS scales down from the top, so a warm spare
-    # anywhere else could never be the one removed (a swap of roles is the lesser cost).
+    # Newest first. LeaderWorkerSet groups: the highest groups, always — LWS scales down from
+    # the top, so a warm spare anywhere else could never be the one removed (a swap of roles
+    # is the lesser cost). Otherwise the pods already warm, then the active ones in the
+    # order a shrinking fleet demotes them.
     ranked = sorted(ready, key=created, reverse=True)
     if not any(GROUP_INDEX_LABEL in (p["metadata"].get("labels") or {}) for p in ready):
-        ranked = sorted(ranked, key=not_warm)
+        loads = in_flight or {}
+        active = [p for p in ranked if not_warm(p)]
+        order = shrink_order(
+            [loads.get(p["metadata"]["name"], math.inf) if loads else 0.0 for p in active],
+            [-i for i in range(len(active))],  # `ranked` is newest first
+        )
+        ranked = [p for p in ranked if not not_warm(p)] + [active[i] for i in order]
     warm = {p["metadata"]["name"] for p in ranked[:warm_count]}
     return {
         p["metadata"]["name"]: "warm" if p["metadata"]["name"] in warm else "active" for p in ready

@@ -385,7 +385,9 @@ def _assign_roles(
     else:
         warm_target = a.warm_replicas if a else 0
         active_target = max(0, replicas - warm_target)
-    roles = warm_assignment(pods, warm_target, active_target)
+    roles = warm_assignment(
+        pods, warm_target, active_target, scaled.in_flight if scaled is not None else None
+    )
     for pod in pods:
         name = pod["metadata"]["name"]
         role = roles.get(name)

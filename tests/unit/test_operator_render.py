@@ -26,6 +26,7 @@ from kvfleet_operator.diff import (
 )
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.gateway import CONFIG_KEY
+from kvfleet_operator.scaling.policy import shrink_order
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml"))
@@ -262,6 +263,33 @@ def test_warm_assignment_prefers_traffic_then_stability() -> None:
     assert warm_assignment(pods, 1, 2)["a"] == "warm"
     assert warm_assignment(pods[:2], 1, 2) == {"a": "active", "b": "active"}  # traffic first
     assert warm_assignment([_pod("x", False)], 1, 0) == {}
+
+
+def test_a_shrinking_fleet_demotes_the_least_busy_active_pod_as_the_simulator_does() -> None:
+    """The operator demotes by the simulator's order (`shrink_order`): fewest requests in
+    flight first, a pod without a sample counted busy, then the newest."""
+    pods = [
+        _pod("a", True, created="2026-01-01T00:00:01Z"),
+        _pod("b", True, created="2026-01-01T00:00:02Z"),
+        _pod("c", True, created="2026-01-01T00:00:03Z"),
+    ]
+    # The newest (c) is busy, the oldest (a) idle: a goes, c keeps serving.
+    assert warm_assignment(pods, 1, 2, {"a": 0, "b": 2, "c": 1})["a"] == "warm"
+    # Equally busy: the newest.
+    assert warm_assignment(pods, 1, 2, {"a": 1, "b": 1, "c": 1})["c"] == "warm"
+    # No sample of b: it may be busy, so an idle pod with a sample goes first.
+    assert warm_assignment(pods, 1, 2, {"a": 3, "c": 0})["c"] == "warm"
+    assert warm_assignment(pods, 1, 2, {"a": 3, "c": 4})["a"] == "warm"
+    # A pod already warm stays warm, whatever the loads say.
+    pods[1]["metadata"]["labels"]["kvfleet.dev/role"] = "warm"
+    assert warm_assignment(pods, 1, 2, {"a": 0, "b": 5, "c": 0})["b"] == "warm"
+    # Two to demote out of three active: the two least busy.
+    pods[1]["metadata"]["labels"]["kvfleet.dev/role"] = "active"
+    roles = warm_assignment(pods, 3, 1, {"a": 2, "b": 0, "c": 1})
+    assert roles == {"a": "active", "b": "warm", "c": "warm"}
+    # The simulator's demotion (least in flight, then the highest index) is the same function.
+    assert shrink_order([2, 0, 1], [0, 1, 2]) == [1, 2, 0]
+    assert shrink_order([1, 1, 1], [0, 1, 2]) == [2, 1, 0]
 
 
 def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_one() -> None:

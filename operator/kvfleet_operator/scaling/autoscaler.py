@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvfleet_kernel.schema import Json, to_json
@@ -106,6 +106,9 @@ class Scaled:
     queue_depth: float | None = None
     cost_per_1k_tokens: float | None = None
     arrival_rate: float | None = None
+    in_flight: Mapping[str, float] = field(default_factory=dict)
+    """Requests running or queued on each ready engine pod in the latest observation (a pod
+    the reader had no sample of is absent): which to demote first."""
 
 
 @dataclass
@@ -260,16 +263,16 @@ class Autoscaler:
             ),
         )
         decision, state = decide(config, state, fleet, sig, now)
-        idle = frozenset(
-            p["metadata"]["name"]
+        in_flight = {
+            p["metadata"]["name"]: m.queue + m.running
             for p in ready
             if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
-            and m.queue + m.running == 0
-        )
+        }
+        idle = frozenset(name for name, n in in_flight.items() if n == 0)
         queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
         new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s, idle,
                      obs.ttft_p99.get(key), queue, obs.cost_per_1k_tokens.get(key),
-                     sig.arrival_rate)  # fmt: skip
+                     sig.arrival_rate, in_flight)  # fmt: skip
         states, latest, _ = self._books(pool)
         states[key] = state
         old = latest.get(key)

@@ -49,6 +49,7 @@ Each decision names the term that bound it (`bound_by`) with its numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from kvfleet_operator.scaling.explain import Terms, explain, explain_falling
@@ -65,6 +66,14 @@ DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
 FLAP_MEMORY_S: float = 3600  # an hour
 """How long a flap (down, then back up within two down windows) keeps its size as a floor."""
+
+
+def shrink_order(in_flight: Sequence[float], created: Sequence[float]) -> list[int]:
+    """Replicas (by position) in the order a shrinking fleet takes them out — active ones
+    demoted to warm, spares removed: the fewest requests in flight first (what is in flight
+    finishes first; an idle one can go at once), then the newest (`created`: larger is
+    newer). The operator and the fleet simulator both order by it."""
+    return sorted(range(len(in_flight)), key=lambda i: (in_flight[i], -created[i]))
 
 
 def bounds(config: ScalingConfig, active: int) -> int:

@@ -17,6 +17,7 @@ from kvfleet_gateway.fairness import with_room
 from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.routing import Candidate, EventIndex, Policy, RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
+from kvfleet_operator.scaling.policy import shrink_order
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.engine import Engine, EngineLoad, Step, VirtualClock
@@ -138,6 +139,11 @@ class FleetResult:
     replica_count_trace: list[tuple[float, int]] = field(default_factory=list)
     roles_trace: list[tuple[float, int, int, int]] = field(default_factory=list)
     """(time, active, warm, starting) whenever the fleet changed."""
+
+
+def _shrink(replicas: list[Replica]) -> list[int]:
+    """The operator's order for taking replicas out of a role (`shrink_order`)."""
+    return shrink_order([r.inflight_requests for r in replicas], [r.index for r in replicas])
 
 
 class FleetSimulator:
@@ -447,10 +453,8 @@ class FleetSimulator:
             r.busy_mark = r.busy_s
         target = self._target = self.scaler.target(view)
         # Demote: the least busy active replicas stop taking requests; in flight ones finish.
-        for rep in sorted(active, key=lambda r: (r.inflight_requests, -r.index))[
-            : max(0, len(active) - target.active)
-        ]:
-            rep.warm = True
+        for i in _shrink(active)[: max(0, len(active) - target.active)]:
+            active[i].warm = True
         self._apply_roles()
         have = len(active) + len(warm) + len(starting)
         want = target.active + target.warm
@@ -462,9 +466,9 @@ class FleetSimulator:
         for rep in sorted(starting, key=lambda r: -r.created)[: max(0, surplus)]:
             rep.removed_at, surplus = now, surplus - 1
         spares = [r for r in self._live() if r.ready_at <= now and r.warm and not r.promoting]
-        for rep in sorted(spares, key=lambda r: (r.inflight_requests, -r.index))[: max(0, surplus)]:
-            rep.draining = True
-            self._kick(rep)
+        for i in _shrink(spares)[: max(0, surplus)]:
+            spares[i].draining = True
+            self._kick(spares[i])
         self._trace.append((now, len(self._live())))
         self._record()
 
