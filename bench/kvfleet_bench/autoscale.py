@@ -38,7 +38,8 @@ from kvfleet_operator.scaling.model import ScalingConfig
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
-from kvfleet_sim.fleet.des import FleetConfig, FleetResult, FleetSimulator, Scaler
+from kvfleet_sim.fleet.des import FleetSimulator
+from kvfleet_sim.fleet.model import FleetConfig, FleetResult, Scaler
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.scalers import (
     KvfleetScaler,

@@ -27,8 +27,8 @@ from kvfleet_gateway.routing import KvfleetTuning
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import RequestRecord, percentile
-from kvfleet_sim.fleet.des import FleetConfig
 from kvfleet_sim.fleet.fair_gate import FleetGate
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Arrival, Workload, WorkloadSpec

@@ -19,7 +19,8 @@ from kvfleet_bench.fidelity_rows import ROWS, FidelityRow, load_model
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+from kvfleet_sim.fleet.des import FleetSimulator
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

@@ -30,7 +30,7 @@ from kvfleet_gateway.routing import KvfleetTuning
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import RequestRecord
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.pd import PdFleet, PdFleetConfig
 from kvfleet_sim.fleet.routing import make_policy, routed_fleet
 from kvfleet_sim.fleet.tracefile import TraceFileWorkload, read_trace

@@ -26,7 +26,7 @@ from kvfleet_bench.routing_lora import WORKLOAD as LORA
 from kvfleet_bench.routing_lora import lora_cells, lora_goals, lora_report
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import KvfleetTuning, Priors, deployment_priors, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workload_file import load_workload_file

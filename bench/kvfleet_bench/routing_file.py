@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from kvfleet_bench.routing_cells import Cell
 from kvfleet_sim.fleet.collector import Collector
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.workload_file import WorkloadFile
 from kvfleet_sim.fleet.workloads import Workload

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import Any
 
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvfleet_bench.routing_cells import Cell, merge_seeds
-from kvfleet_sim.fleet.des import FleetConfig
 from kvfleet_sim.fleet.lora_fleet import FleetAdapters
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

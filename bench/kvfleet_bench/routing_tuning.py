@@ -22,7 +22,7 @@ from typing import Any
 
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import KvfleetTuning, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workload_file import load_workload_file

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from kvfleet_localcluster.apitypes import ApiError
 from kvfleet_localcluster.auth import (
     SELF_REVIEWS,
     Attributes,
@@ -22,7 +23,7 @@ from kvfleet_localcluster.auth import (
     review_attributes,
     rules_for,
 )
-from kvfleet_localcluster.store import ApiError, Store
+from kvfleet_localcluster.store import Store
 
 Json = dict[str, Any]
 REVIEWS = SELF_REVIEWS | {("authorization.k8s.io", "subjectaccessreviews")}

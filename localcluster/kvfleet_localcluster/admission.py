@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_localcluster import access, builtin_fields
+from kvfleet_localcluster.apitypes import ApiError, Kind
 from kvfleet_localcluster.auth import RBAC_GROUP, Attributes, User, authorize, escalations
 from kvfleet_localcluster.defaults import default_builtin
-from kvfleet_localcluster.store import ApiError, Kind, Store
+from kvfleet_localcluster.store import Store
 from kvfleet_localcluster.validation import apply_defaults, causes, validate
 
 

@@ -29,6 +29,7 @@ import yaml
 
 from kvfleet_localcluster import access, portforward, protobuf
 from kvfleet_localcluster.admission import USER, Admission
+from kvfleet_localcluster.apitypes import ApiError, Kind
 from kvfleet_localcluster.auth import (
     PUBLIC_PATHS,
     Attributes,
@@ -52,7 +53,7 @@ from kvfleet_localcluster.logs import LogSource, serve_logs
 from kvfleet_localcluster.metrics import ApiServerMetrics
 from kvfleet_localcluster.openapi import ServedKind, fix_resource_list, openapi_v3
 from kvfleet_localcluster.statefulsets import default_statefulset
-from kvfleet_localcluster.store import ApiError, Kind, Store
+from kvfleet_localcluster.store import Store
 from kvfleet_localcluster.tables import to_table
 from kvfleet_localcluster.watch import serve_watch
 from kvfleet_localcluster.writes import serve_write

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet_localcluster.addresses import PodRange
+from kvfleet_localcluster.apitypes import ApiError, Kind
 from kvfleet_localcluster.events import EventRecorder
 from kvfleet_localcluster.kinds import (
     CONFIG_KINDS,
@@ -49,7 +50,7 @@ from kvfleet_localcluster.leaderworkersets import NAME_LABEL as LWS_NAME_LABEL
 from kvfleet_localcluster.leaderworkersets import LeaderWorkerSets
 from kvfleet_localcluster.services import ServiceTable
 from kvfleet_localcluster.statefulsets import reconcile_statefulset
-from kvfleet_localcluster.store import ApiError, Kind, Store
+from kvfleet_localcluster.store import Store
 
 log = logging.getLogger("kvfleet.cluster")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import kmock
 
-from kvfleet_localcluster.store import Kind
+from kvfleet_localcluster.apitypes import Kind
 
 CRD_GROUP, CRD_PLURAL = "apiextensions.k8s.io", "customresourcedefinitions"
 

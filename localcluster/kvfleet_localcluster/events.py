@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kvfleet_localcluster.apitypes import ApiError
 from kvfleet_localcluster.kinds import EVENT
-from kvfleet_localcluster.store import ApiError, Store
+from kvfleet_localcluster.store import Store
 
 NODE = "local"
 """The one node's name (`spec.nodeName` of every pod)."""

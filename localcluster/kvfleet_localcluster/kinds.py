@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from kvfleet_localcluster.store import Kind
+from kvfleet_localcluster.apitypes import Kind
 
 POD = Kind("", "v1", "pods", "Pod", True, frozenset({"status"}))
 DEPLOYMENT = Kind(

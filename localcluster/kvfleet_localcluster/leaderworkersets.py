@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kvfleet_localcluster.apitypes import ApiError
 from kvfleet_localcluster.kinds import POD, SERVICE, is_ready, template_hash
-from kvfleet_localcluster.store import ApiError, Store
+from kvfleet_localcluster.store import Store
 
 log = logging.getLogger("kvfleet.cluster.leaderworkersets")
 Json = dict[str, Any]

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import aiohttp.web
 
-from kvfleet_localcluster.store import ApiError
+from kvfleet_localcluster.apitypes import ApiError
 
 FOLLOW_POLL_S = 0.2
 

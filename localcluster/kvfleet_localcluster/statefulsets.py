@@ -14,8 +14,9 @@ import copy
 import logging
 from typing import Any
 
+from kvfleet_localcluster.apitypes import ApiError, Kind
 from kvfleet_localcluster.kinds import CONFIG_KINDS, POD, STATEFULSET, is_ready, template_hash
-from kvfleet_localcluster.store import ApiError, Kind, Store
+from kvfleet_localcluster.store import Store
 
 log = logging.getLogger("kvfleet.cluster.statefulsets")
 Json = dict[str, Any]

@@ -7,8 +7,8 @@ status and scale subresources kept apart from the main object, generateName, fin
 ownerReference garbage collection (background cascade), and a bounded event history per
 resource so a watch can resume from a resourceVersion — or get 410 Gone when it is too old.
 Every write can be a dry run (validated and admitted, never stored) and names its field
-manager; server-side apply and `managedFields` are `ssa.py`'s; lookups go through
-`index.py`.
+manager; server-side apply and `managedFields` are `ssa.py`'s, kinds and errors `apitypes.py`'s;
+lookups go through `index.py`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvfleet_localcluster import ssa
+from kvfleet_localcluster.apitypes import ApiError, Gone, Kind
 from kvfleet_localcluster.index import FullKey, ObjectIndex
 from kvfleet_localcluster.patches import (
     PatchError,
@@ -40,56 +41,6 @@ HISTORY = 10_000
 SERVER_MANAGER = "kvfleet-local"
 """The field manager of writes that name none (the local cluster's own controllers)."""
 PatchType = Literal["merge", "json", "strategic", "apply"]
-
-
-class ApiError(Exception):
-    def __init__(
-        self, code: int, reason: str, message: str, details: dict[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-        self.details = details
-        """A real Status's `details` (name, group, kind, causes): kubectl prints the causes."""
-
-    def status(self) -> dict[str, Any]:
-        status: dict[str, Any] = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if self.details is not None:
-            status["details"] = self.details
-        return status
-
-
-class Gone(ApiError):
-    def __init__(self, rv: str) -> None:
-        super().__init__(410, "Expired", f"too old resource version: {rv}")
-
-
-@dataclass(frozen=True)
-class Kind:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-    subresources: frozenset[str] = frozenset()
-    spec_replicas_path: str = "spec.replicas"
-    status_replicas_path: str = "status.replicas"
-    selector_path: str | None = "status.selector"
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.group, self.plural
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
 
 
 def _now() -> str:

@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 import aiohttp.web
 
-from kvfleet_localcluster.store import Gone, Kind, Store
+from kvfleet_localcluster.apitypes import Gone, Kind
+from kvfleet_localcluster.store import Store
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 

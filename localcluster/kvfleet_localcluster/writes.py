@@ -11,7 +11,8 @@ import aiohttp.web
 import yaml
 
 from kvfleet_localcluster.admission import USER, WRITE, WriteContext
-from kvfleet_localcluster.store import ApiError, Kind, PatchType, Store
+from kvfleet_localcluster.apitypes import ApiError, Kind
+from kvfleet_localcluster.store import PatchType, Store
 
 PATCH_TYPES: dict[str, PatchType] = {
     "application/merge-patch+json": "merge",

@@ -5,7 +5,7 @@ reconcile at a time per object. Steps: parse the spec (a bad one becomes `Ready=
 the field's name), apply each child (server-side apply, sent only when a rendered field
 differs or the operator owns a field it no longer renders), assign warm/active roles to
 ready engine pods, then write the status — only when it changed — and post an Event for
-each condition that flipped.
+each condition that flipped (`reconcile_report.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from kvfleet_operator.diff import (
 )
 from kvfleet_operator.kube import (
     DEPLOYMENT,
-    EVENT,
     ISVC,
     LEADER_WORKER_SET,
     POD,
@@ -37,22 +36,19 @@ from kvfleet_operator.kube import (
     resource_of,
 )
 from kvfleet_operator.policy import Policy, PolicyViolation, check_policy
+from kvfleet_operator.reconcile_report import post_event, report_changes, write_status
 from kvfleet_operator.render import desired_engine_replicas, owner_of, render_children
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
-    ENGINE,
     ENGINE_KEY_KEY,
-    GATEWAY,
     ISVC_LABEL,
     PREFILL,
     ROLE_LABEL,
     Owner,
-    selector_string,
 )
 from kvfleet_operator.render.disaggregation import prefill_owner
 from kvfleet_operator.replicas import PrefillPlan, prefill_pool, scaled_replicas
-from kvfleet_operator.scaling.autoscaler import Scaled, report
-from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
+from kvfleet_operator.scaling.autoscaler import Scaled
 
 log = logging.getLogger("kvfleet.operator")
 
@@ -163,7 +159,7 @@ def reconcile(
             out.error_reason = "PolicyViolation"
         elif isinstance(exc, LeaderWorkerSetMissing):
             out.error_reason = "LeaderWorkerSetMissing"
-        _write_status(kube, body, None, out, options)
+        write_status(kube, body, None, out, options)
         return out
     children = [c for c in children if c["kind"] != "PodMonitor" or options.pod_monitors]
     # What each child is after this reconcile (the engine workload was read above).
@@ -174,7 +170,7 @@ def reconcile(
     spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
-    _report(kube, body, out, spec_changed, options)
+    report_changes(kube, body, out, spec_changed, options)
     if out.created or out.patched:  # the Deployment may have added or removed pods
         pods = kube.list(POD, namespace, owner.replica_selector_string())
     _assign_roles(kube, owner, pods, replicas, out, scaled)
@@ -183,7 +179,7 @@ def reconcile(
         p_pods = kube.list(POD, namespace, owner.selector_string(PREFILL))
         _assign_roles(kube, p_owner, p_pods, prefill.replicas, out, prefill.scaled,
                       owner.selector_string(PREFILL))  # fmt: skip
-    _write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
+    write_status(kube, body, (owner, replicas, pods, applied), out, options, scaled)
     if out.refused:
         raise ChildrenRefused("; ".join(out.refused))
     return out
@@ -353,20 +349,6 @@ def _prune(
                 out.pruned.append(f"{res.kind}/{meta['name']}")
 
 
-def _report(
-    kube: Kube, body: Json, out: Outcome, spec_changed: bool, options: ReconcileOptions
-) -> None:
-    """Events for what this reconcile changed in the cluster."""
-    if out.created:
-        post_event(kube, body, "Normal", "Created", "created " + ", ".join(out.created), options)
-    if out.patched:
-        # Without a spec change, a difference means someone edited a managed object.
-        reason, kind = ("Updated", "Normal") if spec_changed else ("DriftRepaired", "Warning")
-        post_event(kube, body, kind, reason, "updated " + ", ".join(out.patched), options)
-    if out.pruned:
-        post_event(kube, body, "Normal", "Pruned", "deleted " + ", ".join(out.pruned), options)
-
-
 def _assign_roles(
     kube: Kube,
     owner: Owner,
@@ -397,129 +379,3 @@ def _assign_roles(
         out.relabelled.append(f"{name}={role}")
     if out.relabelled:
         pods[:] = kube.list(POD, owner.namespace, selector or owner.replica_selector_string())
-
-
-def held_by_references(kube: Kube, namespace: str, pods: list[Json]) -> tuple[str, ...]:
-    """Why pods wait before their container starts, naming the missing object: a missing env
-    source is in the container's waiting message; a volume that cannot mount only in the
-    kubelet's FailedMount Event (read only for such pods, so a steady state reads nothing)."""
-    out = []
-    for pod in pods:
-        if pod_ready(pod):
-            continue
-        name = pod["metadata"]["name"]
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") == "CreateContainerConfigError" and waiting.get("message"):
-                out.append(f"pod {name}: {waiting['message']}")
-            elif waiting.get("reason") == "ContainerCreating":
-                fields = f"involvedObject.kind=Pod,involvedObject.name={name},reason=FailedMount"
-                events = kube.list(EVENT, namespace, fields=fields)
-                if events:
-                    latest = max(events, key=lambda e: e.get("lastTimestamp") or "")
-                    out.append(f"pod {name}: {latest.get('message', '')}")
-            break  # one container per pod here
-    return tuple(out)
-
-
-def _write_status(
-    kube: Kube,
-    body: Json,
-    world: tuple[Owner, int, list[Json], dict[tuple[str, str], Json | None]] | None,
-    out: Outcome,
-    options: ReconcileOptions,
-    scaled: Scaled | None = None,
-) -> None:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    selector = selector_string(name, ENGINE)
-    old = body.get("status") or {}
-    if world is None:
-        status = compute_status(
-            body, 0, selector, None, Observed(None, [], None), out.error, out.error_reason
-        )
-    else:
-        owner, replicas, pods, applied = world
-        engine = applied.get((owner.engine_kind, owner.engine_name))
-        gateway = applied.get(("Deployment", owner.gateway_name))
-        gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
-        held = held_by_references(kube, ns, [*pods, *gateway_pods])
-        observed = Observed(engine, pods, gateway, held, tuple(out.conflicts), tuple(out.refused))
-        scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
-        status = compute_status(
-            body,
-            replicas,
-            selector,
-            owner.gateway_url(),
-            observed,
-            scaling=scaling,
-            keep_scaling=owner.spec.autoscaling is not None,
-        )
-    patch = status_patch(old, status)
-    if patch is None:
-        return
-    kube.patch(ISVC, ns, name, {"status": patch}, "status")
-    was, now_ = old.get("autoscaling") or {}, status.get("autoscaling") or {}
-    sizes = ("desiredActive", "desiredWarm")
-    if now_ and was and tuple(was.get(k) for k in sizes) != tuple(now_.get(k) for k in sizes):
-        # One event per change of the decided size (the status records it, so an operator
-        # restart that decides the same posts nothing).
-        up = now_["desiredActive"] > (was.get("desiredActive") or 0)
-        reason = "ScaledUp" if up else "ScaledDown"
-        post_event(kube, body, "Normal", reason, now_.get("reason", ""), options)
-    before = {c["type"]: c for c in old.get("conditions") or []}
-    for cond in status["conditions"]:
-        if cond["type"] not in ("Ready", "Degraded", "ScalingActive"):
-            continue
-        prev = before.get(cond["type"])
-        bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
-        changed = prev is not None and (prev.get("status"), prev.get("reason")) != (
-            cond["status"],
-            cond["reason"],
-        )
-        # Transitions only (a start says nothing a `Created` event has not), and a spec
-        # that is invalid from the first reconcile.
-        if changed or (prev is None and cond["reason"] in FIRST_EVENT_REASONS):
-            kind = "Warning" if bad else "Normal"
-            post_event(kube, body, kind, cond["reason"], cond["message"], options)
-
-
-FIRST_EVENT_REASONS = (
-    "InvalidSpec",
-    "PolicyViolation",
-    "LeaderWorkerSetMissing",
-    "NameConflict",
-    "ReconcileError",
-)
-"""Conditions wrong from the first reconcile, worth an Event then (others: on transitions)."""
-
-
-def post_event(
-    kube: Kube, body: Json, type_: str, reason: str, message: str, options: ReconcileOptions
-) -> None:
-    meta = body["metadata"]
-    now = k8s_time()
-    event = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": body["apiVersion"],
-            "kind": body["kind"],
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta.get("uid"),
-        },
-        "type": type_,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": options.component},
-        "reportingComponent": options.component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        kube.create(event)
-    except ApiException as exc:  # events are best-effort, as in every controller
-        log.warning("cannot post event %s: %s", reason, exc.reason)

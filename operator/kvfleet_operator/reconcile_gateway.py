@@ -22,10 +22,9 @@ from kvfleet_operator.reconcile import (
     ChildrenRefused,
     Outcome,
     ReconcileOptions,
-    _report,
     apply_children,
-    post_event,
 )
+from kvfleet_operator.reconcile_report import post_event, report_changes
 from kvfleet_operator.render import owner_of
 from kvfleet_operator.render.common import ENGINE_KEY_KEY, GATEWAY_PORT
 from kvfleet_operator.render.shared_gateway import (
@@ -95,7 +94,7 @@ def reconcile_gateway(kube: Kube, namespace: str, name: str, options: ReconcileO
         out.patched.remove(pools)
         names = ", ".join(sorted(f.owner.name for f in fleet.served)) or "none"
         post_event(kube, body, "Normal", "PoolsChanged", f"serving: {names}", options)
-    _report(kube, body, out, spec_changed, options)
+    report_changes(kube, body, out, spec_changed, options)
     deployment = applied.get((DEPLOYMENT.kind, gw.gateway_name))
     _write_gateway_status(kube, body, (gw, deployment), fleet, out, options)
     if out.refused:

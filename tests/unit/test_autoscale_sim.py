@@ -10,7 +10,8 @@ import pytest
 from kvfleet_operator.scaling.model import ScalingConfig
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, FleetView, Target
+from kvfleet_sim.fleet.des import FleetSimulator
+from kvfleet_sim.fleet.model import FleetConfig, FleetView, Target
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.scalers import KvfleetScaler, keda_load
 from kvfleet_sim.fleet.tracefile import TraceFileError, TraceFileWorkload, read_trace

@@ -18,7 +18,7 @@ from kvfleet_gateway.routing.priors import LLAMA_3_1_8B, Priors, priors_for
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
-from kvfleet_sim.fleet.des import FleetConfig
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import deployment_priors, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

@@ -10,7 +10,8 @@ from kvfleet_gateway.routing.base import Stateless
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, FleetView, Target
+from kvfleet_sim.fleet.des import FleetSimulator
+from kvfleet_sim.fleet.model import FleetConfig, FleetView, Target
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 

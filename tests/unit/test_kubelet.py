@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from kvfleet_localcluster.kubelet import KubeletConfig, container_argv, sglang_to_sim, substitute
+from kvfleet_localcluster.containers import container_argv, sglang_to_sim
+from kvfleet_localcluster.kubelet import KubeletConfig, substitute
 from kvfleet_localcluster.tables import age, jsonpath
 
 

@@ -9,8 +9,8 @@ from kvfleet_gateway.lora import affinity
 from kvfleet_gateway.routing import Candidate, EngineSignals
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.des import FleetConfig
 from kvfleet_sim.fleet.lora_fleet import FleetAdapters
+from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

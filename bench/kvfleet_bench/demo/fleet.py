@@ -21,7 +21,8 @@ from rich.table import Table
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
-from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator, Progress
+from kvfleet_sim.fleet.des import FleetSimulator
+from kvfleet_sim.fleet.model import FleetConfig, Progress
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec

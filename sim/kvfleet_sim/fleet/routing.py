@@ -32,7 +32,8 @@ from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.engine import EngineLoad
 
 if TYPE_CHECKING:
-    from kvfleet_sim.fleet.des import FleetConfig, FleetSimulator
+    from kvfleet_sim.fleet.des import FleetSimulator
+    from kvfleet_sim.fleet.model import FleetConfig
 
 KVFLEET_EVENTS = "kvfleet_events"
 """`kvfleet` routing on the engines' KV events (gateway prefixIndex: events) instead of its

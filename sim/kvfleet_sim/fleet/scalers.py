@@ -37,7 +37,7 @@ from kvfleet_operator.scaling.model import (
     State,
 )
 from kvfleet_operator.scaling.policy import decide
-from kvfleet_sim.fleet.des import FleetView, Target
+from kvfleet_sim.fleet.model import FleetView, Target
 
 
 @dataclass
