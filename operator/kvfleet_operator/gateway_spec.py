@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kvfleet_gateway.config import DEFAULT_POLICY, POLICY_NAMES, Limits, TenantLimits
+from kvfleet_gateway.config import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    STORE_PATTERN,
+    Limits,
+    TenantLimits,
+)
 from kvfleet_kernel.schema import Rule, fld, parse
 
 IG_KIND, IG_PLURAL = "InferenceGateway", "inferencegateways"
@@ -62,7 +68,7 @@ class GatewayFront:
     limits_store: str = fld(
         "memory",
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
-        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+        pattern=STORE_PATTERN,
     )
     limits_store_password: SecretKey | None = fld(
         None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvfleet_gateway.config import ADAPTER_NAME_PATTERN
 from kvfleet_kernel.schema import Rule, fld
 
 
@@ -45,7 +46,7 @@ class ModelSource:
 class LoraAdapter:
     name: str = fld(
         doc="The adapter's name: what clients put in `model` (alone or as <model>:<name>).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=ADAPTER_NAME_PATTERN,
         max_length=128,
     )
     source: ModelSource = fld(

@@ -36,6 +36,7 @@ import yaml
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.config.fairness import Fairness
 from kvfleet_gateway.config.limits import (
+    STORE_PATTERN,
     CostBudget,
     Limits,
     LimitsConfig,
@@ -43,7 +44,7 @@ from kvfleet_gateway.config.limits import (
     TenantLimits,
     TokenBudget,
 )
-from kvfleet_gateway.config.lora import AdapterSource, Lora
+from kvfleet_gateway.config.lora import ADAPTER_NAME_PATTERN, AdapterSource, Lora
 from kvfleet_gateway.config.pools import PoolConfig, check_unique, parse_pools
 from kvfleet_gateway.config.serving import (
     Backends,
@@ -60,8 +61,10 @@ from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES
 from kvfleet_kernel.schema import ConfigError, Duration, Rule, fld, parse, to_json, yaml_position
 
 __all__ = [
+    "ADAPTER_NAME_PATTERN",
     "DEFAULT_POLICY",
     "POLICY_NAMES",
+    "STORE_PATTERN",
     "AdapterSource",
     "Auth",
     "Backends",

@@ -10,6 +10,9 @@ from typing import ClassVar
 from kvfleet_gateway.fairness import PRIORITIES, Priority
 from kvfleet_kernel.schema import Duration, Rule, fld
 
+STORE_PATTERN = r"^(memory|rediss?://\S+|unix://\S+)$"
+"""Where limits are kept: the gateway's `limits.store` and the CRD's `gateway.limitsStore`."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenBudget:
@@ -129,7 +132,7 @@ class LimitsConfig:
     store: str = fld(
         "memory",
         "`memory` (one gateway replica) or a redis:// URL shared by all replicas.",
-        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+        pattern=STORE_PATTERN,
     )
     password_file: str | None = fld(
         None,

@@ -6,12 +6,15 @@ from dataclasses import dataclass
 
 from kvfleet_kernel.schema import fld
 
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""A LoRA adapter's name (what clients put in `model`): the gateway's and the CRD's rule."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class AdapterSource:
     name: str = fld(
         doc="The adapter's name: what clients put in `model` (alone or as <base>:<name>).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=ADAPTER_NAME_PATTERN,
         max_length=128,
     )
     path: str = fld(doc="Where the engines load it from (SGLang's lora_path).", max_length=1024)
