@@ -39,12 +39,13 @@ def scaled_replicas(
     if owner.multi_node:
         return have - min(have - target, removable_groups(pods, scaled, have))
     unready = [p for p in pods if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+    idle = scaled.idle
     idle_warm = [
         p
         for p in pods
         if pod_ready(p)
         and (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "warm"
-        and p["metadata"]["name"] in scaled.idle
+        and p["metadata"]["name"] in idle
     ]
     surplus = have - target
     chosen = idle_warm[: max(0, surplus - len(unready))]
@@ -96,12 +97,12 @@ def removable_groups(leaders: list[Json], scaled: Scaled, have: int) -> int:
         for p in leaders
         if (index := (p["metadata"].get("labels") or {}).get(GROUP_INDEX_LABEL, "")).isdigit()
     }
-    count = 0
+    idle, count = scaled.idle, 0
     for group in range(have - 1, -1, -1):
         pod = by_group.get(group)
         if pod is not None and pod_ready(pod):
             labels = pod["metadata"].get("labels") or {}
-            if labels.get(ROLE_LABEL) != "warm" or pod["metadata"]["name"] not in scaled.idle:
+            if labels.get(ROLE_LABEL) != "warm" or pod["metadata"]["name"] not in idle:
                 break
         count += 1
     return count

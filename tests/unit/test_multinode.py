@@ -146,5 +146,7 @@ def test_scale_down_removes_only_idle_top_groups(
     leaders: list[dict[str, Any]], idle: set[str], removable: int
 ) -> None:
     decision = Decision(desired_active=1, desired_warm=0, reason="test")
-    scaled = Scaled(decision, at=0.0, source="direct", cold_start_s=60.0, idle=frozenset(idle))
+    scaled = Scaled(
+        decision, at=0.0, source="direct", cold_start_s=60.0, in_flight=dict.fromkeys(idle, 0.0)
+    )
     assert removable_groups(leaders, scaled, have=3) == removable

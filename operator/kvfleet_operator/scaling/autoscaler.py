@@ -100,8 +100,6 @@ class Scaled:
     at: float
     source: str
     cold_start_s: float
-    idle: frozenset[str]
-    """Engine pods with nothing running or queued in the latest observation."""
     ttft_p99: float | None = None
     queue_depth: float | None = None
     cost_per_1k_tokens: float | None = None
@@ -109,6 +107,11 @@ class Scaled:
     in_flight: Mapping[str, float] = field(default_factory=dict)
     """Requests running or queued on each ready engine pod in the latest observation (a pod
     the reader had no sample of is absent): which to demote first."""
+
+    @property
+    def idle(self) -> frozenset[str]:
+        """Engine pods with nothing running or queued in the latest observation."""
+        return frozenset(name for name, n in self.in_flight.items() if n == 0)
 
 
 @dataclass
@@ -268,9 +271,8 @@ class Autoscaler:
             for p in ready
             if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
         }
-        idle = frozenset(name for name, n in in_flight.items() if n == 0)
         queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
-        new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s, idle,
+        new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s,
                      obs.ttft_p99.get(key), queue, obs.cost_per_1k_tokens.get(key),
                      sig.arrival_rate, in_flight)  # fmt: skip
         states, latest, _ = self._books(pool)
