@@ -354,8 +354,11 @@ class Cluster:
                 if full:
                     next_full = loop.time() + resync_s
                 self.reconcile(full)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the event's
+                # result when a cancel lands as the event is set, and this loop would go on.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), timeout=resync_s)
+                    async with asyncio.timeout(resync_s):
+                        await self._dirty.wait()
         finally:
             await asyncio.shield(self.stop_pods())
             if self._pod_range is not None:

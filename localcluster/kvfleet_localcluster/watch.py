@@ -79,8 +79,9 @@ async def serve_watch(
             if remaining <= 0 or source.closed:
                 break
             changed = source.changed
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=min(remaining, 60))
+            try:  # (not wait_for: it can swallow a cancel that lands as the event is set)
+                async with asyncio.timeout(min(remaining, 60)):
+                    await changed.wait()
             except TimeoutError:
                 if bookmarks:
                     mark = _bookmark(kind, source.store.rv)

@@ -143,3 +143,22 @@ def test_sglangs_list_flags_become_the_simulators_repeated_ones() -> None:
         "--lora-target-modules", "v_proj",
     ]  # fmt: skip
     assert dropped == []
+
+
+async def test_the_controllers_stop_when_cancelled_as_the_store_changes() -> None:
+    """A cancel that lands in the same turn as a store change ends the controllers' loop
+    (with `asyncio.wait_for` on Python 3.11 it was lost: the loop went on, and a cluster's
+    teardown waited for it until the test's timeout)."""
+    import asyncio
+
+    from kvfleet_localcluster.controllers import Cluster
+    from kvfleet_localcluster.store import Store
+
+    cluster = Cluster(Store())
+    task = asyncio.create_task(cluster.run(resync_s=30.0))
+    for _ in range(3):  # into its wait for a change
+        await asyncio.sleep(0)
+    cluster._dirty.set()  # a change (the store's listener sets it) ...
+    task.cancel()  # ... and the cluster stopping, at once
+    done, _ = await asyncio.wait({task}, timeout=2.0)
+    assert task in done and task.cancelled(), "the controllers went on after a cancel"
