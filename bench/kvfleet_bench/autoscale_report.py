@@ -170,14 +170,17 @@ def _markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]],
             f"{r['ttft_p99']:.2f} s | {r['gpu_hours']:.2f} [{r['gpu_hours_min']:.2f}–"
             f"{r['gpu_hours_max']:.2f}] | {r['cost_per_1k']:.3f} | {r['changes_per_hour']:.0f} |"
         )
-    lines += [
-        "",
-        "![SLO attainment against GPU-hours, every policy and sweep point](autoscale-pareto.png)",
-        "",
-        "![replicas, load and TTFT over time (first seed)](autoscale.png)",
-        "",
-    ]
+    lines.append("")
+    if _pareto_traces(rows):
+        pareto = "SLO attainment against GPU-hours, every policy and sweep point"
+        lines += [f"![{pareto}](autoscale-pareto.png)", ""]
+    lines += ["![replicas, load and TTFT over time (first seed)](autoscale.png)", ""]
     return "\n".join(lines)
+
+
+def _pareto_traces(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Traces with a Pareto panel: all but the steady (flapping) check."""
+    return [t for t in dict.fromkeys(r["trace"] for r in results) if t != "steady"]
 
 
 def _pareto(results: list[dict[str, Any]], path: Path) -> None:
@@ -186,7 +189,9 @@ def _pareto(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    traces = [t for t in dict.fromkeys(r["trace"] for r in results) if t != "steady"]
+    traces = _pareto_traces(results)
+    if not traces:
+        return  # a steady-only run has no cost to set against its SLO
     fig, axes = plt.subplots(1, len(traces), figsize=(4.5 * len(traces), 4), squeeze=False)
     first = min(r["seed"] for r in results)
     for ax, trace in zip(axes[0], traces, strict=True):

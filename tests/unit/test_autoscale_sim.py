@@ -125,3 +125,39 @@ def test_the_step_goal_shows_what_meeting_a_surge_without_foresight_costs() -> N
         "68.00% (worst seed), 2.14× oracle (worst seed); a fleet kept at the peak size all "
         "along: 99.00% at 2.00× oracle"
     )
+
+
+def test_a_steady_only_run_writes_its_report(tmp_path: Path) -> None:
+    """`--traces steady` (the flapping check alone) has no cost to plot against its SLO: the
+    report is written without a Pareto panel, the flapping goal judged."""
+    from kvfleet_bench.autoscale import Plan
+    from kvfleet_bench.autoscale_report import goals, write_report
+
+    results = [
+        {
+            "trace": "steady",
+            "label": "kvfleet",
+            "seed": seed,
+            "headroom": 1.0,
+            "requests": 100,
+            "slo_attainment": 1.0,
+            "ttft_p50": 0.1,
+            "ttft_p99": 0.3,
+            "gpu_hours": 2.5,
+            "cost_per_1k": 0.06,
+            "changes_per_hour": float(changes),
+            "roles": [(0.0, 3, 1, 0), (15.0, 3, 1, 0)],
+            "rate": [60.0, 61.0],
+            "ttft_p99_timeline": [0.3, 0.3],
+        }
+        for seed, changes in ((1, 4), (2, 8))
+    ]
+    checks = goals(results)
+    assert [c["met"] for c in checks] == [False]  # the worst seed's 8 per hour
+    plan = Plan(traces=["steady"], seeds=[1, 2], trace_files=[], time_scale=1.0, rate_scale=1.0)
+    write_report(tmp_path, results, checks, {"synthetic": 23.9}, plan)
+    text = (tmp_path / "autoscale.md").read_text()
+    assert "8.0 per hour (worst seed)" in text and "autoscale-pareto.png" not in text
+    assert (tmp_path / "autoscale.png").exists() and not (
+        tmp_path / "autoscale-pareto.png"
+    ).exists()
