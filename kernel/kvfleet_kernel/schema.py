@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 import types
 import typing
@@ -254,7 +255,7 @@ def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         vt = get_args(tp)[1]
         return {str(k): _parse_value(vt, v, join(path, str(k)), {}) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return parse(tp, value, path)  # type: ignore[arg-type]
+        return _parse(tp, value, path)  # type: ignore[arg-type]
     if tp is Duration:
         return Duration.parse(value, path)
     if tp is bool:
@@ -287,27 +288,51 @@ T = typing.TypeVar("T")
 
 
 def parse(cls: type[T], data: Any, path: str = "") -> T:
-    """Read `data` into `cls`, applying defaults; unknown fields and bad values are errors."""
+    """Read `data` into `cls`, applying defaults; unknown fields and bad values are errors.
+
+    The result is a frozen value, so an equal document parses once: the operator parses every
+    spec and the gateway config it renders on each reconcile, and the CEL rules alone cost
+    milliseconds a document.
+    """
+    try:
+        key = json.dumps(data, sort_keys=True)
+    except (TypeError, ValueError):  # not a JSON document (a YAML date, say): no memo
+        return _parse(cls, data, path)
+    return typing.cast(T, _parse_document(cls, key, path))  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_document(cls: type[Any], document: str, path: str) -> Any:
+    return _parse(cls, json.loads(document), path)
+
+
+@functools.cache
+def _field_table(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], str, Any, bool], ...]:
+    """Each field with its JSON name, its type and whether it may be null (resolving the
+    type hints once per class: `typing.get_type_hints` re-evaluates every annotation)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f, json_name(f), *_unwrap_optional(hints[f.name])) for f in dataclasses.fields(cls)
+    )
+
+
+def _parse(cls: type[T], data: Any, path: str) -> T:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(path, "must be an object")
-    hints = typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    known = {json_name(f) for f in fields}
-    unknown = sorted(set(data) - known)
+    table = _field_table(cls)  # type: ignore[arg-type]
+    unknown = sorted(set(data) - {key for _, key, _, _ in table})
     if unknown:
         raise ConfigError(join(path, unknown[0]), "unknown field")
     values = {}
-    for f in fields:
-        key = json_name(f)
-        tp, optional = _unwrap_optional(hints[f.name])
+    for f, key, tp, optional in table:
         if data.get(key) is None:
             default = _default_of(f)
             if default is MISSING and not optional:
                 raise ConfigError(join(path, key), "required")
             if dataclasses.is_dataclass(tp) and default is not MISSING and default is not None:
-                default = parse(tp, {}, join(path, key))  # type: ignore[arg-type]
+                default = _parse(tp, {}, join(path, key))  # type: ignore[arg-type]
             values[f.name] = None if default is MISSING else default
             continue
         values[f.name] = _parse_value(tp, data[key], join(path, key), f.metadata)

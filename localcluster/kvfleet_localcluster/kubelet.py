@@ -36,6 +36,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -365,9 +366,12 @@ class PodRunner:
             await asyncio.sleep(self._scaled(first))
         if startup:
             failures = 0
+            deadline = time.monotonic() + _real_window(startup, startup.get("failureThreshold", 3))
             while not await self._probe(session, startup, container):
                 failures += 1
-                if failures >= int(startup.get("failureThreshold", 3)):
+                if failures >= int(startup.get("failureThreshold", 3)) and (
+                    time.monotonic() >= deadline
+                ):
                     log.warning(
                         "pod %s/%s failed its startup probe: restarting", self.ns, self.name
                     )
@@ -376,6 +380,7 @@ class PodRunner:
                 await asyncio.sleep(self._scaled(float(startup.get("periodSeconds", 10))))
         running = {"running": {"startedAt": self._started}}
         ready_fail = live_fail = 0
+        failing_since = time.monotonic()
         while True:
             if readiness:
                 ok = await self._probe(session, readiness, container)
@@ -388,8 +393,14 @@ class PodRunner:
             if now_ready != self.ready:
                 self._write(container, running, now_ready, True)
             if liveness:
-                live_fail = 0 if await self._probe(session, liveness, container) else live_fail + 1
-                if live_fail >= int(liveness.get("failureThreshold", 3)):
+                if await self._probe(session, liveness, container):
+                    live_fail, failing_since = 0, time.monotonic()
+                else:
+                    live_fail += 1
+                threshold = int(liveness.get("failureThreshold", 3))
+                if live_fail >= threshold and (
+                    time.monotonic() - failing_since >= _real_window(liveness, threshold - 1)
+                ):
                     log.warning(
                         "pod %s/%s failed its liveness probe: restarting", self.ns, self.name
                     )
@@ -417,3 +428,13 @@ class PodRunner:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+
+
+def _real_window(probe: Json, periods: Any) -> float:
+    """How long a probe must keep failing, in real seconds, before the kubelet restarts the
+    container: `periods` × `periodSeconds`, unscaled. The time scale shortens the waits
+    between probes, not a process's own start or a busy moment: a gateway importing its
+    libraries on a loaded machine takes the seconds it takes, and a real kubelet gives it
+    `failureThreshold` × `periodSeconds` (a stand-in stricter than that restarts healthy pods
+    in a loop)."""
+    return float(periods) * float(probe.get("periodSeconds", 10))

@@ -44,6 +44,12 @@ def _running(pod: dict[str, Any]) -> float:
     return _engine_metric(pod, "sglang:num_running_reqs")
 
 
+# Long enough (~10 s of decode on the simulated H100s) that the kill lands mid-stream even when
+# kubectl takes seconds to find and delete the busiest pod on a loaded machine: at 600 tokens
+# every stream had finished before the kill in a parallel run.
+STREAM_TOKENS = 1500
+
+
 async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str = "") -> int:
     """A streamed chat; `unique` starts the prompt, so no other prompt shares its prefix."""
     stream = await client.chat.completions.create(
@@ -123,13 +129,13 @@ async def _a_decode_pod_lost_mid_stream(kc: Path, gateway_ip: str) -> None:
 
     async def long_stream(i: int) -> None:
         try:
-            outcomes.append(await _chat(budgeted, 20, 600, unique=f"stream {i}:"))
+            outcomes.append(await _chat(budgeted, 20, STREAM_TOKENS, unique=f"stream {i}:"))
         except openai.APIError as exc:
             outcomes.append(type(exc).__name__)
 
     try:
         streams = [asyncio.create_task(long_stream(i)) for i in range(4)]
-        await asyncio.sleep(1.0)  # every stream under way (600 tokens take a few seconds)
+        await asyncio.sleep(1.0)  # every stream under way
         busiest = max(await _pods(kc, "engine"), key=_running)
         assert _running(busiest) > 0
         await kubectl(kc, "delete", "pod", busiest["metadata"]["name"], "-n", "ai",
@@ -137,7 +143,7 @@ async def _a_decode_pod_lost_mid_stream(kc: Path, gateway_ip: str) -> None:
         await asyncio.wait_for(asyncio.gather(*streams), 60)
     finally:
         await budgeted.close()
-    assert 600 in outcomes and any(isinstance(o, str) for o in outcomes), outcomes
+    assert STREAM_TOKENS in outcomes and any(isinstance(o, str) for o in outcomes), outcomes
 
     def reserved() -> float:
         url = f"http://{gateway_ip}:9090/metrics"

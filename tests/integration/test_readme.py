@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import dev_binary, kubectl_binary, require_binary
 from tests.support.objects import ROOT
 
@@ -185,6 +187,10 @@ def test_the_simulator_and_gateway_walkthrough(tmp_path: Path) -> None:
     assert "sha256:" in (tmp_path / "work" / "keys.yaml").read_text()
 
 
+# The longest story of the suite (five README sections, one cluster): about a minute alone,
+# nearly two beside the other in-cluster tests on two cores; its commands are bounded by
+# run_commands' own timeout.
+@pytest.mark.timeout(240)
 def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
     require_binary("redis-server")  # examples/redis.yaml, which the autoscaled example needs
     local = block("The local cluster")
