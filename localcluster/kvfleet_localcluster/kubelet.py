@@ -365,13 +365,11 @@ class PodRunner:
         if first:
             await asyncio.sleep(self._scaled(first))
         if startup:
-            failures = 0
-            deadline = time.monotonic() + _real_window(startup, startup.get("failureThreshold", 3))
+            failures, threshold = 0, int(startup.get("failureThreshold", 3))
+            deadline = time.monotonic() + _real_window(startup, threshold)
             while not await self._probe(session, startup, container):
                 failures += 1
-                if failures >= int(startup.get("failureThreshold", 3)) and (
-                    time.monotonic() >= deadline
-                ):
+                if failures >= threshold and time.monotonic() >= deadline:
                     log.warning(
                         "pod %s/%s failed its startup probe: restarting", self.ns, self.name
                     )
@@ -380,7 +378,7 @@ class PodRunner:
                 await asyncio.sleep(self._scaled(float(startup.get("periodSeconds", 10))))
         running = {"running": {"startedAt": self._started}}
         ready_fail = live_fail = 0
-        failing_since = time.monotonic()
+        last_alive = time.monotonic()
         while True:
             if readiness:
                 ok = await self._probe(session, readiness, container)
@@ -394,12 +392,12 @@ class PodRunner:
                 self._write(container, running, now_ready, True)
             if liveness:
                 if await self._probe(session, liveness, container):
-                    live_fail, failing_since = 0, time.monotonic()
+                    live_fail, last_alive = 0, time.monotonic()
                 else:
                     live_fail += 1
                 threshold = int(liveness.get("failureThreshold", 3))
                 if live_fail >= threshold and (
-                    time.monotonic() - failing_since >= _real_window(liveness, threshold - 1)
+                    time.monotonic() - last_alive >= _real_window(liveness, threshold - 1)
                 ):
                     log.warning(
                         "pod %s/%s failed its liveness probe: restarting", self.ns, self.name
@@ -430,9 +428,11 @@ class PodRunner:
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
 
 
-def _real_window(probe: Json, periods: Any) -> float:
+def _real_window(probe: Json, periods: int) -> float:
     """How long a probe must keep failing, in real seconds, before the kubelet restarts the
-    container: `periods` × `periodSeconds`, unscaled. The time scale shortens the waits
+    container: `periods` × `periodSeconds`, unscaled (a startup probe: failureThreshold periods
+    from the start; liveness: failureThreshold − 1 periods since its last success, the span of
+    that many consecutive failures). The time scale shortens the waits
     between probes, not a process's own start or a busy moment: a gateway importing its
     libraries on a loaded machine takes the seconds it takes, and a real kubelet gives it
     `failureThreshold` × `periodSeconds` (a stand-in stricter than that restarts healthy pods
