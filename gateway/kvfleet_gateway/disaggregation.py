@@ -120,6 +120,10 @@ async def open_disaggregated(
         if not decodes and attempt == 0 and not proxy.pool.has_members(model):
             decodes = await proxy.wait_for_capacity(model)
         prefills = [b for b in side.pool.routable(model) if b.url not in tried_prefill]
+        if decodes and not prefills and attempt == 0 and not side.pool.has_members(model):
+            # The prefill pool's engines are all new (a rollout replaced them, or it scales
+            # from zero): worth waiting for, as for the decode pool.
+            prefills = await proxy.wait_for_capacity(model, side.pool)
         if not decodes or not prefills:
             if not prefills:
                 last_error = "no prefill engine is available"

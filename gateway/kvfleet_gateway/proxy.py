@@ -102,10 +102,12 @@ class Proxy:
         """Requests waiting in `wait_for_capacity` now."""
         return self._held
 
-    async def wait_for_capacity(self, model: str) -> list[Backend]:
-        """No replica of `model` exists (scaled to zero, or all starting): hold the request
+    async def wait_for_capacity(self, model: str, pool: BackendPool | None = None) -> list[Backend]:
+        """No replica of `model` exists in `pool` (default: the engines; a disaggregated
+        service's prefill pool too) — scaled to zero, or all starting: hold the request
         (bounded in number and time) until one can take it — the autoscaler sees the held
         count and wakes one."""
+        pool = self.pool if pool is None else pool
         retry = str(max(1, math.ceil(self.hold.timeout)))
         if self._held >= self.hold.max_requests:
             raise GatewayError(
@@ -123,7 +125,7 @@ class Proxy:
         try:
             deadline = time.monotonic() + self.hold.timeout
             while time.monotonic() < deadline and not self.retired:
-                candidates = self.pool.routable(model)
+                candidates = pool.routable(model)
                 if candidates:
                     return candidates
                 await asyncio.sleep(HOLD_POLL_S)

@@ -21,6 +21,7 @@ from kvfleet_gateway.config import (
     KubernetesBackends,
     Limits,
     ModelConfig,
+    PrefillBackends,
     TokenBudget,
 )
 from kvfleet_gateway.keys import hash_key
@@ -28,7 +29,7 @@ from kvfleet_localcluster.local import LocalCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
-from tests.support.objects import ENGINE_SELECTOR, engine_pod
+from tests.support.objects import ENGINE_SELECTOR, NS, engine_pod
 from tests.support.waiting import until
 
 KEY = "kvf-hold-test"
@@ -100,6 +101,53 @@ async def test_held_until_a_replica_appears(
             assert await held(scrape) == 0
         finally:
             await gateway_server.stop(gw)  # its watch ends before the API server does
+
+
+async def test_a_request_waits_for_a_new_prefill_engine(
+    sim_processes: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Disaggregated serving whose prefill pool has no engine the gateway has checked yet (a
+    rollout replaced them, or the pool scales from zero): the request is held as it is for
+    the decode pool, and served once a prefill engine is Ready — not refused at once with
+    503 (seen when a flood arrived between a new prefill pod's discovery and its first
+    health check)."""
+    bootstrap = free_port()
+    prefill = sim_processes(
+        "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap)
+    )
+    decode = sim_processes("--disaggregation-mode", "decode")
+    labels = {"kvfleet.dev/inferenceservice": "llama", "app.kubernetes.io/component": "prefill"}
+    selector = ",".join(f"{k}={v}" for k, v in labels.items())
+    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+        pods = KubernetesBackends(
+            namespace=NS,
+            selector=selector,
+            port=int(prefill.rsplit(":", 1)[1]),
+            kubeconfig=str(cluster.kubeconfig),
+        )
+        cfg = gateway_config(
+            [decode],
+            keys=keys(tmp_path),
+            hold=Hold(timeout=Duration(30)),
+            prefill=PrefillBackends(kubernetes=pods, bootstrap_port=bootstrap),
+        )
+        gw, scrape = await gateway_server(cfg), metrics_url(cfg)
+        try:
+            waiting = asyncio.create_task(post(gw))
+            assert await until(lambda: held(scrape), what="the request held") == 1
+            async with (
+                cluster.session() as s,
+                s.post(
+                    f"{cluster.url}/api/v1/namespaces/{NS}/pods",
+                    json=engine_pod("p", "127.0.0.1", labels=labels),
+                ) as r,
+            ):
+                assert r.status == 201
+            status, _, body = await waiting
+            assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+            assert await held(scrape) == 0
+        finally:
+            await gateway_server.stop(gw)
 
 
 async def test_deadline_gives_503_no_capacity_and_bills_nothing(
