@@ -95,6 +95,10 @@ async def test_kvfleet_usage_reads_the_gateway_from_prometheus(
             await asyncio.sleep(0.2)
         else:
             raise AssertionError("Prometheus never scraped the gateway")
+    # A few more 1 s scrapes before the three requests: increase() extrapolates a series by
+    # up to 1.1 scrape intervals at each end, so the ~1.6x bound below needs the series to
+    # span at least ~4 s (read 3 s after its first sample it spanned less: 5.01 requests).
+    await asyncio.sleep(3.0)
     for _ in range(3):
         assert (await post(gw, chat(max_tokens=5), key=CANARY))[0] == 200
     usage: Any = {}
