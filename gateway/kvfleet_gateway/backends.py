@@ -48,6 +48,13 @@ class Backend:
     adapters: dict[str, str] = field(default_factory=dict)
     """LoRA adapters the engine holds → their base model (its /v1/models entries with a
     parent)."""
+    adapters_changed: int = 0
+    """Counts the gateway's own loads and unloads here: a probe's reading of /v1/models taken
+    before one of them is stale and is not applied."""
+    finished_requests: int = 0
+    """Requests this gateway sent here that have ended (a running count)."""
+    finished_at_scrape: int = 0
+    """`finished_requests` when the signals in hand were scraped."""
     signals: EngineSignals | None = None
     scraped_at: float = 0.0
     breaker: Breaker = field(default_factory=Breaker)
@@ -55,6 +62,15 @@ class Backend:
     @property
     def routable(self) -> bool:
         return self.healthy and not self.draining and self.breaker.allows()
+
+    def queue_now(self, now: float) -> int | None:
+        """The engine's waiting requests as last scraped, less the requests this gateway saw
+        end there since (each lets a waiting one in): a scrape taken while a request waited
+        says nothing about the next once it has finished. None: no fresh scrape."""
+        c = self.candidate(now)
+        if c.engine is None:
+            return None
+        return max(0, c.engine.queue_reqs - (self.finished_requests - self.finished_at_scrape))
 
     def candidate(self, now: float) -> Candidate:
         s = self.signals
@@ -115,6 +131,12 @@ class BackendPool:
         members that fail are an outage, which is not."""
         return any(b.probed and (not b.models or model in b.models) for b in self.backends.values())
 
+    def starting(self) -> bool:
+        """No member has been probed yet: the pool is scaled to zero, or every replica in it
+        is new (just discovered, or a rollout replaced them all). Requests for it are held,
+        not refused, so the gateway stays ready meanwhile."""
+        return not any(b.probed for b in self.backends.values())
+
     def served_models(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
         for b in self.backends.values():
@@ -126,6 +148,7 @@ class BackendPool:
     async def probe(self, session: aiohttp.ClientSession, b: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=min(5.0, self.interval_s * 2))
         gone = False
+        adapters_changed = b.adapters_changed
         try:
             async with session.get(f"{b.url}/health", timeout=timeout) as r:
                 ok = r.status == 200
@@ -142,7 +165,8 @@ class BackendPool:
                     data = await r.json()
                 cards = data.get("data", [])
                 b.models = {m["id"]: m.get("max_model_len") for m in cards if not m.get("parent")}
-                b.adapters = {m["id"]: m["parent"] for m in cards if m.get("parent")}
+                if b.adapters_changed == adapters_changed:  # no load or unload meanwhile
+                    b.adapters = {m["id"]: m["parent"] for m in cards if m.get("parent")}
         except aiohttp.ClientConnectorError:
             ok, gone = False, True  # nothing listens: the replica is gone, eject it now
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
@@ -159,6 +183,7 @@ class BackendPool:
 
     async def scrape(self, session: aiohttp.ClientSession, b: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=max(0.5, self.scrape_interval_s))
+        finished = b.finished_requests
         try:
             async with session.get(f"{b.url}/metrics", timeout=timeout) as r:
                 text = await r.text() if r.status == 200 else ""
@@ -166,7 +191,7 @@ class BackendPool:
             return  # stale signals age out; health checks decide about the backend itself
         signals = parse_metrics(text)
         if signals is not None:
-            b.signals, b.scraped_at = signals, time.monotonic()
+            b.signals, b.scraped_at, b.finished_at_scrape = signals, time.monotonic(), finished
 
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.probe(session, b) for b in list(self.backends.values())))

@@ -122,7 +122,7 @@ class AdapterManager:
         """The replicas the routing policy may choose for `adapter` (see `affinity`)."""
         now = time.monotonic()
         held = [adapter in b.adapters for b in candidates]
-        waiting = [queue_of(b.candidate(now)) for b in candidates]
+        waiting = [b.queue_now(now) for b in candidates]
         return [candidates[i] for i in affinity(held, waiting)]
 
     def started(self, backend: Backend, adapter: str) -> None:
@@ -159,6 +159,7 @@ class AdapterManager:
                 raise GatewayError(503, f"the adapter '{adapter}' could not be loaded: {why}",
                                    "server_error", "adapter_unavailable")  # fmt: skip
             backend.adapters = {n: base for n in (answer.get("loaded_adapters") or {adapter: ""})}
+            backend.adapters_changed += 1
             log.info("loaded adapter %s on %s", adapter, backend.url)
 
     async def _make_room(self, session: aiohttp.ClientSession, backend: Backend) -> None:
@@ -172,6 +173,7 @@ class AdapterManager:
         answer = await self._post(session, backend, "/unload_lora_adapter", {"lora_name": victim})
         if answer is not None and answer.get("success"):
             backend.adapters.pop(victim, None)
+            backend.adapters_changed += 1
             self.last_used.pop((backend.url, victim), None)
             log.info("unloaded adapter %s on %s (least recently used)", victim, backend.url)
 

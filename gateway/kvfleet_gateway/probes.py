@@ -27,20 +27,27 @@ def _every_tenant_budgeted(gw: Gateway) -> bool:
 
 
 async def readiness(gw: Gateway) -> tuple[bool, dict[str, Any]]:
-    """Ready when a replica can take requests — or when none exists at all (scaled to zero)
-    and requests are held for the autoscaler: the gateway must stay reachable to wake it.
-    Replicas that exist but all fail are an outage: not ready. So is a budget store that
-    does not answer when every tenant is budgeted: each request would get 503 (a tenant
-    without a budget keeps the gateway ready, serving it on local rate limits)."""
+    """Ready when a replica can take requests, or when requests would be held: a pool none
+    of whose replicas has been probed yet (scaled to zero: the gateway must stay reachable to
+    wake the autoscaler; or every replica new: a gateway that just discovered them must not
+    turn unready until its first health check of them, or the Service drops it and a Ready
+    InferenceService has no gateway). Replicas that were probed and all fail are an outage:
+    not ready. So is a budget store that does not answer when every tenant is budgeted: each
+    request would get 503 (a tenant without a budget keeps the gateway ready, serving it on
+    local rate limits)."""
     pools = list(gw.pools.pools.values())
     routable = [b for p in pools for b in p.backends.routable()]
-    holding = any(not p.backends.backends for p in pools) and gw.config.hold.max_requests > 0
-    detail: dict[str, Any] = {"ready": len(routable), "scaledToZero": holding}
-    ok = bool(routable) or holding
-    prefills = [p.prefill for p in pools if p.prefill is not None]
+    hold = gw.config.hold.max_requests > 0
+    detail: dict[str, Any] = {
+        "ready": len(routable),
+        "scaledToZero": hold and any(not p.backends.backends for p in pools),
+    }
+    ok = bool(routable) or (hold and any(p.backends.starting() for p in pools))
+    prefills = [p.prefill.pool for p in pools if p.prefill is not None]
     if prefills:  # disaggregated: a request needs a whole pair
-        detail["readyPrefill"] = sum(len(side.pool.routable()) for side in prefills)
-        ok = ok and bool(detail["readyPrefill"])
+        detail["readyPrefill"] = sum(len(pool.routable()) for pool in prefills)
+        starting = hold and any(pool.starting() for pool in prefills)
+        ok = ok and (bool(detail["readyPrefill"]) or starting)
     if len(pools) > 1:  # a shared gateway: each pool's own count
         detail["pools"] = {p.name: len(p.backends.routable()) for p in pools}
     if isinstance(gw.store, RedisStore) and _every_tenant_budgeted(gw):

@@ -473,6 +473,7 @@ class Proxy:
 
     def not_in_flight(self, backend: Backend, ex: Exchange) -> None:
         backend.inflight_requests -= 1
+        backend.finished_requests += 1
         backend.inflight_tokens -= ex.req.reserve_tokens
         if ex.adapter is not None and self.lora is not None:
             self.lora.ended(backend, ex.adapter)

@@ -302,6 +302,30 @@ async def test_engine_dying_mid_stream_ends_with_error_event_and_settles(
     assert 0 < await budget_in_use(store, "team-a", cfg.limits.defaults, now) < 1050
 
 
+async def test_a_gateway_stays_ready_until_it_has_checked_its_new_replicas(
+    gateway_server: Any,
+) -> None:
+    """Every replica replaced (a rollout, or discovery's first list): until its first health
+    check of the new ones the gateway holds requests for them, so it stays ready — turning
+    unready there dropped it from its Service just after its InferenceService said Ready.
+    Once checked and failing, it is an outage: not ready."""
+    from kvfleet_sim.procs import free_port
+
+    gw = await gateway_server(config(["http://127.0.0.1:9"], None, health_interval=60.0))
+    backends = gateway_server.pool(gw).backends
+
+    async def ready() -> int:
+        async with aiohttp.ClientSession() as s, s.get(f"{gw}/readyz") as r:
+            return r.status
+
+    assert await ready() == 503  # probed at start: nothing answers
+    backends.set_members([f"http://127.0.0.1:{free_port()}"])  # all new, not yet checked
+    assert await ready() == 200
+    async with aiohttp.ClientSession() as session:
+        await backends.probe_all(session)
+    assert await ready() == 503
+
+
 async def test_readyz_and_metrics(sim_server: Any, gateway_server: Any, tmp_path: Path) -> None:
     gw_down = await gateway_server(config(["http://127.0.0.1:9"], None))
     async with aiohttp.ClientSession() as s:

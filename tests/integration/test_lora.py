@@ -193,3 +193,57 @@ async def test_a_replica_at_its_adapter_bound_unloads_the_least_recently_used(
 
 async def _equal(found: Any, expected: set[str]) -> bool:
     return bool(await found == expected)
+
+
+async def test_a_probe_read_before_a_load_does_not_forget_the_adapter() -> None:
+    """A health probe reads the engine's /v1/models; the gateway loads an adapter while that
+    reading is on its way. Applied late, the stale list would drop the new adapter and the next
+    request for it would load it again elsewhere (seen in CI: two replicas loaded one adapter)."""
+    from aiohttp import web
+
+    from kvfleet_gateway.backends import BackendPool
+    from kvfleet_gateway.config import AdapterSource, Lora
+    from kvfleet_gateway.lora import AdapterManager
+    from kvfleet_sim.procs import free_port
+
+    listing, release = asyncio.Event(), asyncio.Event()
+    held = ["sql"]
+
+    async def models(request: web.Request) -> web.Response:
+        data = [{"id": BASE}] + [{"id": n, "parent": BASE} for n in held]
+        listing.set()
+        await release.wait()  # the answer is read now, delivered after the load
+        return web.json_response({"data": data})
+
+    async def load(request: web.Request) -> web.Response:
+        held.append((await request.json())["lora_name"])
+        return web.json_response({"success": True, "loaded_adapters": list(held)})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/load_lora_adapter", load)
+    runner, port = web.AppRunner(app), free_port()
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        pool = BackendPool([f"http://127.0.0.1:{port}"])
+        pool.track_adapters = True
+        backend = next(iter(pool.backends.values()))
+        manager = AdapterManager(Lora(adapters=(AdapterSource(name="chat", path="/a/chat"),)))
+        async with aiohttp.ClientSession() as session:
+            probe = asyncio.create_task(pool.probe(session, backend))
+            await listing.wait()
+            await manager.ensure(session, backend, "chat", BASE)
+            release.set()
+            await probe
+            assert backend.healthy and set(backend.adapters) == {"sql", "chat"}
+            await pool.probe(session, backend)  # a later reading is applied
+            held.remove("chat")
+            await pool.probe(session, backend)
+            assert set(backend.adapters) == {"sql"}
+    finally:
+        await runner.cleanup()

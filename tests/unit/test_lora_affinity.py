@@ -26,6 +26,28 @@ def test_holders_first_and_idle_replicas_only_when_every_holder_has_a_queue() ->
     assert affinity([False, False], [4, None]) == [0, 1]  # none holds it: all
 
 
+def test_a_queue_scraped_before_a_request_ended_does_not_spill_the_next() -> None:
+    """The gateway's holder was scraped while its own request waited there; that request has
+    ended since, so the next one for the adapter stays with the holder instead of loading the
+    adapter on a second replica (seen in CI: both replicas loaded one adapter)."""
+    import time
+
+    from kvfleet_gateway.backends import Backend
+    from kvfleet_gateway.config import Lora
+    from kvfleet_gateway.lora import AdapterManager
+
+    now = time.monotonic()
+    holder, other = Backend("http://a", adapters={"chat": "base"}), Backend("http://b")
+    for b, queue in ((holder, 1), (other, 0)):
+        b.signals, b.scraped_at = EngineSignals(queue, 0, 0.1, 1000, 0.0, 0.0), now
+    manager = AdapterManager(Lora())
+    assert manager.offered([holder, other], "chat") == [holder, other]  # it waits: spill
+    holder.finished_requests += 1  # the waiting request ended after the scrape
+    assert manager.offered([holder, other], "chat") == [holder]
+    holder.finished_at_scrape = holder.finished_requests  # a new scrape: still one waiting
+    assert manager.offered([holder, other], "chat") == [holder, other]
+
+
 def test_the_simulator_holds_loads_and_evicts_as_the_gateway_does() -> None:
     fa = FleetAdapters(aware=True, max_per_replica=2, load_s=0.1)
     assert fa.place("r0", "a") == 0.1 and fa.place("r0", "a") == 0.0  # loaded once
