@@ -126,16 +126,27 @@ class BackendPool:
         ]
 
     def has_members(self, model: str) -> bool:
-        """Whether any probed replica (healthy or not) may serve `model`: none means the
-        fleet is scaled to zero or its replicas are new, which is worth waiting for; probed
-        members that fail are an outage, which is not."""
-        return any(b.probed and (not b.models or model in b.models) for b in self.backends.values())
+        """Whether any probed replica that stays (healthy or not) may serve `model`: none
+        means the fleet is scaled to zero, leaving, or new, which is worth waiting for;
+        probed members that fail are an outage, which is not."""
+        return any(
+            b.probed and not b.draining and (not b.models or model in b.models)
+            for b in self.backends.values()
+        )
+
+    def has_new_members(self, model: str) -> bool:
+        """Whether a replica not yet probed may serve `model` (discovered during a rollout or
+        a scale-up): a request whose replicas failed is worth holding for it."""
+        return any(
+            not b.probed and not b.draining and (not b.models or model in b.models)
+            for b in self.backends.values()
+        )
 
     def starting(self) -> bool:
-        """No member has been probed yet: the pool is scaled to zero, or every replica in it
-        is new (just discovered, or a rollout replaced them all). Requests for it are held,
-        not refused, so the gateway stays ready meanwhile."""
-        return not any(b.probed for b in self.backends.values())
+        """No member that stays has been probed yet: the pool is scaled to zero, or every
+        replica in it is new (just discovered, or a rollout replaced them all). Requests for
+        it are held, not refused, so the gateway stays ready meanwhile."""
+        return not any(b.probed and not b.draining for b in self.backends.values())
 
     def served_models(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}

@@ -117,13 +117,13 @@ async def open_disaggregated(
     for attempt in range(max_attempts):
         model = ex.route.model
         decodes = [b for b in proxy.pool.routable(model) if b.url not in tried_decode]
-        if not decodes and attempt == 0 and not proxy.pool.has_members(model):
-            decodes = await proxy.wait_for_capacity(model)
+        if not decodes and proxy.worth_holding(model, proxy.pool):
+            decodes = await proxy.wait_for_capacity(model, tried=tried_decode)
         prefills = [b for b in side.pool.routable(model) if b.url not in tried_prefill]
-        if decodes and not prefills and attempt == 0 and not side.pool.has_members(model):
+        if decodes and not prefills and proxy.worth_holding(model, side.pool):
             # The prefill pool's engines are all new (a rollout replaced them, or it scales
             # from zero): worth waiting for, as for the decode pool.
-            prefills = await proxy.wait_for_capacity(model, side.pool)
+            prefills = await proxy.wait_for_capacity(model, side.pool, tried_prefill)
         if not decodes or not prefills:
             if not prefills:
                 last_error = "no prefill engine is available"

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -102,11 +103,20 @@ class Proxy:
         """Requests waiting in `wait_for_capacity` now."""
         return self._held
 
-    async def wait_for_capacity(self, model: str, pool: BackendPool | None = None) -> list[Backend]:
+    @staticmethod
+    def worth_holding(model: str, pool: BackendPool) -> bool:
+        """No replica of `model` in `pool` can take the request now: hold it when no probed
+        replica stays (scaled to zero, or all leaving: a rollout), or when a new one is about
+        to be checked. Replicas that stay and fail are an outage: no hold."""
+        return not pool.has_members(model) or pool.has_new_members(model)
+
+    async def wait_for_capacity(
+        self, model: str, pool: BackendPool | None = None, tried: Collection[str] = ()
+    ) -> list[Backend]:
         """No replica of `model` exists in `pool` (default: the engines; a disaggregated
-        service's prefill pool too) — scaled to zero, or all starting: hold the request
-        (bounded in number and time) until one can take it — the autoscaler sees the held
-        count and wakes one."""
+        service's prefill pool too) that the request has not `tried` — scaled to zero, or all
+        starting: hold the request (bounded in number and time) until one can take it — the
+        autoscaler sees the held count and wakes one."""
         pool = self.pool if pool is None else pool
         retry = str(max(1, math.ceil(self.hold.timeout)))
         if self._held >= self.hold.max_requests:
@@ -125,7 +135,7 @@ class Proxy:
         try:
             deadline = time.monotonic() + self.hold.timeout
             while time.monotonic() < deadline and not self.retired:
-                candidates = pool.routable(model)
+                candidates = [b for b in pool.routable(model) if b.url not in tried]
                 if candidates:
                     return candidates
                 await asyncio.sleep(HOLD_POLL_S)
@@ -158,8 +168,8 @@ class Proxy:
         for attempt in range(MAX_ATTEMPTS):
             model = ex.route.model
             candidates = [b for b in self.pool.routable(model) if b.url not in tried]
-            if not candidates and attempt == 0 and not self.pool.has_members(model):
-                candidates = await self.wait_for_capacity(model)
+            if not candidates and self.worth_holding(model, self.pool):
+                candidates = await self.wait_for_capacity(model, tried=tried)
             if ex.adapter is not None and self.lora is not None:
                 candidates = self.lora.offered(candidates, ex.adapter)
             if not candidates:

@@ -7,7 +7,8 @@ log), `kvfleet ...` (the kvfleet image) as itself. Each pod gets its own address
 .3, ... — all of 127/8 is loopback on Linux), and the process binds it, so every pod listens
 on the port its manifest names. Startup, readiness and liveness probes are executed against
 the process and set the pod's conditions; a process that exits is restarted with the
-kubelet's doubling backoff; a deleted pod gets SIGTERM, then SIGKILL after its grace period.
+kubelet's doubling backoff; a deleted pod runs its preStop sleep (serving meanwhile), then
+gets SIGTERM, then SIGKILL after its grace period.
 
 No mount or network namespaces exist here, so both are emulated. Volumes: ConfigMaps and
 Secrets are written to a per-pod directory; each mountPath is substituted by that directory
@@ -413,19 +414,55 @@ class PodRunner:
                 os.killpg(self.proc.pid, sig)
 
     async def stop(self) -> None:
-        """Graceful: SIGTERM, then SIGKILL after terminationGracePeriodSeconds."""
+        """Graceful, as a kubelet stops a container: its preStop hook, then SIGTERM, then
+        SIGKILL once terminationGracePeriodSeconds (which the hook counts against) are over —
+        with the one-off 2 s extension a kubelet grants a hook that ran past them."""
         if self.proc is None or self.proc.returncode is not None:
             return
         grace = self._scaled(float(self.spec.get("terminationGracePeriodSeconds", 30)))
+        deadline = time.monotonic() + grace
+        await self._pre_stop((self.spec.get("containers") or [{}])[0], deadline)
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.proc.wait(), timeout=grace)
+            left = max(deadline - time.monotonic(), self._scaled(2.0))
+            await asyncio.wait_for(self.proc.wait(), timeout=left)
         except TimeoutError:
             self._signal(signal.SIGKILL)
             await self.proc.wait()
 
+    async def _pre_stop(self, container: Json, deadline: float) -> None:
+        """The container's preStop hook, before SIGTERM and within the grace period. A sleep
+        (`exec: [sleep, N]`, or the sleep action) passes on the node's clock (scaled, as the
+        grace period is): the process keeps serving while its endpoints are withdrawn, the
+        reason engines carry one. Other hooks are not run (no container to run them in); the
+        pod's log says so."""
+        hook = (container.get("lifecycle") or {}).get("preStop")
+        if not hook:
+            return
+        seconds = pre_stop_sleep(hook)
+        if seconds is None:
+            log_path = log_file(self.pod_dir, container.get("name", "main"), self.restarts)
+            with contextlib.suppress(OSError), log_path.open("a") as out:
+                out.write(f"kubelet: preStop hook {hook} not run: only a sleep is emulated\n")
+            return
+        await asyncio.sleep(max(0.0, min(self._scaled(seconds), deadline - time.monotonic())))
+
     def cleanup(self) -> None:
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+
+
+def pre_stop_sleep(hook: Json) -> float | None:
+    """The seconds a preStop hook sleeps: the sleep action, `exec: [sleep, N]` or
+    `exec: [sh, -c, "sleep N"]`; None for any other hook."""
+    if isinstance(hook.get("sleep"), dict):
+        return float(hook["sleep"].get("seconds", 0))
+    command = [str(c) for c in ((hook.get("exec") or {}).get("command") or [])]
+    if len(command) == 3 and os.path.basename(command[0]) in ("sh", "bash") and command[1] == "-c":
+        command = command[2].split()
+    if len(command) == 2 and os.path.basename(command[0]) == "sleep":
+        with contextlib.suppress(ValueError):
+            return float(command[1])
+    return None
 
 
 def _real_window(probe: Json, periods: int) -> float:

@@ -179,3 +179,36 @@ async def test_broken_replicas_fail_fast_instead_of_holding(
     gw = await gateway_server(dataclasses.replace(cfg, models=(ModelConfig(name="llama-3.1-8b"),)))
     status, _, body = await asyncio.wait_for(post(gw), 5)
     assert status == 503 and body["error"]["code"] == "upstream_unavailable"
+
+
+async def test_a_request_whose_replica_is_leaving_waits_for_the_new_one(
+    sim_processes: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """A rollout: the only replica the gateway has checked refuses the request (it is
+    shutting down) and the replica replacing it is discovered but not checked yet. The
+    request is held for the new one, not failed with 502 after one try (seen in CI: a flood
+    right after a prefill rollout got 502 'no prefill engine is available')."""
+    from aiohttp import web
+
+    from tests.support.fake_engine import fake_engine
+
+    async def shutting_down(request: web.Request, body: dict[str, Any]) -> web.Response:
+        return web.Response(status=503, text="the server is shutting down")
+
+    new = sim_processes()
+    async with fake_engine(shutting_down) as leaving:
+        cfg = gateway_config([leaving.url], keys=keys(tmp_path), health_interval=60.0)
+        gw = await gateway_server(cfg)
+        backends = gateway_server.pool(gw).backends
+        backends.set_members([leaving.url, new])  # discovered; its first check is a minute away
+
+        async def first_check() -> None:
+            await asyncio.sleep(0.5)
+            async with aiohttp.ClientSession() as s:
+                await backends.probe_all(s)
+
+        checking = asyncio.create_task(first_check())
+        status, _, body = await post(gw)
+        await checking
+        assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+        assert len(leaving.bodies) == 1  # tried first, then held for the new replica

@@ -14,6 +14,8 @@ from kvfleet_gateway import inbound
 from kvfleet_gateway.config import Duration, GatewayConfig, Limits
 from kvfleet_gateway.keys import hash_key
 from tests.support.gateway import gateway_config, metrics_url
+from tests.support.metrics import scraped
+from tests.support.waiting import until
 
 from ..conftest import RedisProcess
 
@@ -349,13 +351,16 @@ async def test_settlements_redis_missed_survive_a_gateway_restart(
     gw = await gateway_server(cfg)
     period = str(int(time.time() // 86400))
     async with aiohttp.ClientSession() as s:
-        slow = asyncio.create_task(chat(s, gw, KEY_BUDGET, max_tokens=300, stream=True))
-        await asyncio.sleep(0.3)
+        # Long enough to be running when Redis goes (300 tokens could end before a fixed
+        # sleep on an idle machine, settled in Redis and journaled nowhere).
+        slow = asyncio.create_task(chat(s, gw, KEY_BUDGET, max_tokens=1500, stream=True))
+        await until(lambda: scraped(f"{engine}/metrics", "sglang:num_running_reqs"), 10,
+                    "the request running on the engine", interval=0.02)  # fmt: skip
         redis_persistent.kill()
         assert (await slow)[0] == 200  # finished while Redis was down: settled nowhere yet
     await gateway_server.stop(gw)
     lines = journal.read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["used"] > 300
+    assert len(lines) == 1 and json.loads(lines[0])["used"] > 1500
     redis_persistent.start()
     before = int(redis_persistent.client().hget("kvf:{budgeted}:budget", period) or 0)
     await gateway_server(cfg)  # replays the journal at start

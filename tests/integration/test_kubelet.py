@@ -124,6 +124,51 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
         pytest.fail("the deleted pod's process still answers")
 
 
+async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None:
+    """A real kubelet runs the preStop hook before SIGTERM: an engine's `sleep` keeps it
+    serving while gateways drop it (without it, requests routed in the meantime failed).
+    Here `sleep 100` on a node at 0.02 time scale: 2 s, within the grace period (6 s)."""
+    import time
+
+    container = {
+        "name": "engine",
+        "command": ["kvfleet"],
+        "args": "sim serve --model llama-3.1-8b --gpu h100 --host 0.0.0.0 --port 30000".split(),
+        "readinessProbe": {"httpGet": {"path": "/health", "port": 30000}, "periodSeconds": 5},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "100"]}}},
+    }
+    body = pod("engine", container)
+    body["spec"]["terminationGracePeriodSeconds"] = 300
+    await api("POST", "/api/v1/namespaces/default/pods", body)
+    ip = (await until(api, "engine", ready, "Ready"))["status"]["podIP"]
+
+    async def answers() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"http://{ip}:30000/health") as r:
+                return r.status == 200
+        except aiohttp.ClientConnectionError:
+            return False
+
+    await api("DELETE", "/api/v1/namespaces/default/pods/engine")
+    deleted = time.monotonic()
+    await asyncio.sleep(1.0)
+    assert await answers(), "stopped before its preStop sleep was over"
+    while await answers():
+        assert time.monotonic() - deleted < 6, "still serving after its grace period"
+        await asyncio.sleep(0.1)
+    assert time.monotonic() - deleted >= 1.9
+
+
+def test_which_pre_stop_hooks_are_sleeps() -> None:
+    from kvfleet_localcluster.kubelet import pre_stop_sleep
+
+    assert pre_stop_sleep({"exec": {"command": ["sleep", "10"]}}) == 10
+    assert pre_stop_sleep({"exec": {"command": ["/bin/sh", "-c", "sleep 2.5"]}}) == 2.5
+    assert pre_stop_sleep({"sleep": {"seconds": 5}}) == 5
+    assert pre_stop_sleep({"exec": {"command": ["nginx", "-s", "quit"]}}) is None
+    assert pre_stop_sleep({"httpGet": {"path": "/drain", "port": 80}}) is None
+
+
 async def test_crashing_container_restarts_with_backoff(api: Api) -> None:
     container = {
         "name": "bad",
