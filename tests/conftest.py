@@ -96,12 +96,13 @@ class GatewayServers:
         from kvfleet_gateway.app import make_app as make_gateway
         from kvfleet_gateway.serving import GatewayRunner
 
-        port = free_port()
         # lingering_time: see aiohttp#1800 (a half-sent body is drained after the response)
         runner = GatewayRunner(make_gateway(config), access_log=None, lingering_time=0.2)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
+        # Port 0, read back: a port found free first can be taken (by any outgoing
+        # connection's ephemeral port) before it is bound.
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         self.runners[url] = runner
         return url
 

@@ -159,16 +159,6 @@ async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None
     assert time.monotonic() - deleted >= 1.9
 
 
-def test_which_pre_stop_hooks_are_sleeps() -> None:
-    from kvfleet_localcluster.kubelet import pre_stop_sleep
-
-    assert pre_stop_sleep({"exec": {"command": ["sleep", "10"]}}) == 10
-    assert pre_stop_sleep({"exec": {"command": ["/bin/sh", "-c", "sleep 2.5"]}}) == 2.5
-    assert pre_stop_sleep({"sleep": {"seconds": 5}}) == 5
-    assert pre_stop_sleep({"exec": {"command": ["nginx", "-s", "quit"]}}) is None
-    assert pre_stop_sleep({"httpGet": {"path": "/drain", "port": 80}}) is None
-
-
 async def test_crashing_container_restarts_with_backoff(api: Api) -> None:
     container = {
         "name": "bad",

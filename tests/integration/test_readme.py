@@ -126,7 +126,9 @@ def _script(commands: list[str], work: Path) -> str:
             out += [
                 cmd,
                 'PIDS="$PIDS $!"',
-                f"for i in $(seq 150); do [ -s {kubeconfig.group(1)} ] && break; sleep 0.1; done",
+                # As a user waits for it (its imports take seconds on a loaded machine).
+                f"for i in $(seq 600); do [ -s {kubeconfig.group(1)} ] && break; sleep 0.1; done",
+                f"[ -s {kubeconfig.group(1)} ] || {{ echo '::: FAILED (no kubeconfig)'; exit 1; }}",
             ]
         else:
             out.append(f'{cmd} || {{ echo "::: FAILED (exit $?)"; exit 1; }}')

@@ -162,3 +162,26 @@ async def test_the_controllers_stop_when_cancelled_as_the_store_changes() -> Non
     task.cancel()  # ... and the cluster stopping, at once
     done, _ = await asyncio.wait({task}, timeout=2.0)
     assert task in done and task.cancelled(), "the controllers went on after a cancel"
+
+
+def test_the_kubeconfig_is_written_whole_and_private(tmp_path: Path) -> None:
+    """`kvfleet cluster up ... &` and a script waiting for the kubeconfig: it appears whole
+    (a rename), readable by its owner only (it holds an admin token), with no scrap left."""
+    from kvfleet_localcluster.local import write_private
+
+    path = tmp_path / "kube" / "config"
+    write_private(path, "apiVersion: v1\n")
+    write_private(path, "apiVersion: v1\nkind: Config\n")  # replaced, not appended
+    assert path.read_text() == "apiVersion: v1\nkind: Config\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["config"]
+
+
+def test_which_pre_stop_hooks_are_sleeps() -> None:
+    from kvfleet_localcluster.kubelet import pre_stop_sleep
+
+    assert pre_stop_sleep({"exec": {"command": ["sleep", "10"]}}) == 10
+    assert pre_stop_sleep({"exec": {"command": ["/bin/sh", "-c", "sleep 2.5"]}}) == 2.5
+    assert pre_stop_sleep({"sleep": {"seconds": 5}}) == 5
+    assert pre_stop_sleep({"exec": {"command": ["nginx", "-s", "quit"]}}) is None
+    assert pre_stop_sleep({"httpGet": {"path": "/drain", "port": 80}}) is None
