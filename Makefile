@@ -37,9 +37,10 @@ test: lint  ## the whole suite (what .ci/run calls)
 	@# processes and sockets: three workers on two cores (measured 167 s against 195 s with
 	@# two), except those marked serial (latency bounds, the README's fixed ports), which run
 	@# alone afterwards. (One pool for unit and integration tests was measured 50 s slower:
-	@# the in-cluster tests need the CPU too.)
+	@# the in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
+	@# (xdist_group): side by side each took up to three and a half minutes.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
-	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 -m "not serial" --durations=10 tests/integration
+	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration
 
 unit: setup  ## the unit tests only
