@@ -125,28 +125,37 @@ class BackendPool:
             if b.routable and (model is None or not b.models or model in b.models)
         ]
 
+    def _staying(self, probed: bool, model: str | None = None) -> bool:
+        """Whether a replica that is not draining, probed or not yet, may serve `model`
+        (None: any model)."""
+        return any(
+            b.probed == probed and not b.draining
+            and (model is None or not b.models or model in b.models)
+            for b in self.backends.values()
+        )  # fmt: skip
+
     def has_members(self, model: str) -> bool:
         """Whether any probed replica that stays (healthy or not) may serve `model`: none
         means the fleet is scaled to zero, leaving, or new, which is worth waiting for;
         probed members that fail are an outage, which is not."""
-        return any(
-            b.probed and not b.draining and (not b.models or model in b.models)
-            for b in self.backends.values()
-        )
+        return self._staying(True, model)
 
     def has_new_members(self, model: str) -> bool:
         """Whether a replica not yet probed may serve `model` (discovered during a rollout or
         a scale-up): a request whose replicas failed is worth holding for it."""
-        return any(
-            not b.probed and not b.draining and (not b.models or model in b.models)
-            for b in self.backends.values()
-        )
+        return self._staying(False, model)
+
+    def worth_holding(self, model: str) -> bool:
+        """No replica of `model` can take the request now: hold it when no probed replica
+        stays (scaled to zero, or all leaving: a rollout), or when a new one is about to be
+        checked. Replicas that stay and fail are an outage: no hold."""
+        return not self.has_members(model) or self.has_new_members(model)
 
     def starting(self) -> bool:
         """No member that stays has been probed yet: the pool is scaled to zero, or every
         replica in it is new (just discovered, or a rollout replaced them all). Requests for
         it are held, not refused, so the gateway stays ready meanwhile."""
-        return not any(b.probed and not b.draining for b in self.backends.values())
+        return not self._staying(True)
 
     def served_models(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}

@@ -117,10 +117,10 @@ async def open_disaggregated(
     for attempt in range(max_attempts):
         model = ex.route.model
         decodes = [b for b in proxy.pool.routable(model) if b.url not in tried_decode]
-        if not decodes and proxy.worth_holding(model, proxy.pool):
+        if not decodes and proxy.pool.worth_holding(model):
             decodes = await proxy.wait_for_capacity(model, tried=tried_decode)
         prefills = [b for b in side.pool.routable(model) if b.url not in tried_prefill]
-        if decodes and not prefills and proxy.worth_holding(model, side.pool):
+        if decodes and not prefills and side.pool.worth_holding(model):
             # The prefill pool's engines are all new (a rollout replaced them, or it scales
             # from zero): worth waiting for, as for the decode pool.
             prefills = await proxy.wait_for_capacity(model, side.pool, tried_prefill)

@@ -103,13 +103,6 @@ class Proxy:
         """Requests waiting in `wait_for_capacity` now."""
         return self._held
 
-    @staticmethod
-    def worth_holding(model: str, pool: BackendPool) -> bool:
-        """No replica of `model` in `pool` can take the request now: hold it when no probed
-        replica stays (scaled to zero, or all leaving: a rollout), or when a new one is about
-        to be checked. Replicas that stay and fail are an outage: no hold."""
-        return not pool.has_members(model) or pool.has_new_members(model)
-
     async def wait_for_capacity(
         self, model: str, pool: BackendPool | None = None, tried: Collection[str] = ()
     ) -> list[Backend]:
@@ -168,7 +161,7 @@ class Proxy:
         for attempt in range(MAX_ATTEMPTS):
             model = ex.route.model
             candidates = [b for b in self.pool.routable(model) if b.url not in tried]
-            if not candidates and self.worth_holding(model, self.pool):
+            if not candidates and self.pool.worth_holding(model):
                 candidates = await self.wait_for_capacity(model, tried=tried)
             if ex.adapter is not None and self.lora is not None:
                 candidates = self.lora.offered(candidates, ex.adapter)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from kvfleet_localcluster import pki
 from kvfleet_localcluster.apiserver import ClusterAPI
 from kvfleet_localcluster.auth import AUTHENTICATED, MASTERS, User
 from kvfleet_localcluster.controllers import Cluster
+from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig
 from kvfleet_localcluster.podmonitors import monitoring_crds
 
@@ -62,21 +62,6 @@ class LocalClusterConfig:
         object.__setattr__(self, "kubeconfig", self.kubeconfig.resolve())
         if self.crds_dir is not None:
             object.__setattr__(self, "crds_dir", self.crds_dir.resolve())
-
-
-def write_private(path: Path, text: str) -> None:
-    """`text` into `path`, readable by its owner only (a kubeconfig holds an admin token) and
-    whole at once: whoever waits for the file (a script, `kubectl`) never reads half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def kubeconfig_document(url: str, namespace: str, ca_pem: bytes, token: str) -> dict[str, object]:
@@ -162,7 +147,8 @@ class LocalCluster:
         for ns in sorted({"default", cfg.namespace}):
             self.api.admission.ensure_default_service_account(ns)
         document = kubeconfig_document(self.url, cfg.namespace, self.pki.ca_pem, self.admin_token)
-        write_private(cfg.kubeconfig, yaml.safe_dump(document, sort_keys=False))
+        # It holds an admin token: readable by its owner only.
+        replace_file(cfg.kubeconfig, yaml.safe_dump(document, sort_keys=False), mode=0o600)
         if cfg.controllers:
             access = ClusterAccess(
                 cfg.host, self._port, self.pki.ca_pem, self.api.authn.issue_service_account_token

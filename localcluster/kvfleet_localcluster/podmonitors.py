@@ -12,11 +12,11 @@ API server itself.) The CRD is the Prometheus Operator's, reduced to what the AP
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kinds import POD, is_ready, selects
 from kvfleet_localcluster.store import Store
 
@@ -113,6 +113,4 @@ def podmonitor_targets(store: Store) -> list[Json]:
 
 def write_targets(store: Store, path: Path) -> None:
     """Rewrite the file_sd file atomically (Prometheus re-reads it on change)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(podmonitor_targets(store), sort_keys=True))
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(podmonitor_targets(store), sort_keys=True))

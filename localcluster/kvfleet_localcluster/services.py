@@ -13,11 +13,11 @@ connections, as a ClusterIP without endpoints does.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kinds import POD, SERVICE, is_ready, selects
 from kvfleet_localcluster.store import Store
 
@@ -95,8 +95,5 @@ class ServiceTable:
         table = service_table(store)
         if table == self._last:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"noEndpoints": NO_ENDPOINTS, "services": table}))
-        os.replace(tmp, self.path)
+        replace_file(self.path, json.dumps({"noEndpoints": NO_ENDPOINTS, "services": table}))
         self._last = table

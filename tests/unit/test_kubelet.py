@@ -167,11 +167,11 @@ async def test_the_controllers_stop_when_cancelled_as_the_store_changes() -> Non
 def test_the_kubeconfig_is_written_whole_and_private(tmp_path: Path) -> None:
     """`kvfleet cluster up ... &` and a script waiting for the kubeconfig: it appears whole
     (a rename), readable by its owner only (it holds an admin token), with no scrap left."""
-    from kvfleet_localcluster.local import write_private
+    from kvfleet_localcluster.files import replace_file
 
     path = tmp_path / "kube" / "config"
-    write_private(path, "apiVersion: v1\n")
-    write_private(path, "apiVersion: v1\nkind: Config\n")  # replaced, not appended
+    replace_file(path, "apiVersion: v1\n", mode=0o600)
+    replace_file(path, "apiVersion: v1\nkind: Config\n", mode=0o600)  # replaced, not appended
     assert path.read_text() == "apiVersion: v1\nkind: Config\n"
     assert path.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["config"]
