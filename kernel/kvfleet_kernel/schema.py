@@ -27,10 +27,6 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
-import celpy
-from celpy.adapter import json_to_cel
-from celpy.evaluation import CELEvalError
-
 Json = dict[str, Any]
 """A free-form Kubernetes object (affinity, a toleration): kept as given, not checked here."""
 
@@ -349,14 +345,21 @@ def _parse(cls: type[T], data: Any, path: str) -> T:
 
 
 # ---- CEL ----------------------------------------------------------------------------------------
+# celpy is imported on first use: it costs ~0.15 s at every start of a process that never
+# evaluates a rule (a gateway pod, most `kvfleet` commands).
 @functools.cache
 def _program(rule: str) -> Any:
+    import celpy
+
     env = celpy.Environment()
     return env.program(env.compile(rule))
 
 
 def evaluate(rule: str, document: Json, path: str = "") -> bool:
     """A CEL rule with `self` bound to `document`, as the API server evaluates it."""
+    from celpy.adapter import json_to_cel
+    from celpy.evaluation import CELEvalError
+
     try:
         result = _program(rule).evaluate({"self": json_to_cel(document)})
     except CELEvalError as exc:  # e.g. a missing field: the rule does not hold

@@ -126,9 +126,10 @@ def test_a_body_of_many_small_nested_lists_is_refused_in_milliseconds() -> None:
     import time
 
     bomb = b'{"x": [' + b",".join([b"[" * 20 + b"]" * 20] * 35_000) + b"]}"
-    started = time.perf_counter()
+    # CPU time, not wall time: what a refusal costs the gateway, whatever else runs beside.
+    started = time.process_time()
     with pytest.raises(GatewayError, match=r"requests\.maxJsonContainers"):
         decode(bomb)
-    assert time.perf_counter() - started < 0.1
+    assert time.process_time() - started < 0.1
     code = json.dumps({"prompt": "def f(x): return [x[i] for i in {1: [2]}] " * 5_000})
     assert decode(code.encode())["prompt"].startswith("def f(x)")
