@@ -137,29 +137,17 @@ class SimProcesses:
         self._pids: dict[str, int] = {}
 
     def __call__(self, *extra: str, model: str = "llama-3.1-8b", gpu: str = "h100") -> str:
-        # A port found free is bound by the server a moment later: another process may take
-        # it in between (seen once under `make test`: EADDRINUSE). Such a start is retried on
-        # a new port, twice at most; any other failure is the test's.
-        for attempt in range(3):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            log = self._tmp_path / f"sim-{port}.log"
-            try:
-                proc = self._stack.enter_context(
-                    running_process(
-                        sim_serve_argv(port, model, gpu, extra=extra),
-                        ready_url=f"{url}/health",
-                        log_path=log,
-                    )
-                )
-            except RuntimeError:
-                taken = log.exists() and "address already in use" in log.read_text(errors="replace")
-                if taken and attempt < 2:
-                    continue
-                raise
-            self._pids[url] = proc.pid
-            return url
-        raise AssertionError("unreachable")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = self._stack.enter_context(
+            running_process(
+                sim_serve_argv(port, model, gpu, extra=extra),
+                ready_url=f"{url}/health",
+                log_path=self._tmp_path / f"sim-{port}.log",
+            )
+        )
+        self._pids[url] = proc.pid
+        return url
 
     def pid(self, url: str) -> int:
         return self._pids[url]

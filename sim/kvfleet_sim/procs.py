@@ -7,6 +7,7 @@ SIGKILL after a grace period, so nothing outlives the `with` block, even when a 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -19,11 +20,49 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL = (32768, 60999)
+"""Linux's default range for ephemeral ports (where the range file cannot be read)."""
+FIXED_PORTS = frozenset({30000})
+"""Ports the project's manifests give pods (SGLang's default): never handed out."""
+_walk = itertools.count()
+"""This process's steps through the range: a port handed out is not handed out again soon."""
+
+
+def port_range() -> range:
+    """Ports that `free_port` hands out: 20001 up to the kernel's ephemeral range, or above
+    it where it starts too low to leave room below."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = DEFAULT_EPHEMERAL
+    if low > 20001 + 1000:
+        return range(20001, low)
+    return range(high + 1, 65536)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a server started a moment later.
+
+    Never one the kernel hands out by itself: a port from its ephemeral range (what `bind` to
+    port 0 returns) can be taken by any outgoing connection before the server binds it, and
+    tests make many (seen: EADDRINUSE). Each process walks the range from its own offset (by
+    pid), so two processes asking at once do not get the same port. A candidate is probed on
+    every address: a pod's listener on its own loopback IP counts as taken. `host` is where
+    the caller will bind; the wildcard probe covers it."""
+    ports = port_range()
+    start = os.getpid() * 7919  # a prime: neighbouring pids start far apart
+    for _ in range(len(ports)):
+        port = ports[(start + next(_walk)) % len(ports)]
+        if port in FIXED_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} for {host}")
 
 
 def wait_http_ok(
