@@ -62,7 +62,10 @@ class Autoscaling:
         0, "Loaded-but-idle spares kept beside the active ones.", minimum=0, maximum=100
     )
     target_queue_depth: float = fld(
-        4.0, "Waiting requests per active replica above which to scale up.", minimum=0.1
+        4.0,
+        "Waiting requests per active replica above which to scale up (with slo.ttftSeconds,"
+        " once their wait, waiting over arriving, is also over half the objective).",
+        minimum=0.1,
     )
     target_kv_cache_usage: float = fld(
         0.85, "KV-cache usage (0..1) above which to scale up.", minimum=0.05, maximum=1.0

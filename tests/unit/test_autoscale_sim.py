@@ -161,3 +161,17 @@ def test_a_steady_only_run_writes_its_report(tmp_path: Path) -> None:
     assert (tmp_path / "autoscale.png").exists() and not (
         tmp_path / "autoscale-pareto.png"
     ).exists()
+
+
+def test_every_policy_starts_sized_for_its_first_cold_start() -> None:
+    """No policy can add a replica sooner than a cold start, so each starts sized for the load
+    of the first one (the peak over 0–195 s of a rising rate, 24.5 requests per second, at 10
+    per replica), not for the first seconds' 5 alone; the oracle at its own headroom."""
+    from kvfleet_bench.autoscale import Cell, initial_size
+
+    def rising(t: float) -> float:
+        return 5.0 + t / 10.0
+
+    for policy in ("kvfleet", "keda@40", "hpa+1"):
+        assert initial_size(Cell("x", policy, 1, 10.0), rising) == 3
+    assert initial_size(Cell("x", "oracle", 1, 10.0, headroom=1.5), rising) == 4

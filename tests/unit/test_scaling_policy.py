@@ -323,6 +323,25 @@ def test_a_draining_backlog_orders_no_more_replicas() -> None:
     assert d.desired_active == 8  # draining: KV alone speaks, within tolerance of 8
 
 
+def test_a_queue_served_within_the_objective_is_a_batch_forming_not_a_backlog() -> None:
+    """With a TTFT objective, waiting requests over the target per replica are a backlog only
+    when their wait (waiting over arriving, Little's law) is more than half the objective: 16
+    waiting at 18 requests per second is under a second's wait, a batch forming; 400 waiting
+    is 22 s. Without an objective, or without a known arrival rate, the target alone speaks."""
+    slo = ScalingConfig(max_replicas=12, slo_ttft_s=2.0, scale_up_window_s=0)
+    fresh = State(desired_active=2)
+    forming = replace(signals(2, queue=16, kv=0.2), arrival_rate=18.0, ttft=0.8)
+    d, _ = decide(slo, fresh, Fleet(2, 0, 0), forming, 0.0)
+    assert (d.desired_active, d.need_queue) == (2, 0.0), d.reason
+    backlog = replace(forming, replicas=signals(2, queue=400, kv=0.2).replicas)
+    d, _ = decide(slo, fresh, Fleet(2, 0, 0), backlog, 0.0)
+    assert d.desired_active == 6 and d.bound_by == "queue", d.reason  # step-limited from 2
+    for config, sig in ((replace(slo, slo_ttft_s=None), forming),
+                        (slo, replace(forming, arrival_rate=None))):  # fmt: skip
+        d, _ = decide(config, fresh, Fleet(2, 0, 0), sig, 0.0)
+        assert d.desired_active == 4 and d.need_queue == 4.0, d.reason
+
+
 def test_a_latency_objective_over_its_bound_adds_a_replica_and_names_itself() -> None:
     """An inter-token latency over `slo_itl_s` (a decode batch so large every step is slow,
     with KV and queue quiet) adds one replica, unless capacity is already starting; within

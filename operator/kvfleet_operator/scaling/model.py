@@ -16,7 +16,9 @@ class ScalingConfig:
     min_replicas: int = fld(1, "Fewest active replicas.")
     max_replicas: int = fld(10, "Most replicas, active + warm.")
     warm_replicas: int = fld(0, "Loaded spares kept beside the active ones.")
-    target_queue_depth: float = fld(4.0, "Waiting requests per active replica.")
+    target_queue_depth: float = fld(
+        4.0, "Waiting requests per active replica (with an SLO, a wait over half of it too)."
+    )
     target_kv_cache_usage: float = fld(0.85, "KV-cache usage per active replica (0..1).")
     max_running_requests: int | None = fld(
         None,

@@ -10,7 +10,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   the target usage (a sum, not a mean: a replica that just became ready and is still empty
   does not dilute it). Queue: waiting requests plus the gateway's held requests over the
   target queue depth, counted only when the queue per replica is above its target (an empty
-  queue says nothing about how few replicas would do). Batch slots, when the engine's
+  queue says nothing about how few replicas would do) and, with `slo.ttftSeconds`, when its
+  wait (waiting over arriving, Little's law) is over half the objective: a queue served
+  within it is the next batch forming, not a backlog. Batch slots, when the engine's
   `--max-running-requests` is set: running requests over that many slots per replica at
   the KV target (where slots, not the KV cache, bound a replica, a fleet that is busy
   without a queue must not look idle). The largest wins; within `tolerance` of the current
@@ -64,6 +66,9 @@ from kvfleet_operator.scaling.model import (
 
 DRAINING = 0.8
 """A queue below this share of the previous tick's is draining."""
+QUEUE_WAIT_SHARE = 0.5
+"""The share of the TTFT objective a queue's wait may take before it counts as a backlog
+(the rest is the prefill itself)."""
 FLAP_MEMORY_S: float = 3600  # an hour
 """How long a flap (down, then back up within two down windows) keeps its size as a floor."""
 
@@ -134,12 +139,26 @@ def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals
     quantile that still remembers one)."""
     if load > max(1, fleet.active):
         return False  # over the KV or slot target at this rate
-    over = queue > config.target_queue_depth * max(1, fleet.active)
+    over = backlog(config, signals, queue, fleet.active)
     within_slo = None if not _judged(config, signals) else not _breaches(config, signals)
     if over:
         draining = state.last_queue is not None and queue < state.last_queue
         return None if draining else False
     return None if within_slo is False else True
+
+
+def backlog(config: ScalingConfig, signals: Signals, queue: float, active: int) -> bool:
+    """Whether the waiting requests are a backlog: over the target per active replica and,
+    with a TTFT objective and a known arrival rate, a wait (by Little's law, waiting over
+    arriving) of more than `QUEUE_WAIT_SHARE` of the objective. Under it the queue is the
+    next batch forming, served within the objective (requests arrive faster than a step
+    admits them), and more replicas would not shorten anyone's wait."""
+    if queue <= config.target_queue_depth * max(1, active):
+        return False
+    rate = signals.arrival_rate
+    if config.slo_ttft_s is None or not rate or rate < MIN_RATE:
+        return True
+    return queue / rate > QUEUE_WAIT_SHARE * config.slo_ttft_s
 
 
 def _breaches(config: ScalingConfig, signals: Signals) -> set[str]:
@@ -175,8 +194,8 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     running = sum(max(0.0, r.running) for r in measured)
     slots = running / (config.max_running_requests * target) if config.max_running_requests else 0
     need_q = queue / config.target_queue_depth
-    if queue <= config.target_queue_depth * max(1, fleet.active):
-        need_q = 0.0  # an empty queue says nothing about how few replicas would do
+    if not backlog(config, signals, queue, fleet.active):
+        need_q = 0.0  # a queue served within the SLO says nothing about how few would do
     backlog_draining = draining(state, queue)
     if backlog_draining:
         # A backlog that is draining needs time, not replicas: the capacity that drains it
