@@ -19,7 +19,9 @@ with a 180 s cold start, a 5 s promotion, decisions every 15 s and the SLO TTFT 
 - **oracle** knows every arrival (`scalers.OracleScaler`); its headroom is raised until it
   keeps ≥ 99.9% of requests within the SLO on each seed, or it is reported broken.
 
-Synthetic traces run 3 seeds; a trace file's arrivals are the file's, so it runs once.
+Every policy starts sized for the load of its first cold start (`initial_size`): none can
+add a replica sooner. Synthetic traces run 3 seeds; a trace file's arrivals are the file's,
+so it runs once.
 """
 
 from __future__ import annotations
