@@ -40,6 +40,7 @@ from kvfleet_localcluster.kubelet import (
     ClusterAccess,
     KubeletConfig,
     PodRunner,
+    cancel_and_wait,
     log_file,
     log_runs,
     pod_dir,
@@ -296,11 +297,8 @@ class Cluster:
 
     @staticmethod
     async def _stop_runner(runner: PodRunner, task: asyncio.Task[None]) -> None:
-        task.cancel()
         try:
-            await task
-        except asyncio.CancelledError:
-            pass
+            await cancel_and_wait(task)
         except Exception:  # a pod's failure must not take the node down
             log.exception("pod %s/%s failed", runner.ns, runner.name)
         await runner.stop()

@@ -344,9 +344,7 @@ class PodRunner:
             return await self.proc.wait()
         finally:
             for task in (prober, syncer):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
     async def _sync_secrets(self, container: Json) -> None:
         """Mounted Secrets follow their Secret, as the kubelet's sync loop (about a minute on
@@ -449,6 +447,18 @@ class PodRunner:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait until it has ended, cancelling again while it runs on. A cancel
+    can be swallowed: one that lands as a timeout fires is turned into a TimeoutError (aiohttp's
+    timer, Python 3.11's wait_for), which a probe counts as a failed probe and goes on. A
+    single cancel then waited for forever (seen: the cluster's shutdown hung 120 s)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # its own exception, if it ended on one
 
 
 def pre_stop_sleep(hook: Json) -> float | None:

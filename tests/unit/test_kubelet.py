@@ -185,3 +185,29 @@ def test_which_pre_stop_hooks_are_sleeps() -> None:
     assert pre_stop_sleep({"sleep": {"seconds": 5}}) == 5
     assert pre_stop_sleep({"exec": {"command": ["nginx", "-s", "quit"]}}) is None
     assert pre_stop_sleep({"httpGet": {"path": "/drain", "port": 80}}) is None
+
+
+async def test_a_swallowed_cancel_is_repeated_until_the_task_ends() -> None:
+    """A task that turns its first cancel into a failed probe and goes on (as a cancel landing
+    on a timeout does) still ends: the kubelet cancels again rather than wait forever."""
+    import asyncio
+
+    from kvfleet_localcluster.kubelet import cancel_and_wait
+
+    cancels = 0
+
+    async def probe_loop() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels == 1:
+                    continue  # swallowed, as a TimeoutError would be
+                raise
+
+    task = asyncio.create_task(probe_loop())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(task), timeout=10)
+    assert task.cancelled() and cancels == 2
