@@ -66,7 +66,7 @@ async def sim_server() -> AsyncIterator[SimFactory]:
         port: int | None = None,
         **kw: Any,
     ) -> str:
-        port = port or free_port(host)
+        port = port or free_port()
         cfg = ServerConfig(
             engine=engine or engine_config(),
             served_model_name=kw.pop("served_model_name", "llama-3.1-8b"),

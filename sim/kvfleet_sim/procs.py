@@ -23,6 +23,10 @@ from pathlib import Path
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = (32768, 60999)
 """Linux's default range for ephemeral ports (where the range file cannot be read)."""
+FIRST_PORT = 20001
+"""The lowest port handed out: clear of the well-known and common service ports under it."""
+MIN_PORTS = 1000
+"""The fewest ports worth a range below the ephemeral one (else the range above it)."""
 FIXED_PORTS = frozenset({30000})
 """Ports the project's manifests give pods (SGLang's default): never handed out."""
 _walk = itertools.count()
@@ -30,26 +34,26 @@ _walk = itertools.count()
 
 
 def port_range() -> range:
-    """Ports that `free_port` hands out: 20001 up to the kernel's ephemeral range, or above
-    it where it starts too low to leave room below."""
+    """Ports that `free_port` hands out: `FIRST_PORT` up to the kernel's ephemeral range, or
+    above it where it starts too low to leave room below."""
     try:
         low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
     except (OSError, ValueError):
         low, high = DEFAULT_EPHEMERAL
-    if low > 20001 + 1000:
-        return range(20001, low)
+    if low > FIRST_PORT + MIN_PORTS:
+        return range(FIRST_PORT, low)
     return range(high + 1, 65536)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port() -> int:
     """A port nothing listens on, for a server started a moment later.
 
     Never one the kernel hands out by itself: a port from its ephemeral range (what `bind` to
     port 0 returns) can be taken by any outgoing connection before the server binds it, and
     tests make many (seen: EADDRINUSE). Each process walks the range from its own offset (by
     pid), so two processes asking at once do not get the same port. A candidate is probed on
-    every address: a pod's listener on its own loopback IP counts as taken. `host` is where
-    the caller will bind; the wildcard probe covers it."""
+    every address, so it is free on whichever one the caller binds: a pod's listener on its
+    own loopback IP counts as taken."""
     ports = port_range()
     start = os.getpid() * 7919  # a prime: neighbouring pids start far apart
     for _ in range(len(ports)):
@@ -62,7 +66,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             except OSError:
                 continue
         return port
-    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} for {host}")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def wait_http_ok(

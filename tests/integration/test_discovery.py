@@ -34,7 +34,7 @@ def test_pod_url_rules() -> None:
 async def test_gateway_follows_ready_pods(
     sim_server: Any, gateway_server: Any, tmp_path: Path
 ) -> None:
-    port = free_port("127.0.0.2")
+    port = free_port()
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
     # The API server alone: pods are posted with the statuses the test wants.
     config = cluster_config(tmp_path, controllers=False, crds=False)
