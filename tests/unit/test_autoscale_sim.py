@@ -38,6 +38,9 @@ def test_the_operators_policy_promotes_the_warm_spare_first() -> None:
     result = sim.run(spike())
     roles = result.roles_trace
     assert roles[0][1:] == (2, 0, 0)  # both replicas start active before the first decision
+    # The gateways' request counter starts with the fleet: the first decision has a rate
+    # (10 req/s arriving), so a batch forming is not read as a backlog.
+    assert scaler.decisions[0][1].forecast_rate == pytest.approx(10.0, rel=0.4)
     assert any("scale up" in reason for _, reason in scaler.reasons), scaler.reasons
     # After the spike begins, active replicas grow before any new replica could be ready:
     # that is the warm spare, promoted in seconds.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,23 @@ def test_a_ramp_is_extrapolated_and_a_plateau_is_not() -> None:
     for i in range(40):
         flat = observe(flat, 30.0, 15.0 * i, horizon_s=180.0)
     assert flat.ahead(180.0) == pytest.approx(30.0) and flat.risk() == pytest.approx(0.0)
+
+
+def test_a_trend_that_did_not_come_true_is_believed_less() -> None:
+    """A noisy plateau (its level moves every minute) gives Holt's method a trend that is
+    noise: scored one horizon later it did not come true, and the forecast stops
+    extrapolating it; a ramp's trend came true and is extrapolated whole."""
+    plateau = Forecast()
+    for i in range(240):  # an hour at 40 req/s, ±20% from one minute to the next
+        level = 40.0 * random.Random(i // 4).uniform(0.8, 1.2)
+        plateau = observe(plateau, level, 15.0 * i, horizon_s=195.0)
+    assert plateau.trend_weight() < 0.1
+    assert plateau.ahead(195.0) == pytest.approx(plateau.level, abs=0.1 * abs(plateau.trend) * 195)
+    ramp = Forecast()
+    for i in range(40):
+        ramp = observe(ramp, 10.0 + 2.0 * i, 15.0 * i, horizon_s=195.0)
+    assert ramp.trend_weight() > 0.9
+    assert Forecast(level=5.0, trend=1.0).trend_weight() == 1.0  # nothing scored: believed
 
 
 def test_the_risk_is_a_high_quantile_of_the_under_forecasts() -> None:

@@ -3,8 +3,10 @@
 The autoscaler has to order capacity one cold start before it is needed. The rate the
 gateways count (requests per second arriving, `kvfleet_gateway_requests_total`) is smoothed
 by Holt's linear trend method — a level and a trend, each an exponentially weighted average —
-and extrapolated over that horizon. The forecast's own errors, scored when the horizon has
-passed, give the growth it cannot rule out: the warm pool is sized on a high quantile of them.
+and extrapolated over that horizon. Each forecast is scored when its horizon has passed. The
+scores say how much of the extrapolated trend came true (a least-squares weight, 0..1: the
+trend of a noisy plateau is noise and is not extrapolated, a ramp's is), and the errors give
+the growth the forecast cannot rule out: the warm pool is sized on a high quantile of them.
 Pure functions over frozen state; no clock.
 """
 
@@ -19,6 +21,8 @@ BETA = 0.2
 """Weight of a new level change in the trend: a trend needs a few ticks to be believed."""
 ERRORS_KEPT = 60
 """Scored forecast errors remembered (15 minutes at a 15 s tick)."""
+MIN_SCORED = 4
+"""Scored forecasts needed before their errors say anything."""
 RISK_QUANTILE = 0.9
 """The under-forecast the warm pool covers: nine in ten of the recent ones."""
 
@@ -33,21 +37,36 @@ class Forecast:
     """Change of the level per second."""
     at: float | None = None
     """When the last observation was folded in."""
-    pending: tuple[tuple[float, float], ...] = ()
-    """(due time, forecast rate) of forecasts made one horizon ago, not yet scored."""
+    pending: tuple[tuple[float, float, float], ...] = ()
+    """(due time, level then, trend extrapolated over the horizon then) of forecasts made one
+    horizon ago, not yet scored."""
     errors: tuple[float, ...] = ()
-    """Scored errors, actual − forecast, in requests per second (positive: under-forecast)."""
+    """Scored errors, actual − forecast (at the trend weight believed when scored), in
+    requests per second (positive: under-forecast)."""
+    trend_fit: tuple[tuple[float, float], ...] = ()
+    """Scored (actual − level then, trend extrapolated then): how much of the trend came true."""
+
+    def trend_weight(self) -> float:
+        """The share of the extrapolated trend that has come true, least squares over the
+        scored forecasts, within 0..1 (1 until enough of them say otherwise): a trend that
+        kept overshooting — noise read as a ramp — is believed less, a real ramp fully."""
+        if len(self.trend_fit) < MIN_SCORED:
+            return 1.0
+        spread = sum(t * t for _, t in self.trend_fit)
+        if spread <= 0.0:
+            return 1.0
+        return min(1.0, max(0.0, sum(y * t for y, t in self.trend_fit) / spread))
 
     def ahead(self, horizon_s: float) -> float | None:
         """The rate expected `horizon_s` from the last observation (None: nothing seen)."""
         if self.level is None:
             return None
-        return max(0.0, self.level + self.trend * horizon_s)
+        return max(0.0, self.level + self.trend_weight() * self.trend * horizon_s)
 
     def risk(self) -> float:
         """The under-forecast (requests per second) not ruled out: a high quantile of the
         positive errors seen; 0 with too few of them to say."""
-        if len(self.errors) < 4:
+        if len(self.errors) < MIN_SCORED:
             return 0.0
         ordered = sorted(max(0.0, e) for e in self.errors)
         return ordered[min(len(ordered) - 1, math.ceil(RISK_QUANTILE * len(ordered)) - 1)]
@@ -55,8 +74,10 @@ class Forecast:
 
 def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:
     """Fold one observed arrival rate in; score the forecasts that fell due; make the next."""
-    due = [(t, p) for t, p in f.pending if t <= now]
-    errors = (*f.errors, *(rate - p for _, p in due))[-ERRORS_KEPT:]
+    due = [(level, trend) for t, level, trend in f.pending if t <= now]
+    weight = f.trend_weight()
+    errors = (*f.errors, *(rate - level - weight * trend for level, trend in due))[-ERRORS_KEPT:]
+    fit = (*f.trend_fit, *((rate - level, trend) for level, trend in due))[-ERRORS_KEPT:]
     if f.level is None or f.at is None or now <= f.at:
         level, trend = rate, 0.0
     else:
@@ -64,12 +85,10 @@ def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:
         predicted = f.level + f.trend * dt
         level = ALPHA * rate + (1 - ALPHA) * predicted
         trend = BETA * (level - f.level) / dt + (1 - BETA) * f.trend
-    new = replace(f, level=level, trend=trend, at=now, errors=errors)
-    ahead = new.ahead(horizon_s)
-    pending = tuple((t, p) for t, p in f.pending if t > now)
-    if ahead is not None:
-        pending = (*pending, (now + horizon_s, ahead))
-    return replace(new, pending=pending)
+    pending = (*(p for p in f.pending if p[0] > now), (now + horizon_s, level, trend * horizon_s))
+    return replace(
+        f, level=level, trend=trend, at=now, errors=errors, trend_fit=fit, pending=pending
+    )
 
 
 SAMPLES_KEPT = 240

@@ -278,7 +278,7 @@ def decide(
         desired = max(desired, current)  # no evidence that fewer would do
     floor = state.floor if state.floor is not None and now < state.floor[0] else None
     if floor is not None and _idle(signals, terms):
-        floor = None  # a floor guards a plateau's noise; an empty fleet has none
+        floor = None  # a floor guards a plateau's noise; with nothing arriving there is none
     if floor is not None and desired < current:
         desired = max(desired, min(current, floor[1]))  # it flapped under this size lately
     bound_by = "forecast" if early else _bound_by(config, terms, need, raw, desired, current)
@@ -320,10 +320,11 @@ def decide(
 
 
 def _idle(signals: Signals, terms: Terms) -> bool:
-    """Nothing arriving (a known rate under `MIN_RATE`), waiting or running."""
+    """Nothing arriving (a known rate under `MIN_RATE`) and nothing waiting: the requests
+    still running are the last of a demand that is gone."""
     rate = signals.arrival_rate
     quiet = rate is not None and rate < MIN_RATE
-    return quiet and terms.queue <= 0 and terms.running <= 0 and signals.held <= 0
+    return quiet and terms.queue <= 0 and signals.held <= 0
 
 
 def _falling_demand(config: ScalingConfig, state: State, now: float) -> int | None:
