@@ -114,6 +114,12 @@ def _role(labels: dict[str, str]) -> str:
     return labels.get(ROLE_LABEL, "-")
 
 
+def _trend(decision: dict[str, Any]) -> str:
+    """How much of the rate's trend the forecast believed ('' when not reported)."""
+    weight = decision.get("forecastTrendWeight")
+    return "" if weight is None else f" ({weight:.0%} of the trend extrapolated)"
+
+
 def describe(
     obj: Json, children: list[Json], pods: list[Json], events: list[Json], now: datetime.datetime
 ) -> str:
@@ -154,7 +160,8 @@ def describe(
         )
         demand = (
             f"  demand: forecast {decision['forecastRequestsPerSecond']:g} req/s one cold start"
-            f" ahead, capacity {decision.get('capacityRequestsPerSecond', '?')} req/s per replica"
+            f" ahead{_trend(decision)}, capacity {decision.get('capacityRequestsPerSecond', '?')}"
+            " req/s per replica"
             if "forecastRequestsPerSecond" in decision
             else "  demand: no forecast yet (no arrival rate from the gateways)"
         )

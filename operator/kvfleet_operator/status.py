@@ -66,6 +66,11 @@ class AutoscalingStatus:
     forecast_requests_per_second: float | None = fld(
         None, "Arrival rate expected one cold start ahead (Holt's linear trend)."
     )
+    forecast_trend_weight: float | None = fld(
+        None,
+        "Share of the rate's trend the forecast extrapolates (0..1): how much of it came true"
+        " in the scored forecasts (0: the trend was noise).",
+    )
     capacity_requests_per_second: float | None = fld(
         None, "Requests per second one replica is planned to serve (learned from the fleet)."
     )

@@ -290,6 +290,7 @@ async def scale_up_and_down(stack: Stack) -> None:
     except TimeoutError:
         pytest.fail(f"no demand forecast and capacity in status.autoscaling: last {last}")
     assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
+    assert 0 <= demand["forecastTrendWeight"] <= 1, demand
 
 
 def print_scaling(stack: Stack) -> None:

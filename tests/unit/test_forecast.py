@@ -148,9 +148,13 @@ def test_describe_says_what_bound_the_decision_and_the_demand() -> None:
                 "desiredActive": 4, "desiredWarm": 2, "reason": "scale up to 4: forecast",
                 "source": "prometheus", "boundBy": "forecast",
                 "forecastRequestsPerSecond": 80.5, "capacityRequestsPerSecond": 21.3,
+                "forecastTrendWeight": 0.25,
             },
         },
     }  # fmt: skip
     text = describe(body, [], [], [], now)
     assert "bound by forecast" in text
-    assert "demand: forecast 80.5 req/s one cold start ahead, capacity 21.3 req/s" in text
+    assert (
+        "demand: forecast 80.5 req/s one cold start ahead (25% of the trend extrapolated),"
+        " capacity 21.3 req/s" in text
+    )

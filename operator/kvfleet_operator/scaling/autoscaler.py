@@ -361,6 +361,7 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         cold_start_seconds=round(scaled.cold_start_s, 1),
         bound_by=d.bound_by,
         forecast_requests_per_second=_round(d.forecast_rate, 2),
+        forecast_trend_weight=_round(d.trend_weight, 2),
         capacity_requests_per_second=_round(d.capacity_per_replica, 2),
         missing_pods=d.missing or None,
     )

@@ -148,6 +148,8 @@ class Decision:
     window, held."""
     forecast_rate: float | None = None
     """Requests per second expected one cold start ahead."""
+    trend_weight: float | None = None
+    """The share of the trend the forecast extrapolated (None: no forecast yet)."""
     capacity_per_replica: float | None = None
     """Requests per second one replica serves at the KV target (learned)."""
     missing: tuple[str, ...] = ()

@@ -302,6 +302,7 @@ def decide(
         need_queue=terms.up["queue"],
         bound_by=bound_by,
         forecast_rate=terms.forecast_rate,
+        trend_weight=None if terms.forecast_rate is None else state.forecast.trend_weight(),
         capacity_per_replica=state.capacity.per_replica,
         missing=signals.missing,
     )
