@@ -46,14 +46,14 @@ class KvfleetScaler:
     state: State = field(default_factory=State)
     reasons: list[tuple[float, str]] = field(default_factory=list)
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
-    _last: tuple[float, int] | None = (0.0, 0)
+    _last: tuple[float, int] = (0.0, 0)
     """(time, arrivals counter) at the previous tick: the rate is its difference. The counter
     starts with the fleet (as a gateway's counter, which Prometheus has scraped before the
     first decision: the first tick has a rate too)."""
 
     def _rate(self, view: FleetView) -> float | None:
         last, self._last = self._last, (view.now, view.arrived)
-        if last is None or view.now <= last[0]:
+        if view.now <= last[0]:
             return None
         return (view.arrived - last[1]) / (view.now - last[0])
 
