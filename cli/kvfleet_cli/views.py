@@ -120,6 +120,12 @@ def _trend(decision: dict[str, Any]) -> str:
     return "" if weight is None else f" ({weight:.0%} of the trend extrapolated)"
 
 
+def _roofline(decision: dict[str, Any]) -> str:
+    """The gateways' estimate of a replica's throughput ('' when not reported)."""
+    bound = decision.get("replicaThroughputRequestsPerSecond")
+    return "" if bound is None else f" (a replica completes at most {bound:g} at the mix)"
+
+
 def describe(
     obj: Json, children: list[Json], pods: list[Json], events: list[Json], now: datetime.datetime
 ) -> str:
@@ -161,7 +167,7 @@ def describe(
         demand = (
             f"  demand: forecast {decision['forecastRequestsPerSecond']:g} req/s one cold start"
             f" ahead{_trend(decision)}, capacity {decision.get('capacityRequestsPerSecond', '?')}"
-            " req/s per replica"
+            f" req/s per replica{_roofline(decision)}"
             if "forecastRequestsPerSecond" in decision
             else "  demand: no forecast yet (no arrival rate from the gateways)"
         )

@@ -22,6 +22,7 @@ from kvfleet_kernel.sglang_metrics import (
     HELD_REQUESTS,
     ITL,
     QUEUED_REQUESTS,
+    REPLICA_THROUGHPUT,
     REQUESTS,
     TOKENS,
     TTFT,
@@ -174,6 +175,15 @@ class GatewayMetrics:
             f"{p}calibrated_decode_step_scale",
             "The kvfleet policy's learned decode step over its configured model (1: as"
             " configured).",
+            registry=r,
+        )
+        self.replica_throughput = Gauge(
+            REPLICA_THROUGHPUT,
+            "Requests per second one replica completes at most at the recent request mix"
+            " (uncached prompt, output and KV tokens of finished requests) and the calibrated"
+            " prefill rate and decode step: a roofline the autoscaler plans from (kvfleet"
+            " policy, aggregated serving; absent until 20 requests have finished).",
+            ("model",),
             registry=r,
         )
         self.kv_events = Counter(

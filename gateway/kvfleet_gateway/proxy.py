@@ -279,6 +279,21 @@ class Proxy:
             self.metrics.calibrated_prefill.set(self.policy.prefill_rate)
             self.metrics.calibrated_step.set(self.policy.step_scale)
 
+    def _report_work(self, ex: Exchange, backend: Backend) -> None:
+        """A finished request's usage, for the policy's request mix, and the throughput of a
+        replica like the one that served it (its KV pool) at that mix. Not for a disaggregated
+        pool: its replicas do only half of each request."""
+        if not isinstance(self.policy, KvfleetPolicy) or self.prefill is not None:
+            return
+        if ex.usage is None or ex.status >= 400:
+            return
+        u = ex.usage
+        self.policy.observe_work(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+        pool = backend.signals.max_total_tokens if backend.signals is not None else 0
+        throughput = self.policy.throughput(pool)
+        if throughput is not None:
+            self.metrics.replica_throughput.labels(ex.route.model).set(throughput)
+
     async def forward(
         self, request: web.Request, ex: Exchange, headers: dict[str, str]
     ) -> web.StreamResponse:
@@ -297,6 +312,7 @@ class Proxy:
             else:
                 upstream.release()  # clean end: keep the connection for the next request
             self._report_timing(ex, backend.url)
+            self._report_work(ex, backend)
             self.policy.on_finished(ex.route, backend.url)
             self.not_in_flight(backend, ex)
 

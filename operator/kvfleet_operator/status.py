@@ -74,6 +74,12 @@ class AutoscalingStatus:
     capacity_requests_per_second: float | None = fld(
         None, "Requests per second one replica is planned to serve (learned from the fleet)."
     )
+    replica_throughput_requests_per_second: float | None = fld(
+        None,
+        "Requests per second one replica completes at most at the recent request mix, as the"
+        " gateways estimate it from their calibrated prefill rate and decode step: where the"
+        " capacity plan starts.",
+    )
     missing_pods: tuple[str, ...] | None = fld(
         None, "Active pods without fresh metrics: counted saturated, no scale-down."
     )

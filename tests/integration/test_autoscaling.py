@@ -291,6 +291,8 @@ async def scale_up_and_down(stack: Stack) -> None:
         pytest.fail(f"no demand forecast and capacity in status.autoscaling: last {last}")
     assert demand["capacityRequestsPerSecond"] > 0 and demand["boundBy"], demand
     assert 0 <= demand["forecastTrendWeight"] <= 1, demand
+    # The gateway's roofline of a replica at the request mix, read through the same reader.
+    assert demand["replicaThroughputRequestsPerSecond"] > 0, demand
 
 
 def print_scaling(stack: Stack) -> None:
@@ -303,12 +305,14 @@ def print_scaling(stack: Stack) -> None:
 
 
 async def watch_demand(stack: Stack, seen: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first status.autoscaling with a demand forecast and a learned capacity (every
-    status read is kept in `seen`, for a failure's message)."""
+    """The first status.autoscaling with a demand forecast, a learned capacity and the
+    gateways' roofline of a replica (every status read is kept in `seen`, for a failure's
+    message)."""
     while True:
         a = (await asyncio.to_thread(stack.body)).get("status", {}).get("autoscaling") or {}
         seen[:] = [a]
-        if a.get("capacityRequestsPerSecond") and "forecastRequestsPerSecond" in a:
+        wanted = ("capacityRequestsPerSecond", "replicaThroughputRequestsPerSecond")
+        if all(a.get(k) for k in wanted) and "forecastRequestsPerSecond" in a:
             return a
         await asyncio.sleep(0.2)
 

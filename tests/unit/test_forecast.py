@@ -68,6 +68,19 @@ def test_capacity_is_the_best_rate_served_well_capped_under_the_failures() -> No
     assert overloaded.per_replica is None
 
 
+def test_the_gateways_roofline_is_where_the_plan_starts_and_failures_cap_it() -> None:
+    c = learn_capacity(Capacity(), None, 2, None, ceiling=12.0)  # no rate yet, a roofline
+    assert c.per_replica == 12.0  # a plan before any tick was judged
+    for rate in (10.0, 20.0):  # kept up at 5 and 10 per replica: under the roofline
+        c = learn_capacity(c, rate, 2, kept_up=True)
+    assert c.per_replica == 12.0  # a generous fleet's history does not pull the plan down
+    c = learn_capacity(c, 24.0, 2, kept_up=True, ceiling=None)  # None: the last roofline holds
+    assert c.ceiling == 12.0 and c.per_replica == pytest.approx(12.0 * 1.15)  # served past it
+    c = learn_capacity(c, 30.0, 2, kept_up=False, ceiling=20.0)  # fell behind at 15
+    c = learn_capacity(c, 32.0, 2, kept_up=False)
+    assert c.per_replica == pytest.approx(0.9 * 15.0)  # the failures have the last word
+
+
 def test_the_capacity_boundary_outvotes_a_burst_and_a_lucky_tick() -> None:
     """The cut with the fewest ticks on its wrong side: one queue at a low rate (a burst
     inside a tick) does not pull the plan down to it, nor one lucky tick at a high rate up."""
@@ -102,6 +115,8 @@ def test_gateway_counters_give_arrivals_and_latency_quantiles() -> None:
         'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.02"} 900',
         'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="0.04"} 990',
         'kvfleet_gateway_inter_token_latency_seconds_bucket{tenant="a",model="m",le="+Inf"} 1000',
+        "# TYPE kvfleet_gateway_replica_throughput_requests_per_second gauge",
+        'kvfleet_gateway_replica_throughput_requests_per_second{model="m"} 12.5',
         "",
     ])  # fmt: skip
     totals = parse_gateway(text) + parse_gateway(text)  # two gateway pods
@@ -116,6 +131,7 @@ def test_gateway_counters_give_arrivals_and_latency_quantiles() -> None:
     itl = dict(totals.itl)  # the inter-token latency's histogram, summed apart from TTFT's
     assert itl == {0.02: 1800, 0.04: 1980, float("inf"): 2000}
     assert quantile(itl, 0.99) == pytest.approx(0.04)
+    assert totals.throughput == (12.5, 12.5)  # each gateway's roofline, averaged by the reader
 
 
 def test_mooncake_hash_ids_replay_as_shared_prefixes(tmp_path: Path) -> None:
@@ -148,7 +164,7 @@ def test_describe_says_what_bound_the_decision_and_the_demand() -> None:
                 "desiredActive": 4, "desiredWarm": 2, "reason": "scale up to 4: forecast",
                 "source": "prometheus", "boundBy": "forecast",
                 "forecastRequestsPerSecond": 80.5, "capacityRequestsPerSecond": 21.3,
-                "forecastTrendWeight": 0.25,
+                "forecastTrendWeight": 0.25, "replicaThroughputRequestsPerSecond": 30.5,
             },
         },
     }  # fmt: skip
@@ -156,5 +172,5 @@ def test_describe_says_what_bound_the_decision_and_the_demand() -> None:
     assert "bound by forecast" in text
     assert (
         "demand: forecast 80.5 req/s one cold start ahead (25% of the trend extrapolated),"
-        " capacity 21.3 req/s" in text
+        " capacity 21.3 req/s per replica (a replica completes at most 30.5 at the mix)" in text
     )

@@ -27,6 +27,7 @@ from kvfleet_gateway.routing.base import Candidate, RouteRequest
 from kvfleet_gateway.routing.event_index import EventIndex
 from kvfleet_gateway.routing.prefix_index import PrefixIndex
 from kvfleet_gateway.routing.priors import DEFAULT_EFFICIENCY, GpuName, Priors, priors_for
+from kvfleet_gateway.routing.throughput import RequestMix, replica_throughput
 from kvfleet_kernel.schema import fld
 
 
@@ -89,6 +90,12 @@ class KvfleetTuning:
         " decode counts against it.",
         minimum=0,
     )
+    max_running_requests: int | None = fld(
+        None,
+        "The engines' batch slots (--max-running-requests): they bound a replica's batch in"
+        " its throughput estimate. Unset: its KV cache does.",
+        minimum=1,
+    )
     calibrate: bool = fld(
         True,
         "Learn the prefill rate and the decode step from what replicas show (time to first"
@@ -101,6 +108,11 @@ CALIBRATION_GAIN = 0.05
 """Weight of one observation in the log-space moving averages (about the last 20 requests)."""
 MIN_CALIBRATION_MISS = 256
 """Uncached tokens below which a first token says more about overheads than prefill speed."""
+MIX_REQUESTS = 100
+"""Finished requests the request mix averages over (output lengths are heavy-tailed, and a
+capacity plan wants the mix, not the last few requests)."""
+MIN_MIX_SAMPLES = 20
+"""Finished requests before the request mix (and the throughput from it) is reported."""
 
 
 class KvfleetPolicy:
@@ -145,6 +157,9 @@ class KvfleetPolicy:
         self._avg_miss = 512.0
         self._avg_kv = 1024.0
         """Running average of prompt + max_tokens / 2: a request's KV footprint mid-decode."""
+        self.mix: RequestMix | None = None
+        """The mean finished request (as the engines' usage reports it): None until one."""
+        self.mix_samples = 0
 
     def estimates(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
         """Expected completion time of `req` on each candidate (seconds, comparable only)."""
@@ -223,6 +238,10 @@ class KvfleetPolicy:
             c.engine is None or c.engine.queue_reqs == 0
         )
         running = max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
+        if c.engine is not None and c.engine.queue_reqs > 0:
+            # A queueing engine's batch is full: what is in flight beyond it waits, and this
+            # request will decode in a batch of the engine's size, not of the in-flight count.
+            running = c.engine.running_reqs
         self._probes[id(req)] = (miss, idle, running)
         held = exact[best]  # None: routed on the approximate index
         self._placed[id(req)] = (c.key, miss, held)
@@ -269,6 +288,31 @@ class KvfleetPolicy:
             if prefill_s > 0:
                 rate = min(1e7, max(100.0, miss / prefill_s))
                 self.prefill_rate *= (rate / self.prefill_rate) ** CALIBRATION_GAIN
+
+    def observe_work(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:
+        """A finished request's usage, as its engine reported it: folded into the request mix
+        (a plain mean over the first `MIX_REQUESTS`, then a moving one over about as many)."""
+        done = RequestMix(
+            max(0, prompt_tokens - cached_tokens), output_tokens, prompt_tokens + output_tokens / 2
+        )
+        self.mix_samples += 1
+        gain = 1.0 / min(self.mix_samples, MIX_REQUESTS)
+        self.mix = done if self.mix is None else self.mix.moved(done, gain)
+
+    def throughput(self, pool_tokens: int) -> float | None:
+        """Requests per second a replica whose KV cache holds `pool_tokens` completes at most,
+        at the recent request mix and the calibrated speeds (`throughput.py`); None before
+        `MIN_MIX_SAMPLES` requests have finished."""
+        if self.mix is None or self.mix_samples < MIN_MIX_SAMPLES or pool_tokens <= 0:
+            return None
+        return replica_throughput(
+            self.mix,
+            self.prefill_rate,
+            self.decode_step_base_s * self.step_scale,
+            self.kv_read_s_per_token * self.step_scale,
+            pool_tokens,
+            self.tuning.max_running_requests,
+        )
 
     def on_finished(self, req: RouteRequest, key: str) -> None:
         self._release(req)

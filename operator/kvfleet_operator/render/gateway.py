@@ -60,10 +60,13 @@ def tokenizer_dir(spec: InferenceServiceSpec) -> str:
 def routing_priors(spec: InferenceServiceSpec) -> Json:
     """What the gateway's routing priors start from: the engines' GPU and TP size, and the
     model's config.json where the gateway has it (the model's own directory on its PVC,
-    mounted for the tokenizer); elsewhere the gateway's default model, calibrated online."""
+    mounted for the tokenizer); elsewhere the gateway's default model, calibrated online.
+    The engines' batch slots, when set, bound a replica's batch in its throughput estimate."""
     tuning: Json = {"tensorParallel": spec.engine.tensor_parallel}
     if spec.engine.gpu_type:
         tuning["gpu"] = spec.engine.gpu_type
+    if spec.engine.max_running_requests:
+        tuning["maxRunningRequests"] = spec.engine.max_running_requests
     if uses_kv_events(spec) and spec.model.source.pvc:
         tuning["modelConfig"] = tokenizer_dir(spec)
     return tuning

@@ -192,20 +192,22 @@ class Autoscaler:
         """This service's arrival rate and SLO latencies: Prometheus computes them; a direct
         scrape gives counters, differenced against the previous tick (a counter that went
         down — a gateway restarted — gives nothing this tick)."""
+        bound = obs.replica_throughput.get(key)
         if obs.source != "direct":
-            return Demand(obs.arrival_rate.get(key), obs.slo_ttft.get(key), obs.slo_itl.get(key))
+            return Demand(obs.arrival_rate.get(key), obs.slo_ttft.get(key), obs.slo_itl.get(key),
+                          bound)  # fmt: skip
         total = obs.arrivals_total.get(key)
         if total is None:
-            return Demand()
+            return Demand(replica_throughput=bound)
         seen = _GatewayCounters(now, total, obs.ttft_buckets.get(key, {}),
                                 obs.itl_buckets.get(key, {}))  # fmt: skip
         last = self._last_gateway.get(key)
         self._last_gateway[key] = seen
         if last is None or now <= last.at or total < last.arrivals:
-            return Demand()
+            return Demand(replica_throughput=bound)
         rate = (total - last.arrivals) / (now - last.at)
         return Demand(rate, _delta_quantile(seen.ttft, last.ttft, q),
-                      _delta_quantile(seen.itl, last.itl, q))  # fmt: skip
+                      _delta_quantile(seen.itl, last.itl, q), bound)  # fmt: skip
 
     async def tick(self, bodies: dict[Key, Json]) -> list[Key]:
         """One decision per autoscaled pool (a service's engines; a disaggregated service's
@@ -243,6 +245,8 @@ class Autoscaler:
             demand = self._demand(key, obs, now, svc.ttft_quantile)  # once: it differences
             for pool in pools:
                 pool_svc = svc if pool.name == ENGINE else svc.prefill_pool()
+                if pool.name != ENGINE:  # a prefill replica does half of each request
+                    demand = dataclasses.replace(demand, replica_throughput=None)
                 if self._decide(key, body, pool, pool_svc, obs, now, demand) and key not in changed:
                     changed.append(key)
         return changed
@@ -363,6 +367,7 @@ def report(scaled: Scaled, previous: Json | None) -> ScalingReport:
         forecast_requests_per_second=_round(d.forecast_rate, 2),
         forecast_trend_weight=_round(d.trend_weight, 2),
         capacity_requests_per_second=_round(d.capacity_per_replica, 2),
+        replica_throughput_requests_per_second=_round(d.replica_throughput, 2),
         missing_pods=d.missing or None,
     )
     said = to_json(numbers)

@@ -117,9 +117,18 @@ class Capacity:
     ticks on the wrong side, so a burst that queued at a low rate or a lucky tick at a high
     one is outvoted. The plan reaches `EXPLORE` past the best rate served under the cut (a
     fleet provisioned by it keeps finding where its limit is) and stays a `MARGIN` under
-    the first rate that failed over it."""
+    the first rate that failed over it.
+
+    Exploring up from the rates a fleet has served finds a limit only as fast as load
+    happens to push it: a fleet that was always generously sized never learns it may be
+    smaller. `ceiling`, the gateways' roofline of one replica at the recent request mix (from
+    the prefill rate and decode step they calibrate on every answer), is where the plan
+    starts and under which it never goes, unless a rate failed under it: a roofline leaves
+    out queueing, so the failures, not the roofline, have the last word."""
 
     samples: tuple[CapacitySample, ...] = ()
+    ceiling: float | None = None
+    """Requests per second one replica completes at most (None: no estimate)."""
 
     @property
     def per_replica(self) -> float | None:
@@ -127,6 +136,9 @@ class Capacity:
         cut = _boundary(judged)
         served = [r for r, ok in judged[:cut] if ok]
         failed = [r for r, ok in judged[cut:] if not ok]
+        if self.ceiling:
+            plan = max(max(served, default=0.0) * EXPLORE, self.ceiling)
+            return min(plan, MARGIN * failed[0]) if failed else plan
         if not served:
             # Nothing served well under the cut. A failing rate alone bounds nothing usable:
             # a tick's rate lags the queue it saw (a burst's first seconds), so it can read
@@ -156,9 +168,18 @@ MIN_RATE = 0.05
 """A per-replica rate below this says nothing about capacity (an idle fleet)."""
 
 
-def learn_capacity(c: Capacity, rate: float, active: int, kept_up: bool | None) -> Capacity:
-    """One tick's evidence: `rate` requests per second arrived at `active` replicas, and
-    whether the fleet kept up (None: no evidence either way)."""
-    if active <= 0 or rate / active < MIN_RATE:
+def learn_capacity(
+    c: Capacity,
+    rate: float | None,
+    active: int,
+    kept_up: bool | None,
+    ceiling: float | None = None,
+) -> Capacity:
+    """One tick's evidence: `rate` requests per second arrived at `active` replicas (None:
+    unknown), and whether the fleet kept up (None: no evidence either way); `ceiling`, the
+    gateways' latest roofline of a replica (None: keep the last one)."""
+    if ceiling is not None and ceiling > 0:
+        c = replace(c, ceiling=ceiling)
+    if rate is None or active <= 0 or rate / active < MIN_RATE:
         return c
-    return Capacity((*c.samples, CapacitySample(rate / active, kept_up))[-SAMPLES_KEPT:])
+    return replace(c, samples=(*c.samples, CapacitySample(rate / active, kept_up))[-SAMPLES_KEPT:])

@@ -81,6 +81,9 @@ class Signals:
     """The TTFT the SLO is judged on (the p99, or the spec's attainment quantile), seconds."""
     itl: float | None = None
     """The inter-token latency the SLO is judged on (the same quantile), seconds."""
+    replica_throughput: float | None = None
+    """Requests per second one replica completes at most at the recent request mix, as the
+    gateways estimate it from their calibrated speeds (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class Decision:
     """The share of the trend the forecast extrapolated (None: no forecast yet)."""
     capacity_per_replica: float | None = None
     """Requests per second one replica serves at the KV target (learned)."""
+    replica_throughput: float | None = None
+    """The gateways' roofline of one replica at the recent mix (None: not reported)."""
     missing: tuple[str, ...] = ()
     """Active replicas without fresh metrics (counted saturated; no scale-down)."""
 

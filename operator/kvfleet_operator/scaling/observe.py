@@ -29,6 +29,7 @@ from kvfleet_kernel.sglang_metrics import (
     INFLIGHT,
     ITL,
     QUEUED_REQUESTS,
+    REPLICA_THROUGHPUT,
     REQUESTS,
     TOKENS,
     TTFT,
@@ -78,6 +79,9 @@ class Observation:
     """Prometheus: the gateways' inter-token latency at the SLO quantile over the last minute."""
     itl_buckets: dict[Key, dict[float, float]] = field(default_factory=dict)
     """Direct scrape: the gateways' cumulative inter-token latency histogram."""
+    replica_throughput: dict[Key, float] = field(default_factory=dict)
+    """(namespace, InferenceService) → requests per second one replica completes at most at
+    the recent request mix, as its gateways estimate it (their mean)."""
     error: str | None = None
 
 
@@ -110,6 +114,8 @@ class Demand:
     """TTFT at the SLO's quantile, seconds."""
     itl: float | None = None
     """Inter-token latency (between streamed chunks) at the SLO's quantile, seconds."""
+    replica_throughput: float | None = None
+    """Requests per second one replica completes at most at the recent request mix."""
 
 
 def ready_since(pod: Json) -> float | None:
@@ -155,7 +161,8 @@ def signals_for(
         replicas.append(ReplicaSignals(name, m.queue, m.running, m.kv_usage, young=young))
     held = obs.held.get((svc.namespace, svc.name), 0.0)
     return Signals(tuple(replicas), tuple(missing), held, arrival_rate=demand.arrival_rate,
-                   ttft=demand.ttft, itl=demand.itl)  # fmt: skip
+                   ttft=demand.ttft, itl=demand.itl,
+                   replica_throughput=demand.replica_throughput)  # fmt: skip
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
@@ -222,6 +229,7 @@ class PrometheusReader:
                 f" + sum by ({by_svc}) (deriv({INFLIGHT}[{self.rate_window}]))",
                 svc,
             )
+            throughput = self._vector(f"avg by ({by_svc}) ({REPLICA_THROUGHPUT})", svc)
             slo = self._at_slo_quantile(TTFT, services)
             slo_itl = self._at_slo_quantile(ITL, services)
         except Exception as exc:  # any failure of the reader: the policy holds and says why
@@ -239,6 +247,7 @@ class PrometheusReader:
             arrival_rate={(a, b): max(0.0, v) for (a, b), v in arrivals.items()},
             slo_ttft={(a, b): v for (a, b), v in slo.items() if math.isfinite(v)},
             slo_itl={(a, b): v for (a, b), v in slo_itl.items() if math.isfinite(v)},
+            replica_throughput={(a, b): v for (a, b), v in throughput.items() if v > 0},
         )
 
     def _at_slo_quantile(
@@ -282,6 +291,8 @@ class GatewayTotals:
     """The TTFT histogram's cumulative buckets (upper bound, count)."""
     itl: tuple[tuple[float, float], ...] = ()
     """The inter-token latency histogram's cumulative buckets."""
+    throughput: tuple[float, ...] = ()
+    """Each gateway's estimate of one replica's throughput (requests per second)."""
 
     def __add__(self, other: GatewayTotals) -> GatewayTotals:
         return GatewayTotals(
@@ -291,6 +302,7 @@ class GatewayTotals:
             self.arrivals + other.arrivals,
             _summed(self.ttft, other.ttft),
             _summed(self.itl, other.itl),
+            self.throughput + other.throughput,
         )
 
 
@@ -304,9 +316,10 @@ def _summed(
 
 
 def parse_gateway(text: str) -> GatewayTotals:
-    """A gateway pod's held requests, its lifetime cost, billed tokens and arrivals, and its
-    TTFT and inter-token latency histograms."""
+    """A gateway pod's held requests, its lifetime cost, billed tokens and arrivals, its
+    TTFT and inter-token latency histograms, and its estimate of a replica's throughput."""
     held = cost = tokens = arrivals = 0.0
+    throughput: list[float] = []
     histograms: dict[str, dict[float, float]] = {TTFT: {}, ITL: {}}
     for family in text_string_to_metric_families(text):
         samples = [s for s in family.samples if not s.name.endswith("_created")]
@@ -320,6 +333,8 @@ def parse_gateway(text: str) -> GatewayTotals:
             tokens += total
         elif family.name in (REQUESTS, f"{REQUESTS}_total", INFLIGHT):
             arrivals += total
+        elif family.name == REPLICA_THROUGHPUT:
+            throughput.extend(s.value for s in samples if s.value > 0)
         elif family.name in histograms:
             buckets = histograms[family.name]
             for s in samples:
@@ -327,7 +342,7 @@ def parse_gateway(text: str) -> GatewayTotals:
                     le = float(s.labels["le"])
                     buckets[le] = buckets.get(le, 0.0) + s.value
     ttft, itl = (tuple(sorted(histograms[h].items())) for h in (TTFT, ITL))
-    return GatewayTotals(held, cost, tokens, arrivals, ttft, itl)
+    return GatewayTotals(held, cost, tokens, arrivals, ttft, itl, tuple(throughput))
 
 
 def quantile(buckets: dict[float, float], q: float) -> float | None:
@@ -400,6 +415,8 @@ class DirectReader:
             obs.arrivals_total[key] = totals.arrivals
             obs.ttft_buckets[key] = dict(totals.ttft)
             obs.itl_buckets[key] = dict(totals.itl)
+            if totals.throughput:
+                obs.replica_throughput[key] = sum(totals.throughput) / len(totals.throughput)
             if totals.tokens > 0:
                 obs.cost_per_1k_tokens[key] = 1000 * totals.cost / totals.tokens
         return obs

@@ -116,15 +116,17 @@ def warm_target(config: ScalingConfig, state: State, active: int) -> int:
 def _learn_demand(
     config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, load: float, now: float
 ) -> State:
-    """Fold this tick's arrival rate into the forecast and the learned capacity."""
+    """Fold this tick's arrival rate into the forecast and the learned capacity (and the
+    gateways' roofline of a replica, which needs no rate)."""
     rate = signals.arrival_rate
+    ceiling = signals.replica_throughput
     if rate is None:
-        return state
+        return replace(state, capacity=learn_capacity(state.capacity, None, 0, None, ceiling))
     cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
     forecast = observe(state.forecast, rate, now, cold + config.interval_s)
     queue = sum(max(0.0, r.queue) for r in signals.replicas) + max(0.0, signals.held)
     kept_up = _kept_up(config, state, fleet, signals, queue, load)
-    capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up)
+    capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up, ceiling)
     began = state.falling_since or (now, forecast.level or 0.0)
     falling = None if forecast.trend >= 0 else began
     return replace(state, forecast=forecast, capacity=capacity, falling_since=falling)
@@ -304,6 +306,7 @@ def decide(
         forecast_rate=terms.forecast_rate,
         trend_weight=None if terms.forecast_rate is None else state.forecast.trend_weight(),
         capacity_per_replica=state.capacity.per_replica,
+        replica_throughput=state.capacity.ceiling,
         missing=signals.missing,
     )
     new_state = replace(

@@ -16,6 +16,7 @@ from kvfleet_gateway.fairness import with_room
 from kvfleet_gateway.kv_events.hashing import page_hashes
 from kvfleet_gateway.routing import Candidate, EventIndex, Policy, RouteRequest
 from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
+from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_operator.scaling.policy import shrink_order
 from kvfleet_sim.engine import Engine, Step, VirtualClock
 from kvfleet_sim.fleet.collector import Collector, RequestRecord
@@ -67,6 +68,8 @@ class FleetSimulator:
         """Requests that arrived at the gateway so far (the gateways' requests counter)."""
         self._ttft_mark = 0
         """Records already reported to the scaler."""
+        self._throughput: dict[int, float] = {}
+        """Gateway → its latest estimate of a replica's throughput (its exported gauge)."""
         self._trace: list[tuple[float, int]] = []
         self._target = Target(config.replicas)
         self.roles_trace: list[tuple[float, int, int, int]] = []
@@ -102,6 +105,22 @@ class FleetSimulator:
 
     def _policy(self, gateway: int) -> Policy:
         return self._gateways[gateway] if self._gateways else self.policy
+
+    def _report_work(self, gateway: int, rep: Replica, req: Request) -> None:
+        """What a gateway does with a finished request's usage (`Proxy._report_work`): the
+        kvfleet policy's request mix, and the throughput gauge for a replica like `rep`."""
+        policy = self._policy(gateway)
+        if not isinstance(policy, KvfleetPolicy):
+            return
+        policy.observe_work(req.prompt_len, req.cached_tokens, req.output_len)
+        throughput = policy.throughput(rep.engine.load().max_total_num_tokens)
+        if throughput is not None:
+            self._throughput[gateway] = throughput
+
+    def replica_throughput(self) -> float | None:
+        """The gateways' throughput gauges, averaged (as the operator reads them)."""
+        known = list(self._throughput.values())
+        return sum(known) / len(known) if known else None
 
     # ---- plumbing -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any = None) -> None:
@@ -278,6 +297,7 @@ class FleetSimulator:
             )
             # Every simulated response is streamed: its first token is timed from dispatch.
             policy.observe(route, key, req.first_token_time - req.arrival_time, itl)
+            self._report_work(gw, rep, req)
             policy.on_finished(route, key)
             if arrival.conversation is not None:
                 out_ids = rep.engine.tokenizer.generate_ids(req.seed, req.output_len)
@@ -344,6 +364,7 @@ class FleetSimulator:
             len(self._unrouted),
             self._arrived,
             tuple(r.ttft for r in self.collector.records[self._ttft_mark :]),
+            self.replica_throughput(),
         )
         self._ttft_mark = len(self.collector.records)
         for r in self._live():

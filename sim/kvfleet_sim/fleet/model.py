@@ -55,6 +55,9 @@ class FleetView:
     """Requests that arrived so far (a counter, as the gateways' requests_total)."""
     recent_ttfts: tuple[float, ...] = ()
     """TTFTs of the requests that finished since the last tick."""
+    replica_throughput: float | None = None
+    """The gateways' estimate of what one replica completes per second at most (None: not
+    yet; a kvfleet-routed fleet only)."""
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class KvfleetScaler:
             held=float(view.held),
             arrival_rate=self._rate(view),
             ttft=ttft,
+            replica_throughput=view.replica_throughput,
         )
         fleet = Fleet(len(view.active), view.warm, view.starting)
         decision, self.state = decide(self.config, self.state, fleet, signals, view.now)
