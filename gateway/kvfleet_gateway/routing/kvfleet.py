@@ -152,8 +152,13 @@ class KvfleetPolicy:
         """Learned from what replicas show (`observe`); starts at the prior."""
         self.step_scale = 1.0
         """Observed decode steps over the tuned model's: learned, starts at 1."""
-        self._probes: dict[int, tuple[int, bool, int]] = {}
-        """id(request) → (uncached tokens, replica idle at dispatch, its running requests)."""
+        self._probes: dict[int, tuple[int, bool, int, int]] = {}
+        """id(request) → (uncached tokens, replica idle at dispatch, its running requests as
+        routing counts them, the engine's batch)."""
+        self.batch_step_scale = 1.0
+        """Observed decode steps over the tuned model's at the engine's own batch (its running
+        count while it queues), where `step_scale` prices the in-flight count routing scores
+        on: the throughput estimate's step."""
         self._avg_miss = 512.0
         self._avg_kv = 1024.0
         """Running average of prompt + max_tokens / 2: a request's KV footprint mid-decode."""
@@ -238,11 +243,12 @@ class KvfleetPolicy:
             c.engine is None or c.engine.queue_reqs == 0
         )
         running = max(c.inflight_requests, c.engine.running_reqs if c.engine else 0)
+        batch = running
         if c.engine is not None and c.engine.queue_reqs > 0:
             # A queueing engine's batch is full: what is in flight beyond it waits, and this
             # request will decode in a batch of the engine's size, not of the in-flight count.
-            running = c.engine.running_reqs
-        self._probes[id(req)] = (miss, idle, running)
+            batch = c.engine.running_reqs
+        self._probes[id(req)] = (miss, idle, running, batch)
         held = exact[best]  # None: routed on the approximate index
         self._placed[id(req)] = (c.key, miss, held)
         self._pending_tokens[c.key] = self._pending_tokens.get(c.key, 0.0) + miss
@@ -278,16 +284,22 @@ class KvfleetPolicy:
         probe = self._probes.pop(id(req), None)
         if probe is None or not self.tuning.calibrate:
             return
-        miss, idle, running = probe
-        step = self.decode_step_base_s + running * self._avg_kv * self.kv_read_s_per_token
+        miss, idle, running, batch = probe
+        step = self._model_step(running)
         if itl_s is not None and itl_s > 0:
-            ratio = min(8.0, max(0.125, itl_s / step))
-            self.step_scale *= (ratio / self.step_scale) ** CALIBRATION_GAIN
+            self.step_scale = _calibrated(self.step_scale, itl_s / step)
+            self.batch_step_scale = _calibrated(
+                self.batch_step_scale, itl_s / self._model_step(batch)
+            )
         if idle and miss >= MIN_CALIBRATION_MISS:
             prefill_s = ttft_s - step * self.step_scale
             if prefill_s > 0:
                 rate = min(1e7, max(100.0, miss / prefill_s))
                 self.prefill_rate *= (rate / self.prefill_rate) ** CALIBRATION_GAIN
+
+    def _model_step(self, running: int) -> float:
+        """The tuned model's decode step with `running` requests of the mean KV footprint."""
+        return self.decode_step_base_s + running * self._avg_kv * self.kv_read_s_per_token
 
     def observe_work(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:
         """A finished request's usage, as its engine reported it: folded into the request mix
@@ -308,8 +320,8 @@ class KvfleetPolicy:
         return replica_throughput(
             self.mix,
             self.prefill_rate,
-            self.decode_step_base_s * self.step_scale,
-            self.kv_read_s_per_token * self.step_scale,
+            self.decode_step_base_s * self.batch_step_scale,
+            self.kv_read_s_per_token * self.batch_step_scale,
             pool_tokens,
             self.tuning.max_running_requests,
         )
@@ -324,3 +336,11 @@ class KvfleetPolicy:
             self.events.remove(key)
         self._pending_tokens.pop(key, None)
         self._pending_reqs.pop(key, None)
+
+
+def _calibrated(scale: float, observed_ratio: float) -> float:
+    """`scale` moved `CALIBRATION_GAIN` of the way (in log space) towards an observed ratio of
+    a measured step over the model's, clipped to 1/8..8 (one odd response moves it little)."""
+    ratio = min(8.0, max(0.125, observed_ratio))
+    moved: float = scale * (ratio / scale) ** CALIBRATION_GAIN
+    return moved
