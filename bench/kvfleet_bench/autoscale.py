@@ -30,13 +30,14 @@ import itertools
 import json
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvfleet_operator.scaling.model import ScalingConfig
+from kvfleet_operator.scaling.model import Decision, ScalingConfig
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.fleet.collector import percentile
@@ -298,6 +299,7 @@ def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float
     changes = sum(1 for a, b in itertools.pairwise(decided) if a != b)
     if not decided:
         changes = sum(1 for a, b in itertools.pairwise(sizes) if a != b)
+    diagnosis = _diagnosis(getattr(scaler, "decisions", []), rate_at, duration)
     buckets = int(duration // 30) + 1
     p99_timeline: list[float] = []
     for b in range(buckets):
@@ -319,7 +321,29 @@ def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float
         "roles": [(round(t, 1), a, w, s) for t, a, w, s in result.roles_trace],
         "rate": [rate_at(t) for t in range(0, int(duration) + 1, 10)],
         "ttft_p99_timeline": p99_timeline,
+        **diagnosis,
     }
+
+
+def _diagnosis(decisions: Sequence[tuple[float, Decision]], rate_at: Callable[[float], float],
+               duration: float) -> dict[str, float]:  # fmt: skip
+    """Where a kvfleet fleet's GPU-hours go: its capacity plan per replica and the gateways'
+    roofline (medians over the decisions that had one), its highest forecast over the trace's
+    highest rate, and its mean warm spares (nothing for a policy without decisions)."""
+    if not decisions:
+        return {}
+    plans = [d.capacity_per_replica for _, d in decisions if d.capacity_per_replica]
+    rooflines = [d.replica_throughput for _, d in decisions if d.replica_throughput]
+    forecasts = [d.forecast_rate for _, d in decisions if d.forecast_rate is not None]
+    peak = max(rate_at(t) for t in range(0, int(duration) + 1, 5))
+    out = {"warm_mean": statistics.fmean(d.desired_warm for _, d in decisions)}
+    if plans:
+        out["capacity_plan"] = statistics.median(plans)
+    if rooflines:
+        out["roofline"] = statistics.median(rooflines)
+    if forecasts and peak > 0:
+        out["forecast_over_peak"] = max(forecasts) / peak
+    return out
 
 
 @dataclass(frozen=True)

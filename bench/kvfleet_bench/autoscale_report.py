@@ -117,11 +117,52 @@ def write_report(out_dir: Path, results: list[dict[str, Any]], checks: list[dict
     rows = _rows(results)
     _pareto(results, out_dir / "autoscale-pareto.png")
     _timeline(results, out_dir / "autoscale.png")
-    (out_dir / "autoscale.md").write_text(_markdown(rows, checks, capacity, plan))
+    where = _where(results, capacity)
+    (out_dir / "autoscale.md").write_text(_markdown(rows, checks, capacity, plan, where))
+
+
+def _where(results: Sequence[dict[str, Any]], capacity: dict[str, float]) -> list[str]:
+    """A section on where kvfleet's GPU-hours go, per trace on its first seed: its capacity
+    plan and the gateways' roofline beside the capacity measured offline (what the oracle
+    plans at), its highest forecast over the highest rate, its mean warm spares."""
+    from kvfleet_bench.autoscale import LONG_PROMPT
+
+    lines = [
+        "## Where kvfleet's GPU-hours go (first seed)",
+        "",
+        "Capacity per replica in req/s: measured offline at the TTFT limit (the oracle plans at"
+        " it, over its headroom), kvfleet's plan (learned within the spec's targets: the KV"
+        " target may bind first) and the gateways' roofline, medians over the decisions.",
+        "",
+        "| trace | measured | kvfleet's plan | roofline | highest forecast ÷ highest rate "
+        "| mean warm spares | GPU-hours ÷ oracle's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for trace in dict.fromkeys(r["trace"] for r in results):
+        kv = _by(results, trace, "kvfleet")
+        oracle = _by(results, trace, "oracle")
+        if not kv:
+            continue
+        seed = min(kv)
+        cell = kv[seed]
+        key = trace[5:] if trace.startswith("file:") else trace if trace == LONG_PROMPT else (
+            "synthetic"
+        )  # fmt: skip
+        ratio = f"{cell['gpu_hours'] / oracle[seed]['gpu_hours']:.2f}×" if seed in oracle else "–"
+        lines.append(
+            f"| {trace} | {_num(capacity.get(key))} | {_num(cell.get('capacity_plan'))} | "
+            f"{_num(cell.get('roofline'))} | {_num(cell.get('forecast_over_peak'))} | "
+            f"{cell.get('warm_mean', 0.0):.1f} | {ratio} |"
+        )
+    return [*lines, ""]
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def _markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]],
-              capacity: dict[str, float], plan: Any) -> str:  # fmt: skip
+              capacity: dict[str, float], plan: Any, where: list[str]) -> str:  # fmt: skip
     from kvfleet_bench.autoscale import (
         COLD_START_S,
         GPU_HOURLY_PRICE,
@@ -171,6 +212,7 @@ def _markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]],
             f"{r['gpu_hours_max']:.2f}] | {r['cost_per_1k']:.3f} | {r['changes_per_hour']:.0f} |"
         )
     lines.append("")
+    lines += where
     if _pareto_traces(rows):
         pareto = "SLO attainment against GPU-hours, every policy and sweep point"
         lines += [f"![{pareto}](autoscale-pareto.png)", ""]

@@ -42,6 +42,11 @@ def test_the_operators_policy_promotes_the_warm_spare_first() -> None:
     # (10 req/s arriving), so a batch forming is not read as a backlog.
     assert scaler.decisions[0][1].forecast_rate == pytest.approx(10.0, rel=0.4)
     assert any("scale up" in reason for _, reason in scaler.reasons), scaler.reasons
+    # The simulated gateways' roofline of a replica reaches the policy, as the operator's
+    # reader brings it (after 20 finished requests), and the plan starts there.
+    rooflines = [(d.replica_throughput, d.capacity_per_replica) for _, d in scaler.decisions
+                 if d.replica_throughput]  # fmt: skip
+    assert rooflines and all(plan is not None and plan > 0 for _, plan in rooflines)
     # After the spike begins, active replicas grow before any new replica could be ready:
     # that is the warm spare, promoted in seconds.
     early = [a for t, a, _, _ in roles if 60 <= t < 60 + 60]
@@ -152,6 +157,10 @@ def test_a_steady_only_run_writes_its_report(tmp_path: Path) -> None:
             "roles": [(0.0, 3, 1, 0), (15.0, 3, 1, 0)],
             "rate": [60.0, 61.0],
             "ttft_p99_timeline": [0.3, 0.3],
+            "capacity_plan": 19.2,
+            "roofline": 26.0,
+            "forecast_over_peak": 1.2,
+            "warm_mean": 1.5,
         }
         for seed, changes in ((1, 4), (2, 8))
     ]
@@ -161,6 +170,8 @@ def test_a_steady_only_run_writes_its_report(tmp_path: Path) -> None:
     write_report(tmp_path, results, checks, {"synthetic": 23.9}, plan)
     text = (tmp_path / "autoscale.md").read_text()
     assert "8.0 per hour (worst seed)" in text and "autoscale-pareto.png" not in text
+    # Where its GPU-hours go, on the first seed (no oracle ran: no ratio).
+    assert "| steady | 23.90 | 19.20 | 26.00 | 1.20 | 1.5 | – |" in text
     assert (tmp_path / "autoscale.png").exists() and not (
         tmp_path / "autoscale-pareto.png"
     ).exists()
