@@ -245,9 +245,11 @@ class Autoscaler:
             demand = self._demand(key, obs, now, svc.ttft_quantile)  # once: it differences
             for pool in pools:
                 pool_svc = svc if pool.name == ENGINE else svc.prefill_pool()
+                pool_demand = demand
                 if pool.name != ENGINE:  # a prefill replica does half of each request
-                    demand = dataclasses.replace(demand, replica_throughput=None)
-                if self._decide(key, body, pool, pool_svc, obs, now, demand) and key not in changed:
+                    pool_demand = dataclasses.replace(demand, replica_throughput=None)
+                decided = self._decide(key, body, pool, pool_svc, obs, now, pool_demand)
+                if decided and key not in changed:
                     changed.append(key)
         return changed
 
