@@ -167,14 +167,16 @@ class GatewayMetrics:
         )
         self.calibrated_prefill = Gauge(
             f"{p}calibrated_prefill_tokens_per_second",
-            "The kvfleet policy's learned prefill rate of a replica (its prior until streamed"
-            " answers are timed).",
+            "The kvfleet policy's learned prefill rate of a replica of the model (its prior"
+            " until streamed answers are timed).",
+            ("model",),
             registry=r,
         )
         self.calibrated_step = Gauge(
             f"{p}calibrated_decode_step_scale",
             "The kvfleet policy's learned decode step over its configured model (1: as"
             " configured).",
+            ("model",),
             registry=r,
         )
         self.replica_throughput = Gauge(

@@ -276,8 +276,9 @@ class Proxy:
             itl = (ex.last_token_at - ex.first_token_at) / (tokens - 1)
         self.policy.observe(ex.route, key, ex.first_token_at - ex.dispatched_at, itl)
         if isinstance(self.policy, KvfleetPolicy):
-            self.metrics.calibrated_prefill.set(self.policy.prefill_rate)
-            self.metrics.calibrated_step.set(self.policy.step_scale)
+            # Each pool's policy calibrates on its own model's replicas: one series per model.
+            self.metrics.calibrated_prefill.labels(ex.route.model).set(self.policy.prefill_rate)
+            self.metrics.calibrated_step.labels(ex.route.model).set(self.policy.step_scale)
 
     def _report_work(self, ex: Exchange, backend: Backend) -> None:
         """A finished request's usage, for the policy's request mix, and the throughput of a

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvfleet_gateway.config import GatewayConfig, Price
 from kvfleet_gateway.keys import hash_key
@@ -173,6 +174,44 @@ async def test_a_cost_budget_is_spent_at_each_models_price(
     )
     assert abs(left - (BUDGET - total)) < 1e-5
     assert min(remaining) >= 0
+
+
+async def stream(s: aiohttp.ClientSession, gw: str, model: str) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to ten."}],
+            "max_tokens": 8, "ignore_eos": True, "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEYS['open']}"}
+    async with s.post(f"{gw}/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        await r.read()
+
+
+async def calibrated_models(cfg: GatewayConfig) -> dict[str, set[str]]:
+    """The models each calibration gauge has a series for."""
+    async with aiohttp.ClientSession() as s, s.get(metrics_url(cfg)) as r:
+        text = await r.text()
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("kvfleet_gateway_calibrated_"):
+            out[family.name] = {sample.labels["model"] for sample in family.samples}
+    return out
+
+
+async def test_each_pool_reports_its_own_calibration(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Each pool's policy calibrates on its own model's replicas: its learned prefill rate
+    and decode step are series of their own, labelled by model (one unlabelled series
+    would show whichever pool answered last)."""
+    _, _, cfg, gw = await two_pools(sim_server, gateway_server, tmp_path, aliases=False)
+    names = {"kvfleet_gateway_calibrated_prefill_tokens_per_second",
+             "kvfleet_gateway_calibrated_decode_step_scale"}  # fmt: skip
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            await stream(s, gw, "small")
+        assert await calibrated_models(cfg) == {n: {"small"} for n in names}
+        for _ in range(3):
+            await stream(s, gw, "large")
+    assert await calibrated_models(cfg) == {n: {"small", "large"} for n in names}
 
 
 async def test_pools_come_and_go_with_their_file(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from kvfleet_operator.scaling.forecast import Capacity, Forecast
 from kvfleet_operator.scaling.model import (
     Decision,
     Fleet,
@@ -14,7 +15,7 @@ from kvfleet_operator.scaling.model import (
     Signals,
     State,
 )
-from kvfleet_operator.scaling.policy import decide, learn_cold_start
+from kvfleet_operator.scaling.policy import decide, learn_cold_start, warm_target
 
 TICK = 15.0
 
@@ -228,6 +229,22 @@ def test_the_warm_pool_grows_with_the_forecasts_misses() -> None:
         d, state = decide(config, state, Fleet(n, d.desired_warm, 0),
                           ramp_signals(rate, 10.0, n), 15.0 * t)  # fmt: skip
     assert d.desired_warm >= 3, (d.desired_warm, state.forecast.risk())
+
+
+def test_active_replicas_past_the_forecast_cover_part_of_its_risk() -> None:
+    """warm_auto: 100 req/s forecast, 30 req/s of recent under-forecast, 20 req/s a replica.
+    Five active replicas hold the forecast and no more: two spares cover the 30. A sixth
+    (a down window holding it) covers 20 of them: one spare. A seventh covers it all: the
+    configured floor."""
+    config = ScalingConfig(max_replicas=30, warm_replicas=1, warm_auto=True)
+    state = State(
+        forecast=Forecast(level=100.0, at=0.0, errors=(30.0,) * 10),
+        capacity=Capacity(ceiling=20.0),
+    )
+    assert [warm_target(config, state, n) for n in (5, 6, 7, 8)] == [2, 1, 1, 1]
+    no_floor = replace(config, warm_replicas=0)
+    assert [warm_target(no_floor, state, n) for n in (5, 6, 7)] == [2, 1, 0]
+    assert warm_target(replace(config, warm_auto=False), state, 5) == 1  # the fixed pool
 
 
 def test_a_new_empty_replica_is_not_averaged_in_as_idle() -> None:

@@ -42,8 +42,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
 - **Warm pool.** `warmReplicas` loaded spares beside the active ones, inside `maxReplicas`:
   at the top the pool gives way to active replicas. With `warmPool: auto` the pool also
   covers the growth the forecast cannot rule out within a cold start (a high quantile of
-  its recent under-forecasts, in replicas): large before a ramp it has been missing, small
-  on a steady night.
+  its recent under-forecasts, in replicas), less what the active replicas already hold past
+  the forecast: large before a ramp it has been missing, small on a steady night or while a
+  down window keeps more active replicas than the forecast needs.
 
 Each decision names the term that bound it (`bound_by`) with its numbers.
 """
@@ -105,11 +106,16 @@ def learn_cold_start(config: ScalingConfig, state: State, observed_s: list[float
 
 def warm_target(config: ScalingConfig, state: State, active: int) -> int:
     """Spares for `active` replicas: the configured floor, and with `warm_auto` the forecast's
-    recent under-forecast in replicas — inside `max_replicas`."""
+    recent under-forecast in replicas — inside `max_replicas`. The under-forecast is growth
+    past the forecast: what the active replicas already hold beyond the forecast (a size the
+    down window or a flap floor keeps) covers that much of it, and the pool only the rest."""
     want = config.warm_replicas
     per = state.capacity.per_replica
     if config.warm_auto and per:
-        want = max(want, math.ceil(state.forecast.risk() / per - 1e-9))
+        cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+        ahead = state.forecast.ahead(cold + config.interval_s) or 0.0
+        slack = max(0.0, active * per - ahead)
+        want = max(want, math.ceil((state.forecast.risk() - slack) / per - 1e-9))
     return max(0, min(want, config.max_replicas - active))
 
 
