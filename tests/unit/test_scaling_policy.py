@@ -247,6 +247,22 @@ def test_active_replicas_past_the_forecast_cover_part_of_its_risk() -> None:
     assert warm_target(replace(config, warm_auto=False), state, 5) == 1  # the fixed pool
 
 
+def test_a_full_kv_cache_after_a_backlog_is_not_a_capacity_failure() -> None:
+    """Four replicas at 20 req/s each, KV over its 0.85 target, no queue. With TTFT within
+    the SLO that is this rate failing at the KV target; with TTFT over it and no backlog
+    left, the quantile remembers a backlog just drained and the cache holds the requests it
+    admitted: no evidence about 20 req/s either way (it once capped the learned capacity
+    at 90% of a rate the fleet serves)."""
+    config = ScalingConfig(max_replicas=10, slo_ttft_s=2.0)
+    full = tuple(ReplicaSignals(f"p{i}", 0.0, 400.0, 0.9) for i in range(4))
+    judged = []
+    for ttft in (0.5, 3.0):
+        seen = Signals(full, arrival_rate=80.0, ttft=ttft)
+        _, state = decide(config, State(desired_active=4), Fleet(4, 0, 0), seen, 0.0)
+        judged.append(state.capacity.samples[-1])
+    assert [(s.rate, s.kept_up) for s in judged] == [(20.0, False), (20.0, None)]
+
+
 def test_a_new_empty_replica_is_not_averaged_in_as_idle() -> None:
     """Four busy replicas and one that just became ready (empty, young): counted as idle it
     would argue for 4; counted at the target it keeps 5 while it warms up."""

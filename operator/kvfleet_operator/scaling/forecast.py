@@ -7,6 +7,8 @@ and extrapolated over that horizon. Each forecast is scored when its horizon has
 scores say how much of the extrapolated trend came true (a least-squares weight, 0..1: the
 trend of a noisy plateau is noise and is not extrapolated, a ramp's is), and the errors give
 the growth the forecast cannot rule out: the warm pool is sized on a high quantile of them.
+Of the trend, only its part over the noise of counting Poisson arrivals is extrapolated
+(`Forecast.trend_gain`).
 Pure functions over frozen state; no clock.
 """
 
@@ -27,6 +29,25 @@ RISK_QUANTILE = 0.9
 """The under-forecast the warm pool covers: nine in ten of the recent ones."""
 
 
+def _trend_noise_factor(alpha: float, beta: float) -> float:
+    """The variance of Holt's trend, per unit variance of white noise in the observations,
+    at a step of 1 s (at a step of `dt` it is this over dt²): the sum of the squares of the
+    trend's response to one observation, which decays geometrically (the recursion is
+    stable for 0 < alpha, beta < 1)."""
+    level = trend = total = 0.0
+    for k in range(10_000):
+        seen = 1.0 if k == 0 else 0.0
+        new_level = alpha * seen + (1 - alpha) * (level + trend)
+        trend = beta * (new_level - level) + (1 - beta) * trend
+        level = new_level
+        total += trend * trend
+    return total
+
+
+TREND_NOISE = _trend_noise_factor(ALPHA, BETA)
+"""Holt's trend variance per unit of observation variance, at a 1 s step (`ALPHA`, `BETA`)."""
+
+
 @dataclass(frozen=True)
 class Forecast:
     """Holt's level and trend of the arrival rate, with the forecasts still to be scored."""
@@ -37,9 +58,11 @@ class Forecast:
     """Change of the level per second."""
     at: float | None = None
     """When the last observation was folded in."""
+    step: float | None = None
+    """Seconds between the last two observations (what one rate was counted over)."""
     pending: tuple[tuple[float, float, float], ...] = ()
-    """(due time, level then, trend extrapolated over the horizon then) of forecasts made one
-    horizon ago, not yet scored."""
+    """(due time, level then, trend extrapolated over the horizon then, at its gain then) of
+    forecasts made one horizon ago, not yet scored."""
     errors: tuple[float, ...] = ()
     """Scored errors, actual − forecast (at the trend weight believed when scored), in
     requests per second (positive: under-forecast)."""
@@ -57,11 +80,25 @@ class Forecast:
             return 1.0
         return min(1.0, max(0.0, sum(y * t for y, t in self.trend_fit) / spread))
 
+    def trend_gain(self) -> float:
+        """The share of the trend that is not counting noise, 0..1. A rate counted over a
+        step of `dt` seconds from Poisson arrivals varies by level/dt; through Holt's
+        smoothing that is a known variance of the trend (`TREND_NOISE`), and the trend's
+        square overstates the true one's by it on average: the gain keeps the part over it
+        (a few arrivals a tick make a trend of noise, extrapolated a cold start out, while a
+        busy ramp's is kept whole)."""
+        if self.level is None or not self.step or self.trend == 0.0:
+            return 1.0
+        noise = max(0.0, self.level) / self.step * TREND_NOISE / self.step**2
+        square = self.trend * self.trend
+        return max(0.0, square - noise) / square
+
     def ahead(self, horizon_s: float) -> float | None:
         """The rate expected `horizon_s` from the last observation (None: nothing seen)."""
         if self.level is None:
             return None
-        return max(0.0, self.level + self.trend_weight() * self.trend * horizon_s)
+        extrapolated = self.trend_weight() * self.trend_gain() * self.trend * horizon_s
+        return max(0.0, self.level + extrapolated)
 
     def risk(self) -> float:
         """The under-forecast (requests per second) not ruled out: a high quantile of the
@@ -79,16 +116,15 @@ def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:
     errors = (*f.errors, *(rate - level - weight * trend for level, trend in due))[-ERRORS_KEPT:]
     fit = (*f.trend_fit, *((rate - level, trend) for level, trend in due))[-ERRORS_KEPT:]
     if f.level is None or f.at is None or now <= f.at:
-        level, trend = rate, 0.0
+        level, trend, step = rate, 0.0, f.step
     else:
-        dt = now - f.at
-        predicted = f.level + f.trend * dt
+        step = now - f.at
+        predicted = f.level + f.trend * step
         level = ALPHA * rate + (1 - ALPHA) * predicted
-        trend = BETA * (level - f.level) / dt + (1 - BETA) * f.trend
-    pending = (*(p for p in f.pending if p[0] > now), (now + horizon_s, level, trend * horizon_s))
-    return replace(
-        f, level=level, trend=trend, at=now, errors=errors, trend_fit=fit, pending=pending
-    )
+        trend = BETA * (level - f.level) / step + (1 - BETA) * f.trend
+    new = replace(f, level=level, trend=trend, at=now, step=step, errors=errors, trend_fit=fit)
+    made = (now + horizon_s, level, new.trend_gain() * trend * horizon_s)
+    return replace(new, pending=(*(p for p in f.pending if p[0] > now), made))
 
 
 SAMPLES_KEPT = 240

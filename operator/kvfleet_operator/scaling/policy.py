@@ -141,18 +141,22 @@ def _learn_demand(
 def _kept_up(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals,
              queue: float, load: float) -> bool | None:  # fmt: skip
     """Whether this tick shows the fleet keeping up with its arrivals: True (no queue over
-    target, TTFT within the SLO), False (load over the KV or slot target, or a queue over
+    target, TTFT within the SLO, load within the KV and slot targets), False (a queue over
     target that is not draining: arrivals outran service at this rate, whatever the TTFT
-    quantile, which lags, says yet), None (no evidence: a backlog draining, or a TTFT
-    quantile that still remembers one)."""
-    if load > max(1, fleet.active):
-        return False  # over the KV or slot target at this rate
+    quantile, which lags, says yet; or load over the KV or slot target), None (no evidence:
+    a backlog draining, or a TTFT quantile that still remembers one — the KV cache then
+    holds what the backlog admitted)."""
     over = backlog(config, signals, queue, fleet.active)
     within_slo = None if not _judged(config, signals) else not _breaches(config, signals)
     if over:
         draining = state.last_queue is not None and queue < state.last_queue
         return None if draining else False
-    return None if within_slo is False else True
+    if within_slo is False:
+        # Latency over the objective with no backlog now: the quantile remembers one, and
+        # the KV cache (however full) holds the requests that backlog admitted, not this
+        # rate's.
+        return None
+    return load <= max(1, fleet.active)  # over the KV or slot target: failing at this rate
 
 
 def backlog(config: ScalingConfig, signals: Signals, queue: float, active: int) -> bool:
