@@ -43,6 +43,9 @@ async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))
     await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b-lora", "-n", "ai",
                   "--timeout=120s")  # fmt: skip
+    # Ready is serving (one replica will do); every replica ready is the rollout done.
+    await kubectl(kc, "wait", "--for=condition=Progressing=False", "kis/llama-8b-lora", "-n",
+                  "ai", "--timeout=120s")  # fmt: skip
     engines = await _pods(kc, "engine")
     gateway = (await _pods(kc, "gateway"))[0]
     secret = json.loads(await kubectl(kc, "get", "secret", "llama-8b-lora-engine-key", "-n",
