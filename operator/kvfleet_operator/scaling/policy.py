@@ -90,6 +90,17 @@ def warm_for(config: ScalingConfig, active: int) -> int:  # the fixed pool
     return max(0, min(config.warm_replicas, config.max_replicas - active))
 
 
+def cold_start(config: ScalingConfig, state: State) -> float:
+    """The time from a new pod to a ready replica: learned, else the spec's prior."""
+    return state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+
+
+def forecast_horizon(config: ScalingConfig, state: State) -> float:
+    """How far ahead demand is forecast: a replica ordered at the next tick serves a cold
+    start after it."""
+    return cold_start(config, state) + config.interval_s
+
+
 def learn_cold_start(config: ScalingConfig, state: State, observed_s: list[float]) -> State:
     """Fold observed pod created → Ready durations into the learned cold start: the mean of
     the observations with the prior counted as two of them (a first fast start does not
@@ -98,7 +109,7 @@ def learn_cold_start(config: ScalingConfig, state: State, observed_s: list[float
         return state
     prior_weight = 2
     n = state.cold_start_samples
-    mean = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+    mean = cold_start(config, state)
     total = mean * (n + prior_weight) + sum(observed_s)
     n += len(observed_s)
     return replace(state, cold_start_s=total / (n + prior_weight), cold_start_samples=n)
@@ -112,8 +123,7 @@ def warm_target(config: ScalingConfig, state: State, active: int) -> int:
     want = config.warm_replicas
     per = state.capacity.per_replica
     if config.warm_auto and per:
-        cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
-        ahead = state.forecast.ahead(cold + config.interval_s) or 0.0
+        ahead = state.forecast.ahead(forecast_horizon(config, state)) or 0.0
         slack = max(0.0, active * per - ahead)
         want = max(want, math.ceil((state.forecast.risk() - slack) / per - 1e-9))
     return max(0, min(want, config.max_replicas - active))
@@ -128,8 +138,7 @@ def _learn_demand(
     ceiling = signals.replica_throughput
     if rate is None:
         return replace(state, capacity=learn_capacity(state.capacity, None, 0, None, ceiling))
-    cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
-    forecast = observe(state.forecast, rate, now, cold + config.interval_s)
+    forecast = observe(state.forecast, rate, now, forecast_horizon(config, state))
     queue = sum(max(0.0, r.queue) for r in signals.replicas) + max(0.0, signals.held)
     kept_up = _kept_up(config, state, fleet, signals, queue, load)
     capacity = learn_capacity(state.capacity, rate, fleet.active, kept_up, ceiling)
@@ -216,13 +225,13 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     from_zero = fleet.active == 0 and signals.held > 0
     if from_zero:
         need_q = max(1.0, need_q)  # someone is waiting and nothing serves
-    cold = state.cold_start_s if state.cold_start_s is not None else config.cold_start_s
+    cold = cold_start(config, state)
     if fleet.starting > 0 and state.last_up is not None and now - state.last_up < cold:
         # Capacity ordered less than a cold start ago is on the way: the queue grows because
         # it is late, not because more is needed than what was ordered. (Past a cold start,
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
-    ahead = state.forecast.ahead(cold + config.interval_s)
+    ahead = state.forecast.ahead(forecast_horizon(config, state))
     per = state.capacity.per_replica
     need_f = ahead / per if ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
