@@ -310,6 +310,7 @@ def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float
         "label": cell.policy,
         "seed": cell.seed,
         "headroom": cell.headroom,
+        "measured_capacity": cell.capacity,
         "requests": len(records),
         "slo_attainment": sum(1 for t in ttfts if t <= deployment(cell.trace).slo_ttft_s)
         / max(1, len(ttfts)),

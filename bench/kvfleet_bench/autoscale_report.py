@@ -117,16 +117,14 @@ def write_report(out_dir: Path, results: list[dict[str, Any]], checks: list[dict
     rows = _rows(results)
     _pareto(results, out_dir / "autoscale-pareto.png")
     _timeline(results, out_dir / "autoscale.png")
-    where = _where(results, capacity)
+    where = _where(results)
     (out_dir / "autoscale.md").write_text(_markdown(rows, checks, capacity, plan, where))
 
 
-def _where(results: Sequence[dict[str, Any]], capacity: dict[str, float]) -> list[str]:
+def _where(results: Sequence[dict[str, Any]]) -> list[str]:
     """A section on where kvfleet's GPU-hours go, per trace on its first seed: its capacity
     plan and the gateways' roofline beside the capacity measured offline (what the oracle
     plans at), its highest forecast over the highest rate, its mean warm spares."""
-    from kvfleet_bench.autoscale import LONG_PROMPT
-
     lines = [
         "## Where kvfleet's GPU-hours go (first seed)",
         "",
@@ -145,13 +143,11 @@ def _where(results: Sequence[dict[str, Any]], capacity: dict[str, float]) -> lis
             continue
         seed = min(kv)
         cell = kv[seed]
-        key = trace[5:] if trace.startswith("file:") else trace if trace == LONG_PROMPT else (
-            "synthetic"
-        )  # fmt: skip
         ratio = f"{cell['gpu_hours'] / oracle[seed]['gpu_hours']:.2f}×" if seed in oracle else "–"
         lines.append(
-            f"| {trace} | {_num(capacity.get(key))} | {_num(cell.get('capacity_plan'))} | "
-            f"{_num(cell.get('roofline'))} | {_num(cell.get('forecast_over_peak'))} | "
+            f"| {trace} | {_num(cell.get('measured_capacity'))} | "
+            f"{_num(cell.get('capacity_plan'))} | {_num(cell.get('roofline'))} | "
+            f"{_num(cell.get('forecast_over_peak'))} | "
             f"{cell.get('warm_mean', 0.0):.1f} | {ratio} |"
         )
     return [*lines, ""]

@@ -157,6 +157,7 @@ def test_a_steady_only_run_writes_its_report(tmp_path: Path) -> None:
             "roles": [(0.0, 3, 1, 0), (15.0, 3, 1, 0)],
             "rate": [60.0, 61.0],
             "ttft_p99_timeline": [0.3, 0.3],
+            "measured_capacity": 23.9,
             "capacity_plan": 19.2,
             "roofline": 26.0,
             "forecast_over_peak": 1.2,
