@@ -190,3 +190,56 @@ def test_every_policy_starts_sized_for_its_first_cold_start() -> None:
     for policy in ("kvfleet", "keda@40", "hpa+1"):
         assert initial_size(Cell("x", policy, 1, 10.0), rising) == 3
     assert initial_size(Cell("x", "oracle", 1, 10.0, headroom=1.5), rising) == 4
+
+
+def test_capacity_bisection_is_as_precise_for_a_slow_replica_as_a_fast_one() -> None:
+    """The measured capacity is found within 1% whether a replica serves half a request a
+    second or fifty (a linear bisection over 0.05–200 req/s left 0.2 req/s of doubt: 40% of
+    a long-prompt replica's capacity)."""
+    from kvfleet_bench.autoscale import highest_passing
+
+    for limit in (0.53, 5.3, 53.0):
+        found = highest_passing(lambda rate, limit=limit: rate <= limit, 0.05, 200.0)
+        assert 0.99 * limit <= found <= limit
+
+
+def test_the_oracle_plans_at_its_cheapest_headroom_that_keeps_the_slo() -> None:
+    """From headroom 1 the search goes down the grid while the oracle keeps 99.9% and takes
+    the cheapest headroom that kept it; up the grid when 1 misses; the highest tried when
+    none keeps it (reported broken)."""
+    from kvfleet_bench.autoscale import HEADROOMS, Cell, _cheapest_headroom
+
+    def slo(cell: Cell) -> float:  # keeps 99.9% from a headroom that depends on the seed
+        needs = {1: 0.7, 2: 1.2, 3: 99.0}[cell.seed]
+        return 1.0 if cell.headroom >= needs - 1e-9 else 0.9
+
+    ran: list[tuple[int, float]] = []
+
+    def run(cells: list[Cell]) -> list[dict[str, object]]:
+        ran.extend((c.seed, c.headroom) for c in cells)
+        return [{"seed": c.seed, "headroom": c.headroom, "slo_attainment": slo(c),
+                 "gpu_hours": c.headroom} for c in cells]  # fmt: skip
+
+    base = [Cell("diurnal", "oracle", seed, 10.0) for seed in (1, 2, 3)]
+    out = _cheapest_headroom(base, run)
+    assert [(r["seed"], r["headroom"]) for r in out] == [(1, 0.7), (2, 1.2), (3, HEADROOMS[-1])]
+    assert [h for s, h in ran if s == 1] == [1.0, 0.9, 0.8, 0.7, 0.6]  # down until it misses
+    assert [h for s, h in ran if s == 2] == [1.0, 1.1, 1.2]  # up until it keeps the SLO
+
+
+def test_an_oracle_undercut_by_another_policy_is_reported_broken() -> None:
+    """An oracle that some policy matches at 99.9% within the SLO for fewer GPU-hours on the
+    same seed bounds nothing: its goal fails and names the policy."""
+    from kvfleet_bench.autoscale_report import goals
+
+    def cell(label: str, seed: int, slo: float, gpu_hours: float) -> dict[str, object]:
+        return {"trace": "diurnal", "label": label, "seed": seed, "slo_attainment": slo,
+                "gpu_hours": gpu_hours, "headroom": 1.0}  # fmt: skip
+
+    fair = [cell("oracle", 1, 1.0, 1.5), cell("oracle", 2, 0.9995, 1.5),
+            cell("kvfleet", 1, 1.0, 1.6), cell("keda@40", 2, 0.998, 1.2)]  # fmt: skip
+    check = next(g for g in goals(fair) if g["goal"].startswith("diurnal: the oracle"))
+    assert check["met"] and check["value"].endswith("nothing undercuts it")
+    undercut = [*fair, cell("kvfleet", 2, 0.9991, 1.4)]
+    check = next(g for g in goals(undercut) if g["goal"].startswith("diurnal: the oracle"))
+    assert not check["met"] and check["value"].endswith("undercut by kvfleet")
