@@ -471,3 +471,17 @@ def test_falling_demand_scales_down_ahead_of_the_window() -> None:
     recent = [d.recommendation or 0 for d in run.decisions[k - window : k]]
     assert max(recent) > first.desired_active, (recent, first.reason)  # the window held more
     assert "demand falling" in first.reason and "ahead of the 300s window" in first.reason
+
+
+def test_a_decision_quotes_the_horizon_its_forecast_looked_ahead() -> None:
+    """The forecast looks a cold start and a tick ahead; once pods have shown how long they
+    take to start, the decision quotes that horizon, not the spec's prior cold start."""
+    config = ScalingConfig(max_replicas=8, cold_start_s=300.0)
+    state = State(desired_active=3, capacity=Capacity(ceiling=10.0))
+    busy = replace(signals(3), arrival_rate=20.0)
+    d, _ = decide(config, state, Fleet(3, 0, 0), busy, 0.0)
+    assert "forecast 20.0 req/s in 315s at 10.0/replica" in d.reason, d.reason
+    learned = learn_cold_start(config, state, [60.0, 60.0, 60.0, 60.0, 60.0, 60.0])
+    assert learned.cold_start_s == 120.0  # the prior counts as two of eight observations
+    d, _ = decide(config, learned, Fleet(3, 0, 0), busy, 0.0)
+    assert "forecast 20.0 req/s in 135s at 10.0/replica" in d.reason, d.reason

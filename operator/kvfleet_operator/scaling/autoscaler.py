@@ -39,7 +39,7 @@ from kvfleet_operator.scaling.observe import (
     role_of,
     signals_for,
 )
-from kvfleet_operator.scaling.policy import decide, learn_cold_start
+from kvfleet_operator.scaling.policy import cold_start, decide, learn_cold_start
 from kvfleet_operator.spec import InferenceServiceSpec, parse_spec
 from kvfleet_operator.spec_scaling import Autoscaling
 from kvfleet_operator.status import (
@@ -278,7 +278,7 @@ class Autoscaler:
             if (m := obs.pods.get((key[0], p["metadata"]["name"]))) is not None
         }
         queue = sum(r.queue for r in sig.replicas) if sig.replicas else None
-        new = Scaled(decision, now, obs.source, state.cold_start_s or config.cold_start_s,
+        new = Scaled(decision, now, obs.source, cold_start(config, state),
                      obs.ttft_p99.get(key), queue, obs.cost_per_1k_tokens.get(key),
                      sig.arrival_rate, in_flight)  # fmt: skip
         states, latest, _ = self._books(pool)

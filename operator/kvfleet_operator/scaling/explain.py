@@ -21,6 +21,10 @@ class Terms:
     mean_kv: float | None
     from_zero: bool
     forecast_rate: float | None
+    """Requests per second forecast `horizon_s` ahead."""
+    horizon_s: float
+    """How far ahead the forecast looks: the cold start (learned, else the spec's prior) and
+    a tick."""
     serving: int
     """Active replicas (at least 1: what per-replica numbers divide by)."""
 
@@ -30,7 +34,7 @@ def explain(config: ScalingConfig, state: State, terms: Terms, need: float, raw:
              signals: Signals) -> str:  # fmt: skip
     per = state.capacity.per_replica
     demand = (
-        f"forecast {terms.forecast_rate:.1f} req/s in {config.cold_start_s:g}s at {per:.1f}/replica"
+        f"forecast {terms.forecast_rate:.1f} req/s in {terms.horizon_s:.0f}s at {per:.1f}/replica"
         if terms.forecast_rate is not None and per
         else "no demand forecast yet"
     )

@@ -231,7 +231,8 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
         # it is late, not because more is needed than what was ordered. (Past a cold start,
         # a queue still growing is load still growing: a ramp may order again.)
         need_q = min(need_q, float(max(current, 1)))
-    ahead = state.forecast.ahead(forecast_horizon(config, state))
+    horizon = forecast_horizon(config, state)
+    ahead = state.forecast.ahead(horizon)
     per = state.capacity.per_replica
     need_f = ahead / per if ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
@@ -248,7 +249,7 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
           "itl": need_itl}  # fmt: skip
     down = max(kv_down / target, need_q, slots, need_f_down, need_slo, need_itl)
     mean_kv = sum(kv) / len(kv) if kv else None
-    return Terms(up, down, queue, running, mean_kv, from_zero, ahead, max(1, fleet.active))
+    return Terms(up, down, queue, running, mean_kv, from_zero, ahead, horizon, max(1, fleet.active))
 
 
 def decide(
