@@ -14,7 +14,13 @@ from kvfleet_sim.fleet.des import FleetSimulator
 from kvfleet_sim.fleet.model import FleetConfig, FleetView, Target
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.scalers import KvfleetScaler, keda_load
-from kvfleet_sim.fleet.tracefile import TraceFileError, TraceFileWorkload, read_trace
+from kvfleet_sim.fleet.tracefile import (
+    MOONCAKE_BLOCK,
+    TraceFileError,
+    TraceFileWorkload,
+    TraceRow,
+    read_trace,
+)
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
@@ -98,6 +104,21 @@ def test_azure_trace_file_replays_with_scales(tmp_path: Path) -> None:
     first = next(iter(base))
     assert len(first.prompt_ids) == rows[0].prompt_tokens
     assert first.max_new_tokens == rows[0].output_tokens
+
+
+def test_rate_scale_copies_share_prefixes_within_a_copy_not_across() -> None:
+    """`rate_scale` 2 sends each row twice: two populations replaying the trace. Rows that
+    share a prefix block share it within each copy, while a row's two copies share none (a
+    row sent eight times at once, every block shared, made the scaled Mooncake sample
+    mostly prefix-cache hits: one replica served what kvfleet planned four for)."""
+    rows = [TraceRow(0.0, 1024, 8, (1, 2)), TraceRow(1.0, 1024, 8, (1, 3))]
+    copies = list(TraceFileWorkload(rows, 50_000, rate_scale=2.0))
+    assert len(copies) == 4  # row 1's two copies, then row 2's
+    first_block = [c.prompt_ids[:MOONCAKE_BLOCK] for c in copies]
+    assert first_block[0] == first_block[2] and first_block[1] == first_block[3]  # within
+    assert first_block[0] != first_block[1]  # not across the copies
+    single = list(TraceFileWorkload(rows, 50_000))
+    assert [c.prompt_ids for c in single] == [copies[0].prompt_ids, copies[2].prompt_ids]
 
 
 def test_a_bad_trace_file_names_its_line(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@
 
 Each row is one request: when it arrived, its prompt and its output length. `time_scale`
 compresses the clock (2 = twice as fast); `rate_scale`
-keeps the clock and multiplies the requests (1.5 = each row once, half of them twice).
+keeps the clock and multiplies the requests (1.5 = each row once, half of them twice), each
+copy a population of its own (its prefix blocks shared within it, not with other copies).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class TraceFileWorkload(Workload):
             WorkloadSpec("random", num_requests=len(rows), seed=seed), RateTrace(), vocab_size
         )
         self.rows, self.time_scale, self.rate_scale = rows, time_scale, rate_scale
-        self._blocks: dict[int, list[int]] = {}
+        self._blocks: dict[tuple[int, int], list[int]] = {}
 
     @property
     def duration_s(self) -> float:
@@ -141,18 +142,24 @@ class TraceFileWorkload(Workload):
         whole, frac = int(self.rate_scale), self.rate_scale - int(self.rate_scale)
         for row in self.rows:
             copies = whole + (1 if rng.random() < frac else 0)
-            for _ in range(copies):  # copies arrive together: arrivals stay in time order
-                yield Arrival(row.time / self.time_scale, self._prompt(row, rng), row.output_tokens)
+            for copy in range(copies):  # copies arrive together: arrivals stay in time order
+                prompt = self._prompt(row, rng, copy)
+                yield Arrival(row.time / self.time_scale, prompt, row.output_tokens)
 
-    def _prompt(self, row: TraceRow, rng: random.Random) -> list[int]:
+    def _prompt(self, row: TraceRow, rng: random.Random, copy: int = 0) -> list[int]:
+        """The row's prompt; `copy` numbers the copies `rate_scale` makes. Each copy is a
+        population of its own: copy k's requests share prefix blocks with each other as the
+        trace's do, and none with another copy's (eight copies of one request sent at once
+        sharing every block would make the scaled load mostly prefix-cache hits)."""
         if not row.hash_ids:
             return random_token_ids(rng, row.prompt_tokens, self.vocab)
         ids: list[int] = []
         for h in row.hash_ids:  # the same id, the same tokens: a prefix cache finds them
-            block = self._blocks.get(h)
+            block = self._blocks.get((copy, h))
             if block is None:
-                block = random_token_ids(random.Random(h), MOONCAKE_BLOCK, self.vocab)
-                self._blocks[h] = block
+                seed: int | str = h if copy == 0 else f"{copy}:{h}"
+                block = random_token_ids(random.Random(seed), MOONCAKE_BLOCK, self.vocab)
+                self._blocks[(copy, h)] = block
             ids += block
         if len(ids) < row.prompt_tokens:
             ids += random_token_ids(rng, row.prompt_tokens - len(ids), self.vocab)
