@@ -72,10 +72,11 @@ def explain(config: ScalingConfig, state: State, terms: Terms, need: float, raw:
 def explain_falling(config: ScalingConfig, state: State, desired: int) -> str:
     f, per, began = state.forecast, state.capacity.per_replica or 0.0, state.falling_since
     level, risk = f.level or 0.0, f.risk()
+    noise = max(risk, f.overshoot())
     fell = (began[1] - level) if began else 0.0
     return (
         f"scale down to {desired}: demand falling ({level:.1f} req/s, {fell:.1f} under where"
-        f" it began to fall, more than the forecast's recent misses of {risk:.1f}); {level:.1f}"
+        f" it began to fall, more than the forecast's noise of {noise:.1f}); {level:.1f}"
         f" + {risk:.1f} req/s at {per:.1f}/replica, ahead of the {config.scale_down_window_s:g}s"
         " window"
     )

@@ -105,8 +105,20 @@ class Forecast:
         positive errors seen; 0 with too few of them to say."""
         if len(self.errors) < MIN_SCORED:
             return 0.0
-        ordered = sorted(max(0.0, e) for e in self.errors)
-        return ordered[min(len(ordered) - 1, math.ceil(RISK_QUANTILE * len(ordered)) - 1)]
+        return _quantile([max(0.0, e) for e in self.errors], RISK_QUANTILE)
+
+    def overshoot(self) -> float:
+        """The over-forecast (requests per second) noise alone explains: the same high
+        quantile of the negative errors seen (how far under its forecast the rate came in);
+        0 with too few of them to say."""
+        if len(self.errors) < MIN_SCORED:
+            return 0.0
+        return _quantile([max(0.0, -e) for e in self.errors], RISK_QUANTILE)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:

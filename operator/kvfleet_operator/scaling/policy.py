@@ -20,8 +20,9 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
 - **Fast up, slow down.** Per-direction stabilization windows (the spec's): a scale-up takes
   the smallest recommendation of the up window, a scale-down the largest of the down window;
   step limits per tick. Demand that has clearly fallen (for half a down window, by more
-  than the forecast's recent misses) takes the fleet down ahead of the window, to what its
-  level plus those misses needs: the window guards noisy signals, not a clear fall. A size
+  than the forecast's noise: its recent misses either way) takes the fleet down ahead of the
+  window, to what its level plus its under-forecasts needs: the window guards noisy
+  signals, not a clear fall. A size
   the fleet had to come back to within two down windows (a flap) is a floor for an hour,
   while there is load: an idle fleet goes down as its windows allow.
 - **Capacity on the way.** Replicas that are starting are capacity already ordered: while
@@ -353,16 +354,19 @@ def _idle(signals: Signals, terms: Terms) -> bool:
 
 def _falling_demand(config: ScalingConfig, state: State, now: float) -> int | None:
     """Replicas enough for demand that has been falling for half a down window, by more than
-    the forecast's recent under-forecasts: its level now plus that under-forecast, at the
-    learned capacity; None when demand is not falling so, or either is unknown. (A dip on
-    a noisy plateau turns the trend for a tick or two and stays inside its own noise.)"""
+    the forecast's noise (the larger of its recent under- and over-forecasts: noise is
+    symmetric, and a plateau that jumps about its mean shows it mostly as over-forecasts
+    after each drop): its level now plus the under-forecast, at the learned capacity; None
+    when demand is not falling so, or either is unknown. (A dip on a noisy plateau turns
+    the trend for a tick or two and stays inside its own noise.)"""
     f, per = state.forecast, state.capacity.per_replica
     began = state.falling_since
     scored = config.scale_down_window_s / config.interval_s  # a window's worth of noise seen
     if f.level is None or not per or began is None or len(f.errors) < scored:
         return None
     risk = f.risk()
-    if now - began[0] < config.scale_down_window_s / 2 or began[1] - f.level <= risk:
+    noise = max(risk, f.overshoot())
+    if now - began[0] < config.scale_down_window_s / 2 or began[1] - f.level <= noise:
         return None
     return max(config.min_replicas, math.ceil((f.level + risk) / per - 1e-9))
 
