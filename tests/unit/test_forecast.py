@@ -126,6 +126,7 @@ def test_the_overshoot_is_the_same_quantile_of_the_over_forecasts() -> None:
     f = Forecast(errors=(5.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -40.0))
     assert f.overshoot() == 7.0  # how far under its forecast the rate came in, nine in ten
     assert f.risk() == 0.0  # the under-forecasts, one in ten here, are the other side
+    assert f.noise() == 7.0  # the larger of the two: the falling-demand test's margin
     assert Forecast(errors=(-9.0, -9.0)).overshoot() == 0.0  # too few to say
 
 

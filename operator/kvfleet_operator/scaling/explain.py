@@ -71,8 +71,7 @@ def explain(config: ScalingConfig, state: State, terms: Terms, need: float, raw:
 
 def explain_falling(config: ScalingConfig, state: State, desired: int) -> str:
     f, per, began = state.forecast, state.capacity.per_replica or 0.0, state.falling_since
-    level, risk = f.level or 0.0, f.risk()
-    noise = max(risk, f.overshoot())
+    level, risk, noise = f.level or 0.0, f.risk(), f.noise()
     fell = (began[1] - level) if began else 0.0
     return (
         f"scale down to {desired}: demand falling ({level:.1f} req/s, {fell:.1f} under where"

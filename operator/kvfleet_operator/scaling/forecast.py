@@ -115,6 +115,12 @@ class Forecast:
             return 0.0
         return _quantile([max(0.0, -e) for e in self.errors], RISK_QUANTILE)
 
+    def noise(self) -> float:
+        """How far the rate strays from its forecast either way: the larger of `risk` and
+        `overshoot` (noise is symmetric; a plateau that jumps about its mean shows it mostly
+        as over-forecasts after each drop)."""
+        return max(self.risk(), self.overshoot())
+
 
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)

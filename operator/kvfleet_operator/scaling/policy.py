@@ -354,21 +354,18 @@ def _idle(signals: Signals, terms: Terms) -> bool:
 
 def _falling_demand(config: ScalingConfig, state: State, now: float) -> int | None:
     """Replicas enough for demand that has been falling for half a down window, by more than
-    the forecast's noise (the larger of its recent under- and over-forecasts: noise is
-    symmetric, and a plateau that jumps about its mean shows it mostly as over-forecasts
-    after each drop): its level now plus the under-forecast, at the learned capacity; None
-    when demand is not falling so, or either is unknown. (A dip on a noisy plateau turns
-    the trend for a tick or two and stays inside its own noise.)"""
+    the forecast's noise (`Forecast.noise`, its recent misses either way): its level now plus
+    its under-forecast, at the learned capacity; None when demand is not falling so, or
+    either is unknown. (A dip on a noisy plateau turns the trend for a tick or two and stays
+    inside its own noise.)"""
     f, per = state.forecast, state.capacity.per_replica
     began = state.falling_since
     scored = config.scale_down_window_s / config.interval_s  # a window's worth of noise seen
     if f.level is None or not per or began is None or len(f.errors) < scored:
         return None
-    risk = f.risk()
-    noise = max(risk, f.overshoot())
-    if now - began[0] < config.scale_down_window_s / 2 or began[1] - f.level <= noise:
+    if now - began[0] < config.scale_down_window_s / 2 or began[1] - f.level <= f.noise():
         return None
-    return max(config.min_replicas, math.ceil((f.level + risk) / per - 1e-9))
+    return max(config.min_replicas, math.ceil((f.level + f.risk()) / per - 1e-9))
 
 
 def _flap_floor(config: ScalingConfig, state: State, floor: tuple[float, int] | None,
