@@ -7,6 +7,8 @@ under CI (`CI=true`), where a missing service fails the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -229,11 +231,49 @@ def redis_url(redis_proc: RedisProcess) -> str:
     return redis_proc.url
 
 
+DUMP_BEFORE_TIMEOUT_S = 10.0
+"""How long before pytest-timeout's limit an async test prints what each of its tasks awaits."""
+
+
+def _timeout_of(request: pytest.FixtureRequest) -> float:
+    """The pytest-timeout limit of this test in seconds (0: none)."""
+    marker = request.node.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    option = request.config.getoption("timeout", None)
+    return float(option if option is not None else request.config.getini("timeout") or 0)
+
+
+async def _dump_tasks_after(seconds: float) -> None:
+    """Print the stack of every task of this loop after `seconds`: a test that hangs on an
+    await shows the line it waits on (pytest-timeout's own dump shows only the loop's
+    `select`), in the report's captured stderr."""
+    await asyncio.sleep(seconds)
+    me = asyncio.current_task()
+    out = io.StringIO()
+    print(f"--- still running after {seconds:.0f}s: what each task awaits ---", file=out)
+    for task in asyncio.all_tasks():
+        if task is not me:
+            task.print_stack(limit=12, file=out)
+    print(out.getvalue(), file=sys.stderr, flush=True)
+
+
 @pytest.fixture(autouse=True)
 async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """Fail any async test that leaves asyncio tasks running (as kopf's suite does)."""
+    """Fail any async test that leaves asyncio tasks running (as kopf's suite does); print
+    what a hanging one awaits before its timeout ends it."""
     before = asyncio.all_tasks()
+    limit = _timeout_of(request)
+    watchdog = (
+        asyncio.create_task(_dump_tasks_after(limit - DUMP_BEFORE_TIMEOUT_S), name="watchdog")
+        if limit > 2 * DUMP_BEFORE_TIMEOUT_S
+        else None
+    )
     yield
+    if watchdog is not None:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
 
     def pending() -> list[asyncio.Task[Any]]:
         return [
