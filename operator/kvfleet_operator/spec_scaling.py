@@ -80,7 +80,8 @@ class Autoscaling:
         "fixed: warmReplicas spares. auto: at least warmReplicas, and as many more as cover the"
         " growth the demand forecast cannot rule out within a cold start (a high quantile of its"
         " recent under-forecasts, in replicas of the capacity learned so far) that the active"
-        " replicas' capacity past the forecast does not already cover.",
+        " replicas' capacity past the forecast does not already cover; while demand falls"
+        " clearly and the fleet has shed an active replica to the fall, only those.",
     )
     slo: Slo | None = fld(
         None,

@@ -473,6 +473,34 @@ def test_falling_demand_scales_down_ahead_of_the_window() -> None:
     assert "demand falling" in first.reason and "ahead of the 300s window" in first.reason
 
 
+def test_a_clear_fall_waives_the_auto_pools_floor_and_a_new_rise_restores_it() -> None:
+    """warm_auto with a floor of one spare: through an hour at 80 ± 5% (one replica serves
+    10) the spare stays; once the evening's fall is clear the floor gives way (a spare is
+    capacity for growth) and the decision says so; when traffic climbs again the spare is
+    back. A fixed pool keeps its spare through the same fall."""
+
+    def evening(config: ScalingConfig) -> Run:
+        run = Run(config, active=8)
+        rng = random.Random(3)
+        for _ in range(240):
+            run.tick(lambda n: ramp_signals(80.0 * rng.uniform(0.95, 1.05), 10.0, n))
+        for i in range(40):
+            run.tick(ramp_signals(80.0 - 1.0 * (i + 1), 10.0, run.active))
+        return run
+
+    auto = ScalingConfig(min_replicas=1, max_replicas=20, warm_replicas=1, warm_auto=True)
+    run = evening(auto)
+    assert all(d.desired_warm >= 1 for d in run.decisions[:240])
+    waived = [d for d in run.decisions[240:] if d.desired_warm == 0]
+    assert waived and "0 warm under the floor of 1 while demand falls" in waived[0].reason
+    assert run.decisions[-1].desired_warm == 0, run.decisions[-1].reason
+    for i in range(30):  # the next morning: the fall is over, growth is possible again
+        d = run.tick(ramp_signals(40.0 + 1.0 * i, 10.0, run.active))
+    assert d.desired_warm >= 1, d.reason
+    fixed = evening(replace(auto, warm_auto=False))
+    assert all(d.desired_warm == 1 for d in fixed.decisions)
+
+
 def test_a_plateau_that_jumps_about_its_mean_is_not_a_fall() -> None:
     """Traffic at 60 req/s that settles each minute on a new level up to 20% either side
     (one replica serves 24): the forecast over-shoots after every drop, so a drop of a few

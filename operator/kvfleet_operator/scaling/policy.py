@@ -45,7 +45,10 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   covers the growth the forecast cannot rule out within a cold start (a high quantile of
   its recent under-forecasts, in replicas), less what the active replicas already hold past
   the forecast: large before a ramp it has been missing, small on a steady night or while a
-  down window keeps more active replicas than the forecast needs.
+  down window keeps more active replicas than the forecast needs; and while demand falls
+  clearly (the test that takes the fleet down early) and the fleet has shed an active
+  replica to the fall, the `warmReplicas` floor is waived — a spare is capacity for growth,
+  and an evening's fall has none to cover.
 
 Each decision names the term that bound it (`bound_by`) with its numbers.
 """
@@ -116,13 +119,18 @@ def learn_cold_start(config: ScalingConfig, state: State, observed_s: list[float
     return replace(state, cold_start_s=total / (n + prior_weight), cold_start_samples=n)
 
 
-def warm_target(config: ScalingConfig, state: State, active: int) -> int:
+def warm_target(config: ScalingConfig, state: State, active: int, falling: bool = False) -> int:
     """Spares for `active` replicas: the configured floor, and with `warm_auto` the forecast's
     recent under-forecast in replicas — inside `max_replicas`. The under-forecast is growth
     past the forecast: what the active replicas already hold beyond the forecast (a size the
-    down window or a flap floor keeps) covers that much of it, and the pool only the rest."""
+    down window or a flap floor keeps) covers that much of it, and the pool only the rest.
+    With `warm_auto`, while demand is `falling` clearly (`_falling_demand`, and the fleet has
+    shed an active replica to it) the floor gives way to that term alone: a spare is
+    capacity for growth, and a clear fall has none."""
     want = config.warm_replicas
     per = state.capacity.per_replica
+    if config.warm_auto and falling:
+        want = 0
     if config.warm_auto and per:
         ahead = state.forecast.ahead(forecast_horizon(config, state)) or 0.0
         slack = max(0.0, active * per - ahead)
@@ -312,9 +320,12 @@ def decide(
         if early
         else explain(config, state, terms, need, raw, desired, current, per_q, bound_by, signals)
     )
+    warm = warm_target(config, state, desired, falling=_shed_to_a_fall(state, falling, early))
+    if warm < min(config.warm_replicas, config.max_replicas - desired):
+        reason += f"; {warm} warm under the floor of {config.warm_replicas} while demand falls"
     decision = Decision(
         desired,
-        warm_target(config, state, desired),
+        warm,
         reason,
         queue_per_replica=per_q,
         kv_cache_usage=terms.mean_kv,
@@ -342,6 +353,16 @@ def decide(
         last_change=now if changed else state.last_change,
     )
     return decision, new_state
+
+
+def _shed_to_a_fall(state: State, falling: int | None, early: bool) -> bool:
+    """Whether demand is falling clearly (`falling`: `_falling_demand`'s size) and the fleet
+    has shed an active replica to this fall (now, `early`, or since it began). A dip on a
+    plateau reads as a clear fall for a tick or two and sheds nothing: its spare stays."""
+    if falling is None:
+        return False
+    began, down = state.falling_since, state.last_down
+    return early or (began is not None and down is not None and down[0] >= began[0])
 
 
 def _idle(signals: Signals, terms: Terms) -> bool:
