@@ -321,7 +321,7 @@ def decide(
         else explain(config, state, terms, need, raw, desired, current, per_q, bound_by, signals)
     )
     warm = warm_target(config, state, desired, falling=_shed_to_a_fall(state, falling, early))
-    if warm < min(config.warm_replicas, config.max_replicas - desired):
+    if warm < warm_for(config, desired):  # under the floor the fixed pool would keep
         reason += f"; {warm} warm under the floor of {config.warm_replicas} while demand falls"
     decision = Decision(
         desired,
