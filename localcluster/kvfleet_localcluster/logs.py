@@ -75,10 +75,13 @@ async def serve_logs(
     pod: dict[str, Any],
     source: LogSource,
     closed: Callable[[], bool],
+    container_name: str | None = None,
 ) -> aiohttp.web.StreamResponse:
+    """The log of `container_name` (the kubelet API names it in the path), else of the
+    `container` query parameter (the API server's pods/log)."""
     q = raw.query
     ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-    container = pick_container(pod, q.get("container"))
+    container = pick_container(pod, container_name or q.get("container"))
     previous = q.get("previous") in ("true", "1")
     follow = q.get("follow") in ("true", "1") and not previous
     tail, limit = _int(q, "tailLines"), _int(q, "limitBytes")

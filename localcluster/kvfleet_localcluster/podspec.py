@@ -151,7 +151,7 @@ class PodSandbox:
             "metadata.name": self.name,
             "metadata.namespace": self.ns,
             "metadata.uid": str(self.meta.get("uid", "")),
-            "spec.nodeName": "local",
+            "spec.nodeName": str(self.spec.get("nodeName") or "local"),
             "spec.serviceAccountName": self.spec.get("serviceAccountName") or "default",
             "status.podIP": self.pod_ip,
             "status.podIPs": self.pod_ip,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,24 @@ def _target_port(port: Json, pod: Json) -> int | None:
 
 
 def service_table(store: Store) -> dict[str, list[Json]]:
+    """The table of the emulated API server's objects (`table_of`)."""
+    return table_of(store.peek(*POD.key), store.peek(*SERVICE.key))
+
+
+def table_of(pods: Iterable[Json], services: Iterable[Json]) -> dict[str, list[Json]]:
     """`name.namespace` → endpoints, each `{"ip": ..., "ports": {service port: pod port}}`;
     and for a pod with `hostname` and `subdomain` under a headless Service of that name,
     `hostname.subdomain.namespace` → that pod (its own ports), as cluster DNS publishes
     it (LeaderWorkerSet's workers find their leader so)."""
     by_label: dict[tuple[str, str, str], list[Json]] = defaultdict(list)
-    for pod in store.peek(*POD.key):
+    for pod in pods:
         meta = pod["metadata"]
         ip = (pod.get("status") or {}).get("podIP")
         if ip and not meta.get("deletionTimestamp"):
             for k, v in (meta.get("labels") or {}).items():
                 by_label[meta["namespace"], k, v].append(pod)
     table: dict[str, list[Json]] = {}
-    for svc in store.peek(*SERVICE.key):
+    for svc in services:
         meta, spec = svc["metadata"], svc.get("spec") or {}
         selector: dict[str, str] = spec.get("selector") or {}
         if not selector:
@@ -92,7 +98,9 @@ class ServiceTable:
         self._last: dict[str, list[Json]] | None = None
 
     def sync(self, store: Store) -> None:
-        table = service_table(store)
+        self.write(service_table(store))
+
+    def write(self, table: dict[str, list[Json]]) -> None:
         if table == self._last:
             return
         replace_file(self.path, json.dumps({"noEndpoints": NO_ENDPOINTS, "services": table}))
