@@ -197,7 +197,7 @@ def _build(go: str, out: Path) -> None:
 def _copy_module_files(
     go: str, module: str, version: str, files: tuple[str, ...], dest: Path, keep_tree: bool
 ) -> None:
-    source = Path(download(module, version, LWS_MODULE_DIR, go)["Dir"])
+    source = Path(download(module, version, go)["Dir"])
     for name in files:
         target = dest / (name if keep_tree else Path(name).name)
         target.parent.mkdir(parents=True, exist_ok=True)

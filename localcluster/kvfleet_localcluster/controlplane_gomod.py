@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,23 +81,25 @@ def staging_version(kubernetes_version: str) -> str:
     return f"v0.{rest}"
 
 
-def download(module: str, version: str, cwd: Path, go: str = "go") -> dict[str, str]:
-    """`go mod download -json`: the module's cache paths (GoMod, Dir, ...)."""
-    out = subprocess.run(
-        [go, "mod", "download", "-json", f"{module}@{version}"],
-        cwd=cwd,
-        check=False,
-        capture_output=True,
-        text=True,
-    ).stdout
+def download(module: str, version: str, go: str = "go") -> dict[str, str]:
+    """`go mod download -json`: the module's cache paths (GoMod, Dir, ...). Run outside any
+    module, so that no go.mod or go.sum of ours changes."""
+    with tempfile.TemporaryDirectory() as outside:
+        out = subprocess.run(
+            [go, "mod", "download", "-json", f"{module}@{version}"],
+            cwd=outside,
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout
     info: dict[str, str] = json.loads(out)  # the error, if any, is in the JSON
     if "Error" in info:
         raise RuntimeError(f"{module}@{version}: {info['Error']}")
     return info
 
 
-def upstream_gomod(cwd: Path = MODULE_DIR) -> str:
-    return Path(download("k8s.io/kubernetes", KUBERNETES_VERSION, cwd)["GoMod"]).read_text()
+def upstream_gomod() -> str:
+    return Path(download("k8s.io/kubernetes", KUBERNETES_VERSION)["GoMod"]).read_text()
 
 
 def render_kube_gomod(upstream: Upstream) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet_localcluster import controlplane_build, controlplane_gomod
+from kvfleet_localcluster import controlplane_build, controlplane_gomod, controlplane_lws
 from kvfleet_localcluster.controlplane_gomod import (
     ETCD_MODULE,
     KUBERNETES_VERSION,
@@ -140,3 +140,22 @@ def test_missing_go_names_the_version_needed(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(controlplane_build.GoMissing, match=r"Go 1\.26"):
         controlplane_build.go_binary()
+
+
+def test_lws_webhooks_are_the_release_patched_as_its_kustomization_calling_a_url() -> None:
+    require_binary("go")
+    release = Path(controlplane_gomod.download("sigs.k8s.io/lws", LWS_VERSION)["Dir"])
+    docs = controlplane_lws.webhook_configurations(release, "https://127.0.0.1:9443", b"CA")
+    hooks = {h["name"]: h for doc in docs for h in doc["webhooks"]}
+    assert {d["metadata"]["name"] for d in docs} == {
+        "lws-mutating-webhook-configuration",
+        "lws-validating-webhook-configuration",
+    }
+    # Without the kustomization's objectSelector every pod in the cluster would call it.
+    selector = {"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}
+    assert hooks["mpod.kb.io"]["objectSelector"]["matchExpressions"] == [selector]
+    assert hooks["vpod.kb.io"]["objectSelector"]["matchExpressions"] == [selector]
+    assert hooks["mpod.kb.io"]["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/mutate--v1-pod",
+        "caBundle": "Q0E=",
+    }
