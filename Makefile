@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PACKAGES := kernel/kvfleet_kernel operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
-.PHONY: help setup test lint unit integration demo bench crds docs clean
+.PHONY: help setup test lint unit integration demo bench crds docs clean controlplane
 .DEFAULT_GOAL := help
 
 help:  ## this list of targets
@@ -42,6 +42,9 @@ test: lint  ## the whole suite (what .ci/run calls)
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration
+
+controlplane: setup  ## build the real Kubernetes control plane from its Go modules (cached)
+	$(BIN)/kvfleet cluster build
 
 unit: setup  ## the unit tests only
 	$(BIN)/pytest -q tests/unit

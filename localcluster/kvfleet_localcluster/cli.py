@@ -129,3 +129,24 @@ async def _serve(config: LocalClusterConfig) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     click.echo("stopped", err=True)
+
+
+@cluster.command("build")
+@click.option(
+    "--gomod",
+    is_flag=True,
+    help="First regenerate localcluster/controlplane/go.mod (and lws/go.mod) from the upstream "
+    "k8s.io/kubernetes go.mod, then `go mod tidy` (after changing a pinned version).",
+)
+def build(gomod: bool) -> None:
+    """Build the real control plane (kube-apiserver, controller manager, scheduler, etcd, the
+    LeaderWorkerSet controller) from its Go modules; a no-op when already built."""
+    from kvfleet_localcluster import controlplane_build, controlplane_gomod
+
+    if gomod:
+        controlplane_gomod.regenerate()
+    try:
+        binaries = controlplane_build.ensure_built()
+    except controlplane_build.GoMissing as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(binaries.directory)

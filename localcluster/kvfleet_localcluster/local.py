@@ -13,7 +13,6 @@ SIGKILL) before the API server goes away.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -24,7 +23,7 @@ import aiohttp
 import aiohttp.web
 import yaml
 
-from kvfleet_localcluster import pki
+from kvfleet_localcluster import kubeconfigs, pki
 from kvfleet_localcluster.apiserver import ClusterAPI
 from kvfleet_localcluster.auth import AUTHENTICATED, MASTERS, User
 from kvfleet_localcluster.controllers import Cluster
@@ -65,31 +64,7 @@ class LocalClusterConfig:
 
 
 def kubeconfig_document(url: str, namespace: str, ca_pem: bytes, token: str) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "kvfleet-local",
-        "clusters": [
-            {
-                "name": "kvfleet-local",
-                "cluster": {
-                    "server": url,
-                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
-                },
-            }
-        ],
-        "contexts": [
-            {
-                "name": "kvfleet-local",
-                "context": {
-                    "cluster": "kvfleet-local",
-                    "user": "kvfleet-admin",
-                    "namespace": namespace,
-                },
-            }
-        ],
-        "users": [{"name": "kvfleet-admin", "user": {"token": token}}],
-    }
+    return kubeconfigs.document(url, namespace, ca_pem, kubeconfigs.token_user(token))
 
 
 class LocalCluster:
