@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -47,8 +48,9 @@ class ApiAccess:
     port: int
     ca_pem: bytes
     admin_token: str
-    node_tokens: dict[str, str]
-    """Node name → a token of `system:node:<name>` (group `system:nodes`)."""
+    node_certificate: Callable[[str], tuple[Path, Path]]
+    """Node name → its client certificate and key files: user `system:node:<name>`, group
+    `system:nodes`, which the Node authorizer and NodeRestriction admission know."""
 
     @property
     def url(self) -> str:
@@ -92,20 +94,23 @@ class ClusterNodes:
         n = next(self._count)
         return self._range.address(n) if self._range else PodRange.first(n)
 
-    def _client(self, token: str, agent: str) -> KubeClient:
-        client = KubeClient(self.access.url, token, self.access.ca_pem, agent)
+    def _client(
+        self, agent: str, token: str | None = None, cert: tuple[Path, Path] | None = None
+    ) -> KubeClient:
+        client = KubeClient(self.access.url, self.access.ca_pem, agent, token, cert)
         self._clients.append(client)
         return client
 
     async def __aenter__(self) -> ClusterNodes:
-        admin = self._client(self.access.admin_token, "kvfleet-local-cluster")
+        admin = self._client("kvfleet-local-cluster", token=self.access.admin_token)
         state = node_dir(self.kubelet)
         self._tasks.append(asyncio.create_task(Provisioner(admin, state / "volumes").run()))
         if self.kubelet.run_processes:
             directory = ServiceDirectory(admin, service_table_file(self.kubelet))
             self._tasks.append(asyncio.create_task(directory.run()))
         for spec in self.specs:
-            client = self._client(self.access.node_tokens[spec.name], f"kubelet/{spec.name}")
+            cert = self.access.node_certificate(spec.name)
+            client = self._client(f"kubelet/{spec.name}", cert=cert)
             agent = NodeAgent(
                 spec, client, self.kubelet, self._allocate_ip,
                 self.access.host, self.access.port, self.access.ca_pem,

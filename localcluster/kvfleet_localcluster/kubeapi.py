@@ -13,6 +13,7 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -64,12 +65,24 @@ SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
 class KubeClient:
     """One HTTPS session to the API server; `close()` (or `async with`) releases it."""
 
-    def __init__(self, url: str, token: str, ca_pem: bytes, user_agent: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        ca_pem: bytes,
+        user_agent: str,
+        token: str | None = None,
+        client_cert: tuple[Path, Path] | None = None,
+    ) -> None:
+        """Log in with a bearer `token`, or a client certificate (cert file, key file)."""
         self.url = url.rstrip("/")
         context = ssl.create_default_context(cadata=ca_pem.decode())
+        if client_cert is not None:
+            context.load_cert_chain(*client_cert)
+        headers = {"User-Agent": user_agent}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         self._session = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {token}", "User-Agent": user_agent},
-            connector=aiohttp.TCPConnector(ssl=context),
+            headers=headers, connector=aiohttp.TCPConnector(ssl=context)
         )
 
     async def __aenter__(self) -> KubeClient:

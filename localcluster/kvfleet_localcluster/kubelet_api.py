@@ -1,10 +1,13 @@
-"""The kubelet API a node agent serves, which the API server dials for `kubectl logs` (and
-refuses politely for `kubectl exec`): HTTPS on the port the Node's `daemonEndpoints` names.
+"""The kubelet API a node agent serves, which the API server dials for `kubectl logs` and
+`kubectl port-forward` (and refuses politely for `kubectl exec`): HTTPS on the port the
+Node's `daemonEndpoints` names.
 
-`GET /containerLogs/<namespace>/<pod>/<container>` takes the parameters the API server passes
-on from pods/log (`follow`, `previous`, `tailLines`, `limitBytes`) and streams the file the
-node keeps for that run of the container. Pods here are processes, not containers: there is
-nothing to exec into or attach to, and the answer says so instead of hanging up.
+`/portForward/<namespace>/<pod>` upgrades to SPDY/3.1 and forwards the pod's ports
+(`portforward.py`). `GET /containerLogs/<namespace>/<pod>/<container>` takes the parameters
+the API server passes on from pods/log (`follow`, `previous`, `tailLines`, `limitBytes`)
+and streams the file the node keeps for that run of the container. Pods here are processes,
+not containers: there is nothing to exec into or attach to, and the answer says so instead
+of hanging up.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Protocol
 
 import aiohttp.web
 
+from kvfleet_localcluster import portforward
 from kvfleet_localcluster.apitypes import ApiError
 from kvfleet_localcluster.logs import LogSource, serve_logs
 
@@ -46,6 +50,16 @@ def make_app(node: PodLogs) -> aiohttp.web.Application:
         except ApiError as exc:
             return aiohttp.web.Response(status=exc.code, text=exc.message)
 
+    async def port_forward(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        ns, name = request.match_info["namespace"], request.match_info["pod"]
+        pod = node.pod(ns, name)
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        if pod is None or not ip:
+            return aiohttp.web.Response(
+                status=404, text=f'pod "{name}" has no address on this node'
+            )
+        return await portforward.serve_upgraded(request, str(ip))
+
     async def refused(request: aiohttp.web.Request) -> aiohttp.web.Response:
         verb = request.match_info["verb"]
         return aiohttp.web.Response(status=400, text=NO_EXEC.format(verb=verb))
@@ -55,6 +69,7 @@ def make_app(node: PodLogs) -> aiohttp.web.Application:
 
     app = aiohttp.web.Application()
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    app.router.add_route("*", "/portForward/{namespace}/{pod}", port_forward)
     app.router.add_route("*", "/{verb:exec|attach|run}/{rest:.*}", refused)
     app.router.add_get("/healthz", healthz)
     return app

@@ -25,14 +25,15 @@ import contextlib
 import logging
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp.web
 
 log = logging.getLogger("kvfleet.localcluster.portforward")
 
-TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"
+PROTOCOL = "portforward.k8s.io"
+TUNNEL_PROTOCOL = f"SPDY/3.1+{PROTOCOL}"
 """The WebSocket subprotocol kubectl asks for: SPDY tunnelled, port-forward protocol v1."""
 VERSION = 3
 SYN_STREAM, SYN_REPLY, RST_STREAM, PING, GOAWAY = 1, 2, 3, 6, 7
@@ -153,10 +154,18 @@ class _Pair:
 
 
 class Session:
-    """One `kubectl port-forward` connection: SPDY frames in binary WebSocket messages."""
+    """One port-forward connection: SPDY frames in, SPDY frames out, over whichever transport
+    carries them (binary WebSocket messages from kubectl, or a raw upgraded connection from the
+    API server to a kubelet)."""
 
-    def __init__(self, ws: aiohttp.web.WebSocketResponse, pod_ip: str, ports: set[int]) -> None:
-        self.ws, self.pod_ip, self.ports = ws, pod_ip, ports
+    def __init__(
+        self,
+        send: Callable[[bytes], Awaitable[None]],
+        close: Callable[[], Awaitable[None]],
+        pod_ip: str,
+        ports: set[int],
+    ) -> None:
+        self._send, self._close, self.pod_ip, self.ports = send, close, pod_ip, ports
         self.codec = HeaderCodec()
         self.pairs: dict[str, _Pair] = {}
         self.by_stream: dict[int, _Pair] = {}
@@ -164,16 +173,13 @@ class Session:
 
     async def send(self, frame: bytes) -> None:
         async with self._send_lock:
-            if not self.ws.closed:
-                await self.ws.send_bytes(frame)
+            await self._send(frame)
 
-    async def run(self) -> None:
+    async def run(self, chunks: AsyncIterator[bytes]) -> None:
         buf = bytearray()
         try:
-            async for msg in self.ws:
-                if msg.type != aiohttp.WSMsgType.BINARY:
-                    continue
-                buf += msg.data
+            async for chunk in chunks:
+                buf += chunk
                 for frame in take_frames(buf):
                     await self._on_frame(frame)
         finally:
@@ -195,7 +201,7 @@ class Session:
             if pair is not None and pair.writer is not None:
                 pair.writer.close()
         elif frame.kind == GOAWAY:
-            await self.ws.close()
+            await self._close()
         # SETTINGS, WINDOW_UPDATE, HEADERS: nothing to do for a forwarded byte stream.
 
     async def _on_stream(self, sid: int, headers: dict[str, str]) -> None:
@@ -269,5 +275,68 @@ async def serve(raw: aiohttp.web.BaseRequest, pod_ip: str) -> aiohttp.web.Stream
     ports = {int(p) for p in raw.query.getall("ports", []) if p.isdigit()}
     ws = aiohttp.web.WebSocketResponse(protocols=(TUNNEL_PROTOCOL,), max_msg_size=0)
     await ws.prepare(raw)
-    await Session(ws, pod_ip, ports).run()
+
+    async def send(frame: bytes) -> None:
+        if not ws.closed:
+            await ws.send_bytes(frame)
+
+    async def messages() -> AsyncIterator[bytes]:
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                yield msg.data
+
+    async def close() -> None:
+        await ws.close()
+
+    await Session(send, close, pod_ip, ports).run(messages())
     return ws
+
+
+class _RawFeed:
+    """Bytes of an upgraded HTTP connection, as aiohttp's protocol hands them to a parser (the
+    way its WebSocket reader receives them), into a queue; None at the end."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        self.queue.put_nowait(bytes(data))
+        return False, b""
+
+    def feed_eof(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (chunk := await self.queue.get()) is not None:
+            yield chunk
+
+
+async def serve_upgraded(raw: aiohttp.web.BaseRequest, pod_ip: str) -> aiohttp.web.StreamResponse:
+    """A kubelet's `portForward`: the API server asks for `Upgrade: SPDY/3.1` with the
+    port-forward protocol and then speaks SPDY frames on the bare connection (it translates
+    kubectl's WebSocket tunnel to this)."""
+    if raw.headers.get("Upgrade", "").lower() != "spdy/3.1":
+        raise aiohttp.web.HTTPBadRequest(text="port-forward needs an SPDY/3.1 upgrade")
+    ports = {int(p) for p in raw.query.getall("port", []) if p.isdigit()}
+    resp = aiohttp.web.StreamResponse(
+        status=101,
+        headers={
+            "Connection": "Upgrade",
+            "Upgrade": "SPDY/3.1",
+            "X-Stream-Protocol-Version": PROTOCOL,
+        },
+    )
+    await resp.prepare(raw)
+    transport, feed = raw.transport, _RawFeed()
+    assert transport is not None
+    raw.protocol.set_parser(feed)  # type: ignore[arg-type]  # any feed_data/feed_eof parser
+
+    async def send(frame: bytes) -> None:
+        if not transport.is_closing():
+            transport.write(frame)
+
+    async def close() -> None:
+        transport.close()
+
+    await Session(send, close, pod_ip, ports).run(feed.chunks())
+    return resp
