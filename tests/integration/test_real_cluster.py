@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -17,7 +18,7 @@ from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.node_agent import NodeSpec
 from kvfleet_localcluster.real_cluster import RealCluster, RealClusterConfig
-from tests.conftest import require_binary
+from tests.conftest import kubectl_binary, require_binary
 from tests.integration.test_kubectl import kubectl, run_kubectl
 
 # One cluster for the module: each test works on objects of its own.
@@ -122,11 +123,15 @@ async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_
         assert pod["status"]["phase"] == "Running"
 
     async def logged() -> bool:
-        code, out, _ = await run_kubectl(kc, "logs", f"pod/{pods[0]['metadata']['name']}")  # type: ignore[index]
+        code, out, _ = await run_kubectl(
+            kc, "logs", f"pod/{pods[0]['metadata']['name']}", stdin=None
+        )  # type: ignore[index]
         return code == 0 and "hello from" in out
 
     await wait_for(logged, "the pod's output through kubectl logs")
-    code, _, err = await run_kubectl(kc, "exec", f"pod/{pods[0]['metadata']['name']}", "--", "ls")  # type: ignore[index]
+    code, _, err = await run_kubectl(
+        kc, "exec", f"pod/{pods[0]['metadata']['name']}", "--", "ls", stdin=None
+    )  # type: ignore[index]
     assert code != 0 and "not supported on the kvfleet local cluster" in err
 
     await kubectl(kc, "delete", "deployment", "hello", "--wait=false")
@@ -156,3 +161,42 @@ async def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
     pod = await get_json(kc, "get", "pod", "greedy")
     assert pod["status"]["phase"] == "Pending"  # type: ignore[index]
     assert "nodeName" not in pod["spec"]  # type: ignore[operator]
+
+
+WEB = """
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: ai, labels: {app: web}}
+spec:
+  containers:
+  - name: main
+    image: python:3.11
+    command: [python3, -m, http.server, "8000"]
+    ports: [{containerPort: 8000}]
+    readinessProbe: {tcpSocket: {port: 8000}, periodSeconds: 1}
+"""
+
+
+async def test_port_forward_reaches_the_pod_through_the_api_server_and_the_node(
+    cluster: RealCluster, unused_tcp_port: int
+) -> None:
+    kc = cluster.kubeconfig
+    await kubectl(kc, "apply", "-f", "-", stdin=WEB)
+    await kubectl(kc, "wait", "--for=condition=Ready", "pod/web", "--timeout=60s")
+    forward = await asyncio.create_subprocess_exec(
+        kubectl_binary(), "--kubeconfig", str(kc), "port-forward", "pod/web",
+        f"{unused_tcp_port}:8000", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        line = await asyncio.wait_for(forward.stdout.readline(), 30)
+        assert b"Forwarding from" in line, line
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):  # two connections over one port-forward session
+                url = f"http://127.0.0.1:{unused_tcp_port}/"
+                async with http.get(url) as resp:
+                    assert resp.status == 200
+                    assert "Directory listing" in await resp.text()
+    finally:
+        forward.terminate()
+        await forward.wait()
