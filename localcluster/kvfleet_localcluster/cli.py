@@ -1,4 +1,5 @@
-"""`kvfleet cluster up`: the local cluster (emulated API server, controllers, kubelet)."""
+"""`kvfleet cluster up`: the local cluster — the real Kubernetes control plane built from its
+Go modules, and node agents that run pods as processes."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from pathlib import Path
 import click
 
 from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES
+from kvfleet_localcluster.controlplane import ControlPlaneError
+from kvfleet_localcluster.controlplane_build import GoMissing
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.node_agent import NodeSpec
 
 
 @click.group("cluster")
 def cluster() -> None:
-    """A local Kubernetes stand-in: pods run as processes on 127.0.0.x."""
+    """A local Kubernetes cluster: the real control plane, pods run as processes on 127.x."""
 
 
 @cluster.command("up")
@@ -33,7 +38,15 @@ def cluster() -> None:
     is_flag=True,
     help="A cluster without the Prometheus Operator: no PodMonitor / PrometheusRule CRDs.",
 )
-@click.option("--port", type=int, default=None, help="API server port (default: a free one).")
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="NAME[:GPUS[:PRODUCT]]",
+    help="A simulated node (repeatable), e.g. gpu-a:8:NVIDIA-H100-80GB-HBM3 or cpu-a:0; "
+    "default: one node of 8 H100s.",
+)
+@click.option("--no-lws", is_flag=True, help="Do not run the LeaderWorkerSet controller.")
 @click.option(
     "--namespace",
     default=LocalClusterConfig.namespace,
@@ -78,7 +91,8 @@ def up(
     kubeconfig: Path,
     no_processes: bool,
     no_monitoring_crds: bool,
-    port: int | None,
+    nodes: tuple[str, ...],
+    no_lws: bool,
     namespace: str,
     crds_dir: Path | None,
     time_scale: float,
@@ -92,8 +106,9 @@ def up(
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     config = LocalClusterConfig(
         kubeconfig=kubeconfig.resolve(),
-        port=port,
         namespace=namespace,
+        lws=not no_lws,
+        nodes=tuple(parse_node(n) for n in nodes) or DEFAULT_NODES,
         crds_dir=crds_dir,
         monitoring_crds=not no_monitoring_crds,
         kubelet=KubeletConfig(
@@ -106,7 +121,20 @@ def up(
             ),
         ),
     )
-    asyncio.run(_serve(config))
+    try:
+        asyncio.run(_serve(config))
+    except (GoMissing, ControlPlaneError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def parse_node(text: str) -> NodeSpec:
+    """`NAME[:GPUS[:PRODUCT]]` → a node; a clear error for anything else."""
+    name, _, rest = text.partition(":")
+    gpus_text, _, product = rest.partition(":")
+    if not name or (gpus_text and not gpus_text.isdigit()):
+        raise click.BadParameter(f"{text!r}: expected NAME[:GPUS[:PRODUCT]], e.g. gpu-a:8")
+    gpus = int(gpus_text) if gpus_text else NodeSpec.gpus
+    return NodeSpec(name, gpus=gpus, gpu_product=product or NodeSpec.gpu_product)
 
 
 async def _serve(config: LocalClusterConfig) -> None:

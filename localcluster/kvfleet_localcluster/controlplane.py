@@ -360,7 +360,13 @@ class ControlPlane:
         paths = list(binaries.monitoring_crds) if self.config.monitoring_crds else []
         if self.config.crds_dir is not None:
             paths += sorted(self.config.crds_dir.glob("*.yaml"))
-        docs = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
+        # A CRD folder may hold a kustomization beside the CRDs: only CRDs are installed.
+        docs = [
+            d
+            for p in paths
+            for d in yaml.safe_load_all(p.read_text())
+            if d and d.get("kind") == "CustomResourceDefinition"
+        ]
         return docs + (controlplane_lws.crds(binaries) if self.config.lws else [])
 
     async def _ensure_namespace(self, name: str) -> None:

@@ -1,136 +1,162 @@
-"""The local cluster as one unit: API server, controllers, kubelet, kubeconfig.
+"""The local cluster on the real Kubernetes control plane: etcd, kube-apiserver, the
+controller manager, the scheduler and the LeaderWorkerSet controller built from their Go
+modules (`controlplane.py`), and node agents that run the pods the scheduler binds to them
+as local processes (`cluster_nodes.py`).
 
-    async with LocalCluster(LocalClusterConfig(...)) as cluster:
-        print(cluster.url)            # kubectl --kubeconfig cluster.kubeconfig ...
+    async with LocalCluster(LocalClusterConfig(kubeconfig=Path("kc"))) as cluster:
+        ...  # kubectl --kubeconfig kc ...
 
-One implementation serves the tests, the demo and `kvfleet cluster up`. The API server
-serves HTTPS only, with a CA made at start; the kubeconfig carries that CA and an admin
-token (group system:masters), and pods get service-account tokens — so every client logs in
-as it would on a real cluster. Leaving the block stops every pod process (SIGTERM, then
-SIGKILL) before the API server goes away.
+One implementation serves the tests, the demo and `kvfleet cluster up`.
+
+Networking: pods get loopback addresses (127.<range>.x.y, `addresses.py`), bound by their
+processes. A real API server refuses loopback addresses in EndpointSlices and for pod
+proxying, so the EndpointSlice controller writes no endpoints for Services here and
+`kubectl proxy`-style pod proxying is refused; Service names resolve inside pods from the
+node's Service table instead (`services.py`), and nothing in kvfleet reads EndpointSlices
+(the gateway discovers engine pods by label).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import tempfile
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import aiohttp
-import aiohttp.web
-import yaml
 
-from kvfleet_localcluster import kubeconfigs, pki
-from kvfleet_localcluster.apiserver import ClusterAPI
-from kvfleet_localcluster.auth import AUTHENTICATED, MASTERS, User
-from kvfleet_localcluster.controllers import Cluster
-from kvfleet_localcluster.files import replace_file
-from kvfleet_localcluster.kubelet import ClusterAccess, KubeletConfig
-from kvfleet_localcluster.podmonitors import monitoring_crds
+from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES, ApiAccess, ClusterNodes
+from kvfleet_localcluster.controlplane import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from kvfleet_localcluster.controlplane_args import HOST
+from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.node_agent import NodeSpec
+from kvfleet_localcluster.pki import ClusterPKI
 
-ADMIN = User("kvfleet-admin", (MASTERS, AUTHENTICATED))
+KUBELET_ADDRESS_FLAGS = ("--kubelet-preferred-address-types=InternalIP",)
+"""The API server dials a node's kubelet API (logs) at its InternalIP, not its name."""
 
 
 @dataclass(frozen=True)
 class LocalClusterConfig:
     kubeconfig: Path
-    """Written on start: a context `kvfleet-local` pointing at the API server."""
-    host: str = "127.0.0.1"
-    port: int | None = None
-    """API server port; None: a free one."""
+    """Written on start: an admin context pointing at the API server."""
     namespace: str = "default"
-    """The kubeconfig context's namespace."""
+    """The kubeconfig context's namespace (created)."""
     crds_dir: Path | None = None
     """CRDs (YAML) to apply at start, e.g. the repository's `crds/`."""
     monitoring_crds: bool = True
-    """Serve the Prometheus Operator's PodMonitor and PrometheusRule CRDs from the start, as a
-    cluster with the Prometheus Operator does (`kubectl apply -k manifests/monitoring/` then
-    applies); False: a cluster without it (the operator then renders no PodMonitor)."""
+    """The Prometheus Operator's PodMonitor and PrometheusRule CRDs, from its release."""
+    lws: bool = True
+    """Run the LeaderWorkerSet controller (its CRDs and webhooks)."""
+    nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
+    """The simulated nodes; their GPUs are what the scheduler places engine pods on."""
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
-    resync_s: float = 1.0
-    """Controllers' periodic resync (they also react to every change at once)."""
     controllers: bool = True
-    """False: the API server alone (no Deployment controller, no kubelet), for tests of the
-    API server's own semantics."""
+    """False: the control plane alone (no node: pods stay Pending)."""
 
     def __post_init__(self) -> None:
-        # Pods and kubectl read the kubeconfig from other working directories.
         object.__setattr__(self, "kubeconfig", self.kubeconfig.resolve())
         if self.crds_dir is not None:
             object.__setattr__(self, "crds_dir", self.crds_dir.resolve())
 
 
-def kubeconfig_document(url: str, namespace: str, ca_pem: bytes, token: str) -> dict[str, object]:
-    return kubeconfigs.document(url, namespace, ca_pem, kubeconfigs.token_user(token))
-
-
 class LocalCluster:
     def __init__(self, config: LocalClusterConfig) -> None:
         self.config = config
-        self.api = ClusterAPI()
-        self.pki = pki.issue([config.host, "127.0.0.1", "localhost"])
-        self.admin_token = self.api.authn.add_user(ADMIN)
-        self._runner: aiohttp.web.ServerRunner | None = None
-        self._port: int | None = None
-        self._controllers: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self.cluster: Cluster | None = None
+        state = config.kubelet.state_dir
+        if state is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cluster-")
+            state = Path(self._tmp.name)
+        self.state_dir = state.resolve()
+        self.control_plane = ControlPlane(
+            ControlPlaneConfig(
+                kubeconfig=config.kubeconfig,
+                namespace=config.namespace,
+                state_dir=self.state_dir / "control-plane",
+                lws=config.lws,
+                monitoring_crds=config.monitoring_crds,
+                crds_dir=config.crds_dir,
+                apiserver_args=KUBELET_ADDRESS_FLAGS,
+            )
+        )
+        self.nodes: ClusterNodes | None = None
 
     @property
     def url(self) -> str:
-        assert self._port is not None, "not started"
-        return f"https://{self.config.host}:{self._port}"
-
-    def session(self, token: str | None = None) -> aiohttp.ClientSession:
-        """An HTTP client that trusts the cluster CA and sends `token` (default: the admin's),
-        for code that speaks to the API server without a Kubernetes client."""
-        return aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {token or self.admin_token}"},
-            connector=aiohttp.TCPConnector(ssl=self.pki.client_context()),
-        )
+        return self.control_plane.url
 
     @property
     def kubeconfig(self) -> Path:
-        return self.config.kubeconfig
+        return self.control_plane.kubeconfig
+
+    @property
+    def admin_token(self) -> str:
+        return self.control_plane.admin_token
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.control_plane.ca_pem
+
+    def session(self, token: str | None = None) -> aiohttp.ClientSession:
+        """An HTTP client that trusts the cluster CA and sends `token` (default: the admin's)."""
+        import ssl
+
+        context = ssl.create_default_context(cadata=self.ca_pem.decode())
+        return aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {token or self.admin_token}"},
+            connector=aiohttp.TCPConnector(ssl=context),
+        )
+
+    def _node_certificate(self, name: str) -> tuple[Path, Path]:
+        cert, key = self.control_plane.ca.sign(
+            f"system:node:{name}", organizations=("system:nodes",), client=True
+        )
+        directory = self.state_dir / "nodes" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "client.crt").write_bytes(cert)
+        (directory / "client.key").touch(mode=0o600)
+        (directory / "client.key").write_bytes(key)
+        return directory / "client.crt", directory / "client.key"
+
+    async def _wait_for_default_account(self, timeout_s: float = 30.0) -> None:
+        path = f"/api/v1/namespaces/{self.config.namespace}/serviceaccounts/default"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.control_plane.request("GET", path)
+                return
+            except ControlPlaneError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    def _kubelet_tls(self) -> ClusterPKI:
+        cert, key = self.control_plane.ca.sign("kubelet", [HOST, "localhost"])
+        return ClusterPKI(self.ca_pem, cert, key)
 
     async def __aenter__(self) -> LocalCluster:
-        cfg = self.config
-        await self.api.__aenter__()
-        kubelet = cfg.kubelet
+        await self.control_plane.__aenter__()
+        # The controller manager gives a new namespace its `default` ServiceAccount a moment
+        # later; a pod created before then is refused. Ready means ready for pods.
+        await self._wait_for_default_account()
+        if not self.config.controllers:
+            return self
+        kubelet = self.config.kubelet
         if kubelet.state_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cluster-")
-            kubelet = replace(kubelet, state_dir=Path(self._tmp.name))
-        assert kubelet.state_dir is not None
-        tls = self.pki.server_context(kubelet.state_dir / "pki")
-        # Open watches and log streams end when the cluster stops; a short shutdown timeout
-        # cuts whatever a client still holds open instead of waiting a minute for it.
-        self._runner = aiohttp.web.ServerRunner(
-            aiohttp.web.Server(self.api), handle_signals=False, shutdown_timeout=1.0
-        )
-        await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, cfg.host, cfg.port or 0, ssl_context=tls)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-        self.api.load_resources()
-        if cfg.crds_dir is not None:
-            self.api.load_crds(cfg.crds_dir)
-        if cfg.monitoring_crds:
-            self.api.apply_crds(monitoring_crds())
-        for ns in sorted({"default", cfg.namespace}):
-            self.api.admission.ensure_default_service_account(ns)
-        document = kubeconfig_document(self.url, cfg.namespace, self.pki.ca_pem, self.admin_token)
-        # It holds an admin token: readable by its owner only.
-        replace_file(cfg.kubeconfig, yaml.safe_dump(document, sort_keys=False), mode=0o600)
-        if cfg.controllers:
-            access = ClusterAccess(
-                cfg.host, self._port, self.pki.ca_pem, self.api.authn.issue_service_account_token
-            )
-            self.cluster = Cluster(self.api.store, kubelet, access)
-            self.api.logs = self.cluster
-            self._controllers = asyncio.create_task(self.cluster.run(resync_s=cfg.resync_s))
+            kubelet = dataclasses.replace(kubelet, state_dir=self.state_dir)
+        host, port = HOST, int(self.url.rsplit(":", 1)[1])
+        access = ApiAccess(host, port, self.ca_pem, self.admin_token, self._node_certificate)
+        tls = self._kubelet_tls().server_context(self.state_dir / "kubelet-pki")
+        self.nodes = ClusterNodes(access, kubelet, self.config.nodes, tls)
+        try:
+            await self.nodes.__aenter__()
+        except BaseException:
+            await self.control_plane.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(
@@ -139,13 +165,10 @@ class LocalCluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.api.close_watches()  # clients' open watches would hold the server open
-        if self._controllers is not None:
-            self._controllers.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._controllers
-        if self._runner is not None:
-            await self._runner.cleanup()
-        await self.api.__aexit__(exc_type, exc, tb)
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        try:
+            if self.nodes is not None:
+                await self.nodes.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.control_plane.__aexit__(exc_type, exc, tb)
+            if self._tmp is not None:
+                self._tmp.cleanup()

@@ -17,7 +17,7 @@ import pytest_asyncio
 from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.node_agent import NodeSpec
-from kvfleet_localcluster.real_cluster import RealCluster, RealClusterConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from tests.conftest import kubectl_binary, require_binary
 from tests.integration.test_kubectl import kubectl, run_kubectl
 
@@ -59,11 +59,11 @@ spec:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RealCluster]:
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     require_binary("go")  # skipped here without Go; CI fails instead
     await asyncio.to_thread(ensure_built)
     tmp_path = tmp_path_factory.mktemp("real-cluster")
-    config = RealClusterConfig(
+    config = LocalClusterConfig(
         kubeconfig=tmp_path / "kubeconfig",
         namespace="ai",
         monitoring_crds=False,
@@ -71,7 +71,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rea
         nodes=NODES,
         kubelet=KubeletConfig(run_processes=True, time_scale=0.05, state_dir=tmp_path / "state"),
     )
-    async with RealCluster(config) as local:
+    async with LocalCluster(config) as local:
         yield local
 
 
@@ -88,7 +88,7 @@ async def get_json(kubeconfig: Path, *args: str) -> dict[str, object]:
     return dict(json.loads(await kubectl(kubeconfig, *args, "-o", "json")))
 
 
-async def test_nodes_register_ready_with_their_gpus(cluster: RealCluster) -> None:
+async def test_nodes_register_ready_with_their_gpus(cluster: LocalCluster) -> None:
     kc = cluster.kubeconfig
     version = json.loads(await kubectl(kc, "version", "-o", "json"))
     assert version["serverVersion"]["gitVersion"] == "v1.37.2"
@@ -110,7 +110,7 @@ async def test_nodes_register_ready_with_their_gpus(cluster: RealCluster) -> Non
 
 
 async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_server(
-    cluster: RealCluster,
+    cluster: LocalCluster,
 ) -> None:
     kc = cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=HELLO)
@@ -143,7 +143,7 @@ async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_
 
 
 async def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
-    cluster: RealCluster,
+    cluster: LocalCluster,
 ) -> None:
     kc = cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=GREEDY)
@@ -178,7 +178,7 @@ spec:
 
 
 async def test_port_forward_reaches_the_pod_through_the_api_server_and_the_node(
-    cluster: RealCluster, unused_tcp_port: int
+    cluster: LocalCluster, unused_tcp_port: int
 ) -> None:
     kc = cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=WEB)
