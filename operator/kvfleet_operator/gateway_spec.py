@@ -69,6 +69,7 @@ class GatewayFront:
         "memory",
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=STORE_PATTERN,
+        max_length=1024,
     )
     limits_store_password: SecretKey | None = fld(
         None,
