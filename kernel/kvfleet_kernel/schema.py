@@ -100,15 +100,18 @@ def fld(
     name: str | None = None,
     enum: tuple[str, ...] | None = None,
     unique_by: str | None = None,
+    item_rule: Rule | None = None,
 ) -> Any:
     """A documented field. `default` may be a zero-argument callable for containers; `enum`
     lists a string's allowed values where they are known only at run time (a registry).
     `unique_by` makes a list's items unique: by that key of each object (a list-type map,
     keyed by a required field), or by value (`"."`, a list-type set of scalars) — checked by
     the API server in linear time and by the parser, where a CEL rule would compare every
-    pair."""
+    pair. `item_rule` is a CEL rule on each item of a list (`self` the item): its estimated
+    cost is one item's, where a rule walking the list costs the whole list's."""
     meta = {
         "unique_by": unique_by,
+        "item_rule": item_rule,
         "enum": enum,
         "doc": doc,
         "minimum": minimum,
@@ -210,6 +213,8 @@ def openapi(cls: type) -> Json:
                 target[key] = f.metadata[meta]
         if f.metadata.get("max_items") is not None:
             schema["maxItems"] = f.metadata["max_items"]
+        if f.metadata.get("item_rule") is not None:
+            schema["items"]["x-kubernetes-validations"] = _validations((f.metadata["item_rule"],))
         if f.metadata.get("unique_by") == ".":
             schema["x-kubernetes-list-type"] = "set"
         elif f.metadata.get("unique_by"):
@@ -232,13 +237,17 @@ def openapi(cls: type) -> Json:
         out["required"] = required
     rules: tuple[Rule, ...] = getattr(cls, "RULES", ())
     if rules:
-        out["x-kubernetes-validations"] = [
-            {"rule": r.rule, "message": r.message}
-            | ({"messageExpression": r.message_expression} if r.message_expression else {})
-            | ({"fieldPath": r.field_path} if r.field_path else {})
-            for r in rules
-        ]
+        out["x-kubernetes-validations"] = _validations(rules)
     return out
+
+
+def _validations(rules: tuple[Rule, ...]) -> list[Json]:
+    return [
+        {"rule": r.rule, "message": r.message}
+        | ({"messageExpression": r.message_expression} if r.message_expression else {})
+        | ({"fieldPath": r.field_path} if r.field_path else {})
+        for r in rules
+    ]
 
 
 # ---- parsing ----------------------------------------------------------------------------------
@@ -285,6 +294,11 @@ def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any],
         )
         if meta.get("unique_by"):
             _check_unique(items, meta["unique_by"], path)
+        if meta.get("item_rule") is not None:
+            rule: Rule = meta["item_rule"]
+            for i, v in enumerate(items):
+                if not evaluate(rule.rule, v, f"{path}[{i}]"):
+                    raise ConfigError(f"{path}[{i}]", _message(rule, v))
         return items
     if not isinstance(value, dict):
         raise ConfigError(path, "must be an object")
@@ -430,7 +444,7 @@ def _json_of(value: Any, docs: Docs) -> Any:
     return to_json(value)
 
 
-def _message(rule: Rule, document: Json) -> str:
+def _message(rule: Rule, document: Any) -> str:
     """The rule's messageExpression where it evaluates to a string, else its message."""
     from kvfleet_kernel import cel
 
@@ -455,7 +469,7 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
-def evaluate(rule: str, document: Json, path: str = "") -> bool:
+def evaluate(rule: str, document: Any, path: str = "") -> bool:
     """A CEL rule with `self` bound to `document`, as the API server evaluates it: compiled
     to Python (`cel`) where the rule's constructs allow, else interpreted by cel-python."""
     from kvfleet_kernel import cel
@@ -468,7 +482,7 @@ def evaluate(rule: str, document: Json, path: str = "") -> bool:
         return interpret(rule, document, path)
 
 
-def interpret(rule: str, document: Json, path: str = "") -> bool:
+def interpret(rule: str, document: Any, path: str = "") -> bool:
     """The rule evaluated by cel-python (what `evaluate` falls back to)."""
     from celpy.adapter import json_to_cel
     from celpy.evaluation import CELEvalError

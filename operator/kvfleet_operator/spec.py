@@ -65,6 +65,14 @@ Quantization = Literal[
 SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
 
 
+EXTRA_ARG_RULE = Rule(
+    f"!self.matches('{MANAGED_RE}')",
+    "extraArgs may not set flags the operator manages (see engine.extraArgs)",
+)
+"""On each extra argument: its estimated cost is one argument's (512 characters against the
+regex), not the list's."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     RULES: ClassVar = (
@@ -149,11 +157,6 @@ class EngineSpec:
             "[0].name + ' is set by the operator (" + ", ".join(OPERATOR_ENV) + " are)'",
         ),
         Rule(
-            f"self.extraArgs.all(a, !a.matches('{MANAGED_RE}'))",
-            "extraArgs may not set flags the operator manages (see the field's description)",
-            ".extraArgs",
-        ),
-        Rule(
             "(self.tensorParallel * self.nodesPerReplica) % self.pipelineParallel == 0",
             "pipelineParallel must divide the replica's GPUs (tensorParallel x nodesPerReplica)",
             ".pipelineParallel",
@@ -231,6 +234,7 @@ class EngineSpec:
         " expanded.",
         max_items=64,
         max_length=512,
+        item_rule=EXTRA_ARG_RULE,
     )
     startup_timeout_seconds: int = fld(
         1800, "Longest model load before the pod is restarted (startup probe).", minimum=60
@@ -255,11 +259,6 @@ class PrefillPool:
             "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
             " owns the prefill replica count",
             ".replicas",
-        ),
-        Rule(
-            f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{MANAGED_RE}'))",
-            "extraArgs may not set flags the operator manages (see engine.extraArgs)",
-            ".extraArgs",
         ),
         Rule(
             "!has(self.autoscaling) || !has(self.autoscaling.slo)"
@@ -288,6 +287,7 @@ class PrefillPool:
         " same); the flags engine.extraArgs refuses are refused here too.",
         max_items=64,
         max_length=512,
+        item_rule=EXTRA_ARG_RULE,
     )
     resources: ResourceOverrides | None = fld(
         None,

@@ -96,8 +96,10 @@ def _prefixes_regex(words: tuple[str, ...]) -> str:
             node = node.setdefault(ch, {})
 
     def alt(node: dict[str, Any]) -> str:
-        parts = [ch + (f"(?:{alt(sub)})?" if sub else "") for ch, sub in node.items()]
-        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+        # Capturing groups: `(` where `(?:` would do, as the API server estimates a
+        # regex's cost by its length.
+        parts = [ch + (f"({alt(sub)})?" if sub else "") for ch, sub in node.items()]
+        return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
 
     return alt(trie)
 

@@ -16,7 +16,7 @@ from kvfleet_gateway.config import GatewayConfig
 from kvfleet_kernel import cel
 from kvfleet_kernel.schema import ConfigError, Json, Rule, _unwrap_optional, interpret, openapi
 from kvfleet_operator.gateway_spec import InferenceGatewaySpec
-from kvfleet_operator.spec import InferenceServiceSpec
+from kvfleet_operator.spec import EXTRA_ARG_RULE, InferenceServiceSpec
 
 STRINGS = st.sampled_from(
     ["", "events", "memory", "kvfleet", "NGRAM", "EAGLE", "redis://u:p@h:6379", "redis://h",
@@ -99,6 +99,16 @@ def test_every_rule_compiles() -> None:
     for cls in _rule_classes():
         for r in cls.RULES:  # type: ignore[attr-defined]
             cel.compile_rule(r.rule)
+
+
+ARGS = ["--port=1", "--por", "--api-ke=x", "--enable-torch-compile", "--log-level=debug",
+        "--lora-paths", "x=y", "", "--", "--tp", "--tp-size=2", "--tpx", "-p"]  # fmt: skip
+
+
+@pytest.mark.parametrize("arg", ARGS)
+def test_the_extra_args_rule_agrees_with_cel_python(arg: str) -> None:
+    rule = EXTRA_ARG_RULE.rule
+    assert _outcome(lambda: cel.evaluate(rule, arg)) == _outcome(lambda: interpret(rule, arg))
 
 
 @pytest.mark.parametrize(

@@ -575,7 +575,7 @@ def test_extra_args_may_not_abbreviate_a_managed_or_forbidden_flag(
     bad.write_text(yaml.safe_dump(doc))
     result = CliRunner().invoke(cli, ["render", "-f", str(bad)])
     assert result.exit_code == 1, result.output
-    assert "spec.engine.extraArgs: extraArgs may not set flags the operator manages" in (
+    assert "spec.engine.extraArgs[0]: extraArgs may not set flags the operator manages" in (
         result.stderr
     )
 
