@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from kvfleet_gateway.config import Price
 from kvfleet_kernel.schema import Json, Rule, fld, parse
 from kvfleet_operator.gateway_spec import (
+    GATEWAY_KEYS_RULE,
     GatewaySpec,
     ResourceOverrides,
     SecretKey,
@@ -136,6 +137,17 @@ class Speculative:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvVar:
+    # On each variable (one variable's cost, where a rule over env would cost the list's).
+    RULES: ClassVar = (
+        Rule(
+            f"!(self.name in {OPERATOR_ENV_LIST})",
+            "env may not set a variable the operator sets: " + ", ".join(OPERATOR_ENV),
+            ".name",
+            message_expression="'env ' + self.name + ' is set by the operator ("
+            + ", ".join(OPERATOR_ENV)
+            + " are)'",
+        ),
+    )
     name: str = fld(doc="Variable name.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
     value: str | None = fld(
         None,
@@ -149,13 +161,6 @@ class EnvVar:
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     RULES: ClassVar = (
-        Rule(
-            f"self.env.all(e, !(e.name in {OPERATOR_ENV_LIST}))",
-            "env may not set a variable the operator sets: " + ", ".join(OPERATOR_ENV),
-            ".env",
-            message_expression=f"'env ' + self.env.filter(e, e.name in {OPERATOR_ENV_LIST})"
-            "[0].name + ' is set by the operator (" + ", ".join(OPERATOR_ENV) + " are)'",
-        ),
         Rule(
             "(self.tensorParallel * self.nodesPerReplica) % self.pipelineParallel == 0",
             "pipelineParallel must divide the replica's GPUs (tensorParallel x nodesPerReplica)",
@@ -376,6 +381,7 @@ class InferenceServiceSpec:
     """An SGLang model server fleet with its routing gateway."""
 
     RULES: ClassVar = (
+        GATEWAY_KEYS_RULE,
         Rule(
             "!has(self.lora) || !has(self.disaggregation)",
             "lora with disaggregation is not supported yet: the gateway routes adapters to"

@@ -47,8 +47,7 @@ HOSTILE = [
     ),
     (
         isvc("h6", engine={"env": [{"name": "KVFLEET_ENGINE_API_KEY", "value": "x"}]}),
-        'spec.engine.env: Invalid value: "object": env KVFLEET_ENGINE_API_KEY is set by the'
-        " operator",
+        "env KVFLEET_ENGINE_API_KEY is set by the operator",
     ),
     (isvc("h7", engine={"extraArgs": ["--trust-remote-cod"]}), "spec.engine.extraArgs"),
     (isvc("h8", engine={"extraArgs": ["--lora-paths", "x=org/x"]}), "spec.engine.extraArgs"),
