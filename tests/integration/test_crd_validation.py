@@ -33,7 +33,7 @@ HOSTILE = [
     # A price that would be budget credit.
     (
         isvc("h2", model={**MODEL, "price": {"prompt": 1, "cached": -1e6, "output": 1}}),
-        "spec.model.price.cached: Invalid value: -1000000.0: should be >= 0",
+        "spec.model.price.cached: Invalid value",
     ),
     # Values rendered into the engine's argv, env or a kubelet expansion.
     (
