@@ -23,6 +23,7 @@ from kvfleet_bench.pd import run_pd_bench
 from kvfleet_bench.pd_live import live_check
 from kvfleet_bench.pd_report import write_report as write_pd_report
 from kvfleet_bench.routing import LOADS, POLICIES, WORKLOADS, cells_json, run_routing_bench
+from kvfleet_bench.spec_cost import run_spec_bench
 from kvfleet_sim.fleet.tracefile import TraceFileError, read_trace
 
 RESULTS = Path("bench/results")
@@ -396,3 +397,13 @@ def fairness_bench(seeds: str, workers: int, out_dir: Path, as_json: bool) -> No
         f"{out_dir / 'fairness.md'}")  # fmt: skip
     if as_json:
         click.echo(fairness_json(runs))
+
+
+@bench.command("spec")
+@click.option("--runs", type=int, default=5, show_default=True, help="Parses per spec (median).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def spec_bench(runs: int, as_json: bool) -> None:
+    """CPU time of the operator's parse of an InferenceService at the CRD's largest sizes."""
+    result = run_spec_bench(lambda m: click.echo(m, err=as_json), max(runs, 1))
+    if as_json:
+        click.echo(json.dumps(result))

@@ -173,7 +173,7 @@ REFERENCES = {
 
 def references() -> dict[str, str]:
     from kvfleet_gateway.config import GatewayConfig
-    from kvfleet_kernel.schema import reference
+    from kvfleet_kernel.schema_docs import reference
     from kvfleet_operator.gateway_spec import InferenceGatewaySpec
     from kvfleet_operator.spec import InferenceServiceSpec
 

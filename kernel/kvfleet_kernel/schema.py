@@ -83,6 +83,9 @@ class Rule:
     message: str
     field_path: str | None = None
     """Where the API server reports the violation, relative (e.g. `.maxReplicas`)."""
+    message_expression: str | None = None
+    """A CEL string expression naming what is wrong (the offending value), reported instead
+    of `message` by the API server and the parser."""
 
 
 def fld(
@@ -96,10 +99,19 @@ def fld(
     max_items: int | None = None,
     name: str | None = None,
     enum: tuple[str, ...] | None = None,
+    unique_by: str | None = None,
+    item_rule: Rule | None = None,
 ) -> Any:
     """A documented field. `default` may be a zero-argument callable for containers; `enum`
-    lists a string's allowed values where they are known only at run time (a registry)."""
+    lists a string's allowed values where they are known only at run time (a registry).
+    `unique_by` makes a list's items unique: by that key of each object (a list-type map,
+    keyed by a required field), or by value (`"."`, a list-type set of scalars) — checked by
+    the API server in linear time and by the parser, where a CEL rule would compare every
+    pair. `item_rule` is a CEL rule on each item of a list (`self` the item): its estimated
+    cost is one item's, where a rule walking the list costs the whole list's."""
     meta = {
+        "unique_by": unique_by,
+        "item_rule": item_rule,
         "enum": enum,
         "doc": doc,
         "minimum": minimum,
@@ -201,6 +213,13 @@ def openapi(cls: type) -> Json:
                 target[key] = f.metadata[meta]
         if f.metadata.get("max_items") is not None:
             schema["maxItems"] = f.metadata["max_items"]
+        if f.metadata.get("item_rule") is not None:
+            schema["items"]["x-kubernetes-validations"] = _validations((f.metadata["item_rule"],))
+        if f.metadata.get("unique_by") == ".":
+            schema["x-kubernetes-list-type"] = "set"
+        elif f.metadata.get("unique_by"):
+            schema["x-kubernetes-list-type"] = "map"
+            schema["x-kubernetes-list-map-keys"] = [f.metadata["unique_by"]]
         if f.metadata.get("enum") is not None:
             schema["enum"] = list(f.metadata["enum"])
         default = _default_of(f)
@@ -218,40 +237,76 @@ def openapi(cls: type) -> Json:
         out["required"] = required
     rules: tuple[Rule, ...] = getattr(cls, "RULES", ())
     if rules:
-        out["x-kubernetes-validations"] = [
-            {"rule": r.rule, "message": r.message}
-            | ({"fieldPath": r.field_path} if r.field_path else {})
-            for r in rules
-        ]
+        out["x-kubernetes-validations"] = _validations(rules)
     return out
 
 
+def _validations(rules: tuple[Rule, ...]) -> list[Json]:
+    return [
+        {"rule": r.rule, "message": r.message}
+        | ({"messageExpression": r.message_expression} if r.message_expression else {})
+        | ({"fieldPath": r.field_path} if r.field_path else {})
+        for r in rules
+    ]
+
+
 # ---- parsing ----------------------------------------------------------------------------------
-def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
+Docs = dict[int, Json]
+"""The JSON document of each dataclass value parsed so far in one parse (by `id`): a rule on
+an object reads its children's documents instead of converting their subtrees again."""
+
+
+@functools.cache
+def _kind(tp: Any) -> str:
+    """How a field of type `tp` is read (resolved once per type: `get_origin`, comparing
+    generic aliases and `is_dataclass` cost microseconds on each of thousands of items)."""
     if tp is Json or tp == dict[str, Any]:
+        return "json"
+    origin = get_origin(tp)
+    if origin in (Literal, tuple, dict):
+        return {Literal: "literal", tuple: "tuple", dict: "dict"}[origin]
+    return "dataclass" if dataclasses.is_dataclass(tp) else "scalar"
+
+
+def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any], docs: Docs) -> Any:
+    kind = _kind(tp)
+    if kind == "json":
         if not isinstance(value, dict):
             raise ConfigError(path, "must be an object")
         return value
-    origin = get_origin(tp)
-    if origin is Literal:
+    if kind == "dataclass":
+        return _parse(tp, value, path, docs)
+    if kind == "scalar":
+        return _scalar(tp, value, path, meta)
+    if kind == "literal":
         allowed = get_args(tp)
         if value not in allowed or type(value) is not type(allowed[0]):
             raise ConfigError(path, f"{value!r} is not one of {', '.join(map(str, allowed))}")
         return value
-    if origin is tuple:
+    if kind == "tuple":
         if not isinstance(value, list):
             raise ConfigError(path, "must be a list")
         if meta.get("max_items") is not None and len(value) > meta["max_items"]:
             raise ConfigError(path, f"more than {meta['max_items']} items")
         item = get_args(tp)[0]
-        return tuple(_parse_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(path, "must be an object")
-        vt = get_args(tp)[1]
-        return {str(k): _parse_value(vt, v, join(path, str(k)), {}) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return _parse(tp, value, path)  # type: ignore[arg-type]
+        items = tuple(
+            _parse_value(item, v, f"{path}[{i}]", meta, docs) for i, v in enumerate(value)
+        )
+        if meta.get("unique_by"):
+            _check_unique(items, meta["unique_by"], path)
+        if meta.get("item_rule") is not None:
+            rule: Rule = meta["item_rule"]
+            for i, v in enumerate(items):
+                if not evaluate(rule.rule, v, f"{path}[{i}]"):
+                    raise ConfigError(f"{path}[{i}]", _message(rule, v))
+        return items
+    if not isinstance(value, dict):
+        raise ConfigError(path, "must be an object")
+    vt = get_args(tp)[1]
+    return {str(k): _parse_value(vt, v, join(path, str(k)), {}, docs) for k, v in value.items()}
+
+
+def _scalar(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
     if tp is Duration:
         return Duration.parse(value, path)
     if tp is bool:
@@ -273,11 +328,30 @@ def _parse_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         raise ConfigError(path, f"{value} is above the maximum {meta['maximum']}")
     if meta.get("enum") is not None and value not in meta["enum"]:
         raise ConfigError(path, f"{value!r} is not one of {', '.join(meta['enum'])}")
-    if meta.get("pattern") and not re.search(meta["pattern"], value):
-        raise ConfigError(path, f"{value!r} does not match {meta['pattern']}")
+    # The length first: it bounds what the pattern is matched against.
     if meta.get("max_length") is not None and len(value) > meta["max_length"]:
         raise ConfigError(path, f"longer than {meta['max_length']} characters")
+    if meta.get("pattern") and not re.search(meta["pattern"], value):
+        raise ConfigError(path, f"{value!r} does not match {meta['pattern']}")
     return value
+
+
+def _check_unique(items: tuple[Any, ...], key: str, path: str) -> None:
+    """Each item's key (its own value for `.`) once, in one pass, as the API server checks a
+    list-type map or set."""
+    first: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        value = item if key == "." else getattr(item, _field_by_json_name(type(item), key))  # type: ignore[arg-type]
+        if value in first:
+            raise ConfigError(
+                f"{path}[{i}]", f"duplicate value {value!r} (also item {first[value]})"
+            )
+        first[value] = i
+
+
+@functools.cache
+def _field_by_json_name(cls: type[Any], key: str) -> str:
+    return next(f.name for f, name, _, _ in _field_table(cls) if name == key)  # type: ignore[arg-type]
 
 
 T = typing.TypeVar("T")
@@ -312,13 +386,25 @@ def _field_table(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], str, Any
     )
 
 
-def _parse(cls: type[T], data: Any, path: str) -> T:
+@functools.cache
+def _default_object(cls: type[Any]) -> Any:
+    """An object of all its defaults (frozen: one value serves every parse)."""
+    return _parse(cls, {}, "")
+
+
+@functools.cache
+def _field_keys(cls: type[Any]) -> frozenset[str]:
+    return frozenset(key for _, key, _, _ in _field_table(cls))  # type: ignore[arg-type]
+
+
+def _parse(cls: type[T], data: Any, path: str, docs: Docs | None = None) -> T:
+    docs = {} if docs is None else docs
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(path, "must be an object")
     table = _field_table(cls)  # type: ignore[arg-type]
-    unknown = sorted(set(data) - {key for _, key, _, _ in table})
+    unknown = sorted(data.keys() - _field_keys(cls))  # type: ignore[arg-type]
     if unknown:
         raise ConfigError(join(path, unknown[0]), "unknown field")
     values = {}
@@ -327,21 +413,49 @@ def _parse(cls: type[T], data: Any, path: str) -> T:
             default = _default_of(f)
             if default is MISSING and not optional:
                 raise ConfigError(join(path, key), "required")
-            if dataclasses.is_dataclass(tp) and default is not MISSING and default is not None:
-                default = _parse(tp, {}, join(path, key))  # type: ignore[arg-type]
+            if _kind(tp) == "dataclass" and default is not MISSING and default is not None:
+                default = _default_object(tp)
+                docs[id(default)] = to_json(default)
             values[f.name] = None if default is MISSING else default
             continue
-        values[f.name] = _parse_value(tp, data[key], join(path, key), f.metadata)
+        values[f.name] = _parse_value(tp, data[key], join(path, key), f.metadata, docs)
     obj = cls(**values)
+    document = {
+        key: _json_of(values[f.name], docs) for f, key, _, _ in table if values[f.name] is not None
+    }
+    docs[id(obj)] = document
     rules: tuple[Rule, ...] = getattr(cls, "RULES", ())
     if rules:
-        document = to_json(obj)
         for r in rules:
             if not evaluate(r.rule, document, path):
-                raise ConfigError(
-                    join(path, (r.field_path or "").lstrip(".")).rstrip("."), r.message
-                )
+                where = join(path, (r.field_path or "").lstrip(".")).rstrip(".")
+                raise ConfigError(where, _message(r, document))
     return obj
+
+
+def _json_of(value: Any, docs: Docs) -> Any:
+    """`to_json(value)`, reusing the documents of the dataclasses parsed in this parse."""
+    if type(value) in (str, int, float, bool):  # not a Duration: it is written as `30s`
+        return value
+    if isinstance(value, tuple):
+        return [_json_of(v, docs) for v in value]
+    if id(value) in docs:
+        return docs[id(value)]
+    return to_json(value)
+
+
+def _message(rule: Rule, document: Any) -> str:
+    """The rule's messageExpression where it evaluates to a string, else its message."""
+    from kvfleet_kernel import cel
+
+    if rule.message_expression:
+        try:
+            text = cel.evaluate(rule.message_expression, document)
+        except (cel.CelError, cel.Unsupported):
+            text = None
+        if isinstance(text, str) and text:
+            return text
+    return rule.message
 
 
 # ---- CEL ----------------------------------------------------------------------------------------
@@ -355,86 +469,28 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
-def evaluate(rule: str, document: Json, path: str = "") -> bool:
-    """A CEL rule with `self` bound to `document`, as the API server evaluates it."""
+def evaluate(rule: str, document: Any, path: str = "") -> bool:
+    """A CEL rule with `self` bound to `document`, as the API server evaluates it: compiled
+    to Python (`cel`) where the rule's constructs allow, else interpreted by cel-python."""
+    from kvfleet_kernel import cel
+
+    try:
+        return bool(cel.evaluate(rule, document))
+    except cel.CelError as exc:  # e.g. a missing field: the rule does not hold
+        raise ConfigError(path, f"rule {rule!r} could not be evaluated: {exc}") from exc
+    except cel.Unsupported:
+        return interpret(rule, document, path)
+
+
+def interpret(rule: str, document: Any, path: str = "") -> bool:
+    """The rule evaluated by cel-python (what `evaluate` falls back to)."""
     from celpy.adapter import json_to_cel
     from celpy.evaluation import CELEvalError
 
     try:
         result = _program(rule).evaluate({"self": json_to_cel(document)})
-    except CELEvalError as exc:  # e.g. a missing field: the rule does not hold
+    except CELEvalError as exc:
         raise ConfigError(path, f"rule {rule!r} could not be evaluated: {exc}") from exc
     if isinstance(result, CELEvalError):
         raise ConfigError(path, f"rule {rule!r} could not be evaluated: {result}")
     return bool(result)
-
-
-# ---- reference documentation ------------------------------------------------------------------
-def _type_name(tp: Any, meta: typing.Mapping[str, Any]) -> str:
-    tp, _ = _unwrap_optional(tp)
-    origin = get_origin(tp)
-    if meta.get("enum"):
-        return " \\| ".join(f"`{v}`" for v in meta["enum"])
-    if origin is Literal:
-        return " \\| ".join(f"`{v}`" for v in get_args(tp))
-    if origin is tuple:
-        return f"list of {_type_name(get_args(tp)[0], {})}"
-    if tp is Json or tp == dict[str, Any]:
-        return "object"
-    if origin is dict:
-        return f"map of {_type_name(get_args(tp)[1], {})}"
-    if tp is Duration:
-        return "duration (`30s`, `5m`, `1h`, `30d`)"
-    if dataclasses.is_dataclass(tp):
-        return "object"
-    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
-
-
-def _rows(cls: type, prefix: str, out: list[str], rules: list[str]) -> None:
-    hints = typing.get_type_hints(cls)
-    for r in getattr(cls, "RULES", ()):
-        rules.append(f"- `{prefix or '.'}`: {r.message} (`{r.rule}`)")
-    for f in dataclasses.fields(cls):
-        path = join(prefix, json_name(f))
-        tp, _ = _unwrap_optional(hints[f.name])
-        default = _default_of(f)
-        shown = "required" if default is MISSING else "—" if default is None else default
-        if dataclasses.is_dataclass(shown) or shown in ((), {}):
-            shown = "—" if shown in ((), {}) else "(its fields' defaults)"
-        elif isinstance(shown, bool):
-            shown = f"`{str(shown).lower()}`"
-        elif shown not in ("required", "—"):
-            shown = f"`{to_json(shown)}`"
-        bounds = [
-            f"{k} {f.metadata[m]}"
-            for k, m in (("≥", "minimum"), ("≤", "maximum"), ("max items", "max_items"))
-            if f.metadata.get(m) is not None
-        ]
-        doc = " ".join(str(f.metadata.get("doc") or "").split()).replace("|", "\\|")
-        note = f" ({', '.join(bounds)})" if bounds else ""
-        out.append(
-            f"| `{path}` | {_type_name(hints[f.name], f.metadata)} | {shown} | {doc}{note} |"
-        )
-        item = get_args(tp)[0] if get_origin(tp) is tuple else tp
-        if dataclasses.is_dataclass(item) and isinstance(item, type):
-            _rows(item, path + ("[]" if get_origin(tp) is tuple else ""), out, rules)
-
-
-def reference(cls: type, title: str, intro: str, prefix: str = "") -> str:
-    """Markdown: every field of `cls` (nested ones by path) with its type, default, bounds and
-    description, then the rules between fields. Generated; never edited by hand."""
-    out = [
-        f"# {title}",
-        "",
-        "<!-- Generated from the typed model by `make docs`; a test fails when it is stale. -->",
-        "",
-        intro.strip(),
-        "",
-        "| field | type | default | description |",
-        "|---|---|---|---|",
-    ]
-    rules: list[str] = []
-    _rows(cls, prefix, out, rules)
-    if rules:
-        out += ["", "## Rules between fields", "", *rules]
-    return "\n".join(out) + "\n"

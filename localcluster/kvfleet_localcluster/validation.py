@@ -104,6 +104,7 @@ def validate(schema: Json, value: Any, path: str, unknown: list[str] | None = No
             )
         for i, item in enumerate(value):
             out += validate(schema["items"], item, f"{path}[{i}]", unknown)
+        out += _duplicates(schema, value, path)
     if not out:  # rules see a value whose own fields are valid, as in Kubernetes
         for rule in schema.get("x-kubernetes-validations") or []:
             try:
@@ -113,9 +114,39 @@ def validate(schema: Json, value: Any, path: str, unknown: list[str] | None = No
                 holds = False
             if not holds:
                 where = path + (rule.get("fieldPath") or "")
-                out.append(
-                    f'{where}: Invalid value: "{kind}": {rule.get("message") or rule["rule"]}'
-                )
+                out.append(f'{where}: Invalid value: "{kind}": {_message(rule, value)}')
+    return out
+
+
+def _message(rule: Json, value: Any) -> str:
+    """A rule's messageExpression, where it evaluates to a string; else its message."""
+    if rule.get("messageExpression"):
+        try:
+            text = _program(rule["messageExpression"]).evaluate({"self": json_to_cel(value)})
+        except CELEvalError:
+            text = None
+        if isinstance(text, str) and text:
+            return str(text)
+    return str(rule.get("message") or rule["rule"])
+
+
+def _duplicates(schema: Json, items: list[Any], path: str) -> list[str]:
+    """A list-type set's repeated values, a list-type map's repeated keys: the API server's
+    `Duplicate value` errors."""
+    kind = schema.get("x-kubernetes-list-type")
+    keys = schema.get("x-kubernetes-list-map-keys") or []
+    seen: set[str] = set()
+    out = []
+    for i, item in enumerate(items):
+        if kind == "set":
+            key = json.dumps(item, sort_keys=True)
+        elif kind == "map" and isinstance(item, dict):
+            key = json.dumps({k: item.get(k) for k in keys}, sort_keys=True)
+        else:
+            continue
+        if key in seen:
+            out.append(f"{path}[{i}]: Duplicate value: {key}")
+        seen.add(key)
     return out
 
 
@@ -125,6 +156,7 @@ _CAUSE_REASONS = {
     "Required value": "FieldValueRequired",
     "Too long": "FieldValueTooLong",
     "Too many": "FieldValueTooMany",
+    "Duplicate value": "FieldValueDuplicate",
 }
 
 

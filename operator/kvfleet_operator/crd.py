@@ -96,7 +96,10 @@ def _root(description: str, spec_schema: Json, status_schema: Json) -> Json:
             "properties": {
                 "apiVersion": {"type": "string"},
                 "kind": {"type": "string"},
-                "metadata": {"type": "object"},
+                # Declared so the name rule's fieldPath is a path of the schema (the API
+                # server refuses a fieldPath outside it); restrictions on metadata.name are
+                # the only ones a CRD may declare there.
+                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                 "spec": spec_schema,
                 "status": status_schema,
             },

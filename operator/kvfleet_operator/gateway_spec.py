@@ -69,6 +69,7 @@ class GatewayFront:
         "memory",
         "memory (one gateway replica) or a redis:// URL shared by all replicas.",
         pattern=STORE_PATTERN,
+        max_length=1024,
     )
     limits_store_password: SecretKey | None = fld(
         None,
@@ -90,15 +91,19 @@ class GatewayFront:
     resources: ResourceOverrides = fld(ResourceOverrides, "Resource overrides.")
 
 
+GATEWAY_KEYS_RULE = Rule(
+    "!self.gateway.enabled || has(self.gateway.inferenceGateway)"
+    " || self.gateway.insecureNoAuth || has(self.gateway.apiKeysSecret)",
+    "an enabled gateway needs apiKeysSecret (or insecureNoAuth: true)",
+    ".gateway.apiKeysSecret",
+)
+"""On the InferenceService's spec, not on `gateway`: the API server checks a field's default
+against the field's own rules, and `gateway`'s default ({}) has no keys."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatewaySpec(GatewayFront):
     RULES: ClassVar = (
-        Rule(
-            "!self.enabled || has(self.inferenceGateway) || self.insecureNoAuth"
-            " || has(self.apiKeysSecret)",
-            "an enabled gateway needs apiKeysSecret (or insecureNoAuth: true)",
-            ".apiKeysSecret",
-        ),
         *_FRONT_RULES,
         Rule(
             "self.prefixIndex != 'events' || self.routingPolicy == 'kvfleet'",

@@ -4,8 +4,10 @@ name it, apply what differs, and report which services and models it serves.
 The same steps as an InferenceService's (`reconcile.py`): children applied by server-side
 apply only when a rendered field differs, never onto an object it does not control, Events
 for what changed, and a status written only when it changed. A service whose spec is
-invalid, or whose engines' key does not exist yet, is left out and named in the status;
-the others are served.
+invalid, whose engines' key does not exist yet, or which claims a name (served name, alias,
+adapter) an earlier service serves here, is left out and named in the status; the others
+are served. Each service gets a Routed condition (with a Warning Event when it is left out
+for a conflict).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from kvfleet_operator.render.common import ENGINE_KEY_KEY, GATEWAY_PORT
 from kvfleet_operator.render.shared_gateway import (
     Fronted,
     GatewayOwner,
+    admit,
     gateway_owner_of,
     render_shared_gateway,
 )
-from kvfleet_operator.status import InferenceGatewayStatus, condition, status_patch
+from kvfleet_operator.status import ROUTED, InferenceGatewayStatus, condition, status_patch
 
 log = logging.getLogger("kvfleet.operator")
 
@@ -45,6 +48,10 @@ class Fleet:
     served: list[Fronted] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     """`<name>: <why>` of each service named here but not served."""
+    bodies: dict[str, Json] = field(default_factory=dict)
+    """Each valid service's object, by name (its Routed condition is written here)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Why each valid service the gateway cannot serve beside the others is left out."""
 
 
 def fronted_services(kube: Kube, gw: GatewayOwner, operator_namespace: str) -> Fleet:
@@ -66,7 +73,11 @@ def fronted_services(kube: Kube, gw: GatewayOwner, operator_namespace: str) -> F
         if not key:
             fleet.left_out.append(f"{name}: its engines' key is not created yet")
             continue
-        fleet.served.append(Fronted(owner, base64.b64decode(key).decode()))
+        created = str(body["metadata"].get("creationTimestamp") or "")
+        fleet.served.append(Fronted(owner, base64.b64decode(key).decode(), created))
+        fleet.bodies[name] = body
+    fleet.served, fleet.refused = admit(gw, fleet.served)
+    fleet.left_out += [f"{name}: {why}" for name, why in fleet.refused.items()]
     return fleet
 
 
@@ -97,6 +108,8 @@ def reconcile_gateway(kube: Kube, namespace: str, name: str, options: ReconcileO
     report_changes(kube, body, out, spec_changed, options)
     deployment = applied.get((DEPLOYMENT.kind, gw.gateway_name))
     _write_gateway_status(kube, body, (gw, deployment), fleet, out, options)
+    for name, service in fleet.bodies.items():
+        _write_routed(kube, gw, service, fleet.refused.get(name), options)
     if out.refused:
         raise ChildrenRefused("; ".join(out.refused))
     return out
@@ -147,6 +160,30 @@ def _write_gateway_status(
 
 
 def _names(f: Fronted) -> list[str]:
-    m = f.owner.spec.model
-    adapters = [a.name for a in f.owner.spec.lora.adapters] if f.owner.spec.lora else []
-    return [m.name, *m.aliases, *adapters]
+    return f.names()
+
+
+def _write_routed(
+    kube: Kube, gw: GatewayOwner, body: Json, refused: str | None, options: ReconcileOptions
+) -> None:
+    """The service's Routed condition: served by the gateway, or left out and why (with a
+    Warning Event when it becomes so). Its own reconcile keeps this condition as written."""
+    meta = body["metadata"]
+    previous = list((body.get("status") or {}).get("conditions") or [])
+    generation = int(meta.get("generation") or 1)
+    if refused is None:
+        reason, message = "Served", f"served by InferenceGateway {gw.name}"
+    else:
+        reason, message = "NameConflict", refused
+    routed = to_json(condition(previous, ROUTED, refused is None, reason, message, generation))
+    before = next((c for c in previous if c.get("type") == ROUTED), None)
+    if before is not None and {**before, "lastTransitionTime": ""} == {
+        **routed, "lastTransitionTime": "",
+    }:  # fmt: skip
+        return
+    conditions = [c for c in previous if c.get("type") != ROUTED] + [routed]
+    kube.patch(ISVC, meta["namespace"], meta["name"], {"status": {"conditions": conditions}},
+               "status")  # fmt: skip
+    if refused is not None and (before is None or before.get("status") != "False"):
+        event_body = {"apiVersion": ISVC.api_version, "kind": ISVC.kind, **body}
+        post_event(kube, event_body, "Warning", "NameConflict", refused, options)

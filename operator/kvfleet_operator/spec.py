@@ -7,16 +7,27 @@ become the schema's descriptions (`kubectl explain kis.spec.engine`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from kvfleet_gateway.config import Price
 from kvfleet_kernel.schema import Json, Rule, fld, parse
 from kvfleet_operator.gateway_spec import (
+    GATEWAY_KEYS_RULE,
     GatewaySpec,
     ResourceOverrides,
     SecretKey,
+)
+from kvfleet_operator.spec_argv import (
+    FORBIDDEN_FLAGS,
+    GIT_REF_PATTERN,
+    MANAGED_FLAGS,
+    MANAGED_RE,
+    MODEL_NAME_MAX,
+    MODEL_NAME_PATTERN,
+    OPERATOR_ENV,
+    OPERATOR_ENV_LIST,
+    PATH_PATTERN,
 )
 from kvfleet_operator.spec_scaling import Autoscaling
 from kvfleet_operator.spec_weights import LoraSpec, ModelSource
@@ -34,46 +45,6 @@ GPU_PRODUCTS = {
 """`gpuType` → the `nvidia.com/gpu.product` node label NVIDIA's GPU feature discovery sets."""
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
-MANAGED_FLAGS = (
-    "model-path",
-    "model",
-    "served-model-name",
-    "host",
-    "port",
-    "tp-size",
-    "tp",
-    "enable-metrics",
-    "mem-fraction-static",
-    "context-length",
-    "max-running-requests",
-    "chunked-prefill-size",
-    "schedule-policy",
-    "disable-radix-cache",
-    "quantization",
-    "kv-cache-dtype",
-    "revision",
-    "trust-remote-code",
-    "download-dir",
-    "api-key",
-    "speculative-algorithm",
-    "speculative-draft-model-path",
-    "speculative-num-steps",
-    "speculative-eagle-topk",
-    "speculative-num-draft-tokens",
-    "page-size",
-    "kv-events-config",
-    "nnodes",
-    "node-rank",
-    "disaggregation-mode",
-    "disaggregation-transfer-backend",
-    "disaggregation-bootstrap-port",
-    "disaggregation-ib-device",
-    "dist-init-addr",
-    "nccl-init-addr",
-    "pp-size",
-    "pipeline-parallel-size",
-)
-"""SGLang flags the operator sets from the spec; `engine.extraArgs` may not repeat them."""
 NAME_MAX = 56
 """The longest InferenceService name: its children's names add at most `-engine` (7 characters)
 and a Service's name is a DNS-1035 label of at most 63."""
@@ -87,32 +58,6 @@ NAME_RULE = Rule(
 )
 
 
-FORBIDDEN_FLAGS = (
-    "tensor-parallel-size",  # --tp-size's alias
-    "config",  # a YAML file of flags, read over the command line's
-    "enable-custom-logit-processor",  # runs code a request sends (pickled)
-)
-"""SGLang flags no InferenceService may set at all."""
-
-
-def _prefixes_regex(words: tuple[str, ...]) -> str:
-    """A regex matching every non-empty prefix of any of `words`, as a compact trie."""
-    trie: dict[str, Any] = {}
-    for w in words:
-        node = trie
-        for ch in w:
-            node = node.setdefault(ch, {})
-
-    def alt(node: dict[str, Any]) -> str:
-        parts = [re.escape(ch) + (f"(?:{alt(sub)})?" if sub else "") for ch, sub in node.items()]
-        return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
-
-    return alt(trie)
-
-
-# SGLang's argparse accepts any unambiguous abbreviation (`--api-ke=x` sets --api-key), so a
-# flag is refused when its name is a prefix of a managed or forbidden one, not only equal.
-_MANAGED_RE = "^--" + _prefixes_regex(MANAGED_FLAGS + FORBIDDEN_FLAGS) + "(=.*)?$"
 # Checked against sglang 0.5.23's `--quantization` and `--schedule-policy` choices (a subset).
 Quantization = Literal[
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "gguf", "bitsandbytes", "w8a8_fp8",
@@ -121,23 +66,43 @@ Quantization = Literal[
 SchedulePolicy = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"]
 
 
+EXTRA_ARG_RULE = Rule(
+    f"!self.matches('{MANAGED_RE}')",
+    "extraArgs may not set flags the operator manages (see engine.extraArgs)",
+)
+"""On each extra argument: its estimated cost is one argument's (512 characters against the
+regex), not the list's."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    RULES: ClassVar = (
+        Rule("!(self.name in self.aliases)", "an alias repeats the served name", ".aliases"),
+    )
     name: str = fld(
         doc="Served model name: what clients put in `model` (SGLang --served-model-name).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
-        max_length=128,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=MODEL_NAME_MAX,
     )
     source: ModelSource = fld(doc="Where the weights come from.")
-    revision: str | None = fld(None, "Model revision (branch, tag or commit) to load.")
+    revision: str | None = fld(
+        None,
+        "Model revision (branch, tag or commit) to load.",
+        pattern=GIT_REF_PATTERN,
+        max_length=255,
+    )
     trust_remote_code: bool = fld(False, "Allow custom modelling code from the model repo.")
     hf_token_secret: SecretKey | None = fld(
         None, "Secret with a Hugging Face token (HF_TOKEN) for gated models."
     )
     aliases: tuple[str, ...] = fld(
         (),
-        "Other names clients may send in `model` for it (the gateway passes the served name on).",
+        "Other names clients may send in `model` for it (the gateway passes the served name on):"
+        " the served name's pattern (no ':'), each once.",
         max_items=32,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=MODEL_NAME_MAX,
+        unique_by=".",
     )
     price: Price | None = fld(
         None,
@@ -159,7 +124,12 @@ class Speculative:
         ),
     )
     algorithm: Literal["EAGLE", "EAGLE3", "NGRAM"] = fld(doc="Speculative algorithm.")
-    draft_model: str | None = fld(None, "Draft model path or Hugging Face id (EAGLE/EAGLE3).")
+    draft_model: str | None = fld(
+        None,
+        "Draft model path or Hugging Face id (EAGLE/EAGLE3).",
+        pattern=PATH_PATTERN,
+        max_length=512,
+    )
     num_steps: int = fld(3, "Draft steps per verification.", minimum=1, maximum=16)
     eagle_topk: int = fld(1, "Branching factor of the draft tree.", minimum=1, maximum=16)
     num_draft_tokens: int = fld(4, "Draft tokens verified per step.", minimum=1, maximum=64)
@@ -167,19 +137,30 @@ class Speculative:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvVar:
-    name: str = fld(doc="Variable name.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str | None = fld(None, "Literal value.")
+    # On each variable (one variable's cost, where a rule over env would cost the list's).
+    RULES: ClassVar = (
+        Rule(
+            f"!(self.name in {OPERATOR_ENV_LIST})",
+            "env may not set a variable the operator sets: " + ", ".join(OPERATOR_ENV),
+            ".name",
+            message_expression="'env ' + self.name + ' is set by the operator ("
+            + ", ".join(OPERATOR_ENV)
+            + " are)'",
+        ),
+    )
+    name: str = fld(doc="Variable name.", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
+    value: str | None = fld(
+        None,
+        "Literal value, passed as written: a `$` is written as `$$` for the kubelet, so"
+        " `$(VAR)` is not expanded.",
+        max_length=8192,
+    )
     value_from: Json | None = fld(None, "A Kubernetes EnvVarSource (secretKeyRef, ...).")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     RULES: ClassVar = (
-        Rule(
-            f"self.extraArgs.all(a, !a.matches('{_MANAGED_RE}'))",
-            "extraArgs may not set flags the operator manages (see the field's description)",
-            ".extraArgs",
-        ),
         Rule(
             "(self.tensorParallel * self.nodesPerReplica) % self.pipelineParallel == 0",
             "pipelineParallel must divide the replica's GPUs (tensorParallel x nodesPerReplica)",
@@ -240,7 +221,13 @@ class EngineSpec:
     quantization: Quantization | None = fld(None, "SGLang --quantization.")
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3"] = fld("auto", "--kv-cache-dtype.")
     speculative: Speculative | None = fld(None, "Speculative decoding.")
-    env: tuple[EnvVar, ...] = fld((), "Extra environment variables for the engine.", max_items=64)
+    env: tuple[EnvVar, ...] = fld(
+        (),
+        "Extra environment variables for the engine, each name once; not those the operator"
+        " sets (" + ", ".join(OPERATOR_ENV) + ").",
+        max_items=64,
+        unique_by="name",
+    )
     extra_args: tuple[str, ...] = fld(
         (),
         "Extra SGLang flags. Managed flags, and any abbreviation of one (SGLang's parser"
@@ -248,9 +235,11 @@ class EngineSpec:
         + ", ".join(MANAGED_FLAGS)
         + "; so are "
         + ", ".join(FORBIDDEN_FLAGS)
-        + ".",
+        + ". Passed as written: a `$` is written as `$$` for the kubelet, so `$(VAR)` is not"
+        " expanded.",
         max_items=64,
         max_length=512,
+        item_rule=EXTRA_ARG_RULE,
     )
     startup_timeout_seconds: int = fld(
         1800, "Longest model load before the pod is restarted (startup probe).", minimum=60
@@ -275,11 +264,6 @@ class PrefillPool:
             "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
             " owns the prefill replica count",
             ".replicas",
-        ),
-        Rule(
-            f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{_MANAGED_RE}'))",
-            "extraArgs may not set flags the operator manages (see engine.extraArgs)",
-            ".extraArgs",
         ),
         Rule(
             "!has(self.autoscaling) || !has(self.autoscaling.slo)"
@@ -308,6 +292,7 @@ class PrefillPool:
         " same); the flags engine.extraArgs refuses are refused here too.",
         max_items=64,
         max_length=512,
+        item_rule=EXTRA_ARG_RULE,
     )
     resources: ResourceOverrides | None = fld(
         None,
@@ -347,13 +332,15 @@ class Disaggregation:
         None,
         "SGLang --disaggregation-ib-device (e.g. mlx5_0): KV over InfiniBand/RoCE. Engine"
         " containers then get the IPC_LOCK capability (pinned RDMA memory).",
-        pattern=r"^[A-Za-z0-9_,.-]+$",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_,.-]*$",
+        max_length=256,
     )
     rdma_resource: str | None = fld(
         None,
         "The extended resource your RDMA device plugin offers (e.g. rdma/rdma_shared_device_a):"
         " one is requested per engine pod when ibDevice is set.",
         pattern=r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$",
+        max_length=253,
     )
 
 
@@ -394,6 +381,7 @@ class InferenceServiceSpec:
     """An SGLang model server fleet with its routing gateway."""
 
     RULES: ClassVar = (
+        GATEWAY_KEYS_RULE,
         Rule(
             "!has(self.lora) || !has(self.disaggregation)",
             "lora with disaggregation is not supported yet: the gateway routes adapters to"
@@ -441,6 +429,13 @@ class InferenceServiceSpec:
             "replicas and autoscaling are mutually exclusive: with autoscaling the operator"
             " owns the replica count",
             ".replicas",
+        ),
+        Rule(
+            "!has(self.lora) || self.lora.adapters.all(a, a.name != self.model.name"
+            " && !(a.name in self.model.aliases))",
+            "an adapter's name is the model's served name or alias: clients could not tell"
+            " them apart",
+            ".lora.adapters",
         ),
     )
     model: ModelSpec = fld(doc="The model to serve.")

@@ -10,13 +10,27 @@ from typing import ClassVar
 from kvfleet_gateway.config import ADAPTER_NAME_PATTERN
 from kvfleet_kernel.schema import Rule, fld
 
+URI_PATTERN = r"^(s3|gs|https?|oci)://[A-Za-z0-9._~:/?#@!&'()*+,;=%\[\]-]+$"
+"""A URI of a scheme the engine image reads, in RFC 3986's characters but '$'."""
+TARGET_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""A module name as SGLang matches it (q_proj, all): an identifier, never a flag."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class PvcSource:
     """Weights already on a PersistentVolumeClaim."""
 
-    claim_name: str = fld(doc="PVC holding the weights (mounted read-only).")
-    path: str = fld("/", "Directory of the model inside the claim.")
+    claim_name: str = fld(
+        doc="PVC holding the weights (mounted read-only).",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+    )
+    path: str = fld(
+        "/",
+        "Directory of the model inside the claim.",
+        pattern=r"^[A-Za-z0-9_./-]*$",
+        max_length=1024,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,13 +46,16 @@ class ModelSource:
     hugging_face: str | None = fld(
         None,
         "Hugging Face model id, e.g. meta-llama/Llama-3.1-8B-Instruct.",
-        pattern=r"^[\w.-]+/[\w.-]+$",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+        max_length=96,
     )
     pvc: PvcSource | None = fld(None, "Weights on a PersistentVolumeClaim.")
     uri: str | None = fld(
         None,
-        "Weights at a URI the engine image can read (s3://, gs://, https://).",
-        pattern=r"^(s3|gs|https?|oci)://\S+$",
+        "Weights at a URI the engine image can read (s3://, gs://, https://): RFC 3986"
+        " characters but '$' (which the kubelet would expand).",
+        pattern=URI_PATTERN,
+        max_length=2048,
     )
 
 
@@ -78,14 +95,13 @@ class LoraSpec:
             "maxLoadedLoras must be at least maxLorasPerBatch",
             ".maxLoadedLoras",
         ),
-        Rule(
-            "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b,"
-            " b.name == a.name))",
-            "adapter names must be unique",
-            ".adapters",
-        ),
     )
-    adapters: tuple[LoraAdapter, ...] = fld((), "The adapters clients may use.", max_items=1000)
+    adapters: tuple[LoraAdapter, ...] = fld(
+        (),
+        "The adapters clients may use, each name once.",
+        max_items=1000,
+        unique_by="name",
+    )
     max_loras_per_batch: int = fld(
         8, "Distinct adapters one batch runs (SGLang --max-loras-per-batch).", minimum=1,
         maximum=64,
@@ -102,7 +118,10 @@ class LoraSpec:
     )
     target_modules: tuple[str, ...] | None = fld(
         None,
-        "Modules adapters may target (--lora-target-modules, e.g. q_proj v_proj, or all).",
+        "Modules adapters may target (--lora-target-modules, e.g. q_proj v_proj, or all):"
+        " identifiers, each once.",
         max_items=32,
         max_length=64,
+        pattern=TARGET_MODULE_PATTERN,
+        unique_by=".",
     )

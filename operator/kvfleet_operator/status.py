@@ -21,7 +21,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, kw_only=True)
 class Condition:
-    type: str = fld(doc="Ready, Progressing or Degraded.")
+    type: str = fld(
+        doc="Ready, Progressing, Degraded; ScalingActive (autoscaled); Routed (behind an"
+        " InferenceGateway)."
+    )
     status: str = fld(doc="True, False or Unknown.")
     reason: str = fld(doc="CamelCase reason.")
     message: str = fld(doc="Human-readable detail; names the spec field when one is at fault.")
@@ -173,6 +176,12 @@ def condition(
     )
 
 
+ROUTED = "Routed"
+"""The condition an InferenceGateway's reconcile writes on each service naming it: served
+there, or left out and why (a name another service claimed first). The service's own
+reconcile keeps it as written while the service names a gateway."""
+
+
 def _kept(cls: type[T], value: Any) -> T | None:
     """A status part the last writer recorded, read back typed (None: absent or unreadable,
     e.g. written by an older operator)."""
@@ -315,6 +324,12 @@ def compute_status(
             )
         )
         autoscaling, metrics = scaling.autoscaling, scaling.metrics
+    if ((body.get("spec") or {}).get("gateway") or {}).get("inferenceGateway"):
+        conds += [
+            kept
+            for c in previous
+            if c.get("type") == ROUTED and (kept := _kept(Condition, c)) is not None
+        ]
     status = InferenceServiceStatus(
         observed_generation=generation,
         conditions=tuple(conds),

@@ -24,6 +24,43 @@ def isvc(name: str, **spec: Any) -> dict[str, Any]:
     return make_isvc(name, namespace="default", **spec)
 
 
+MODEL = {"name": "llama-3.1-8b", "source": {"huggingFace": "meta-llama/Llama-3.1-8B-Instruct"}}
+LORA = {"maxLoraRank": 16, "targetModules": ["q_proj"]}
+ADAPTER = {"name": "sql", "source": {"huggingFace": "org/sql"}}
+HOSTILE = [
+    # A name that would stand for another service's adapter on a shared gateway.
+    (isvc("h1", model={**MODEL, "aliases": ["llama-3.1-8b:sql"]}), "spec.model.aliases[0]"),
+    # A price that would be budget credit.
+    (
+        isvc("h2", model={**MODEL, "price": {"prompt": 1, "cached": -1e6, "output": 1}}),
+        "spec.model.price.cached: Invalid value",
+    ),
+    # Values rendered into the engine's argv, env or a kubelet expansion.
+    (
+        isvc("h3", lora={**LORA, "targetModules": ["q_proj", "--enable-custom-logit-processor"]}),
+        "spec.lora.targetModules[1]: Invalid value",
+    ),
+    (isvc("h4", model={**MODEL, "revision": "$(KVFLEET_ENGINE_API_KEY)"}), "spec.model.revision"),
+    (
+        isvc("h5", model={**MODEL, "source": {"uri": "s3://b/$(KVFLEET_ENGINE_API_KEY)"}}),
+        "spec.model.source.uri: Invalid value",
+    ),
+    (
+        isvc("h6", engine={"env": [{"name": "KVFLEET_ENGINE_API_KEY", "value": "x"}]}),
+        "env KVFLEET_ENGINE_API_KEY is set by the operator",
+    ),
+    (isvc("h7", engine={"extraArgs": ["--trust-remote-cod"]}), "spec.engine.extraArgs"),
+    (isvc("h8", engine={"extraArgs": ["--lora-paths", "x=org/x"]}), "spec.engine.extraArgs"),
+    # Uniqueness as a list-type map: the API server checks it in one pass.
+    (
+        isvc(
+            "h9", lora={**LORA, "adapters": [ADAPTER, {**ADAPTER, "source": {"uri": "s3://b/c"}}]}
+        ),
+        "spec.lora.adapters[1]: Duplicate value",
+    ),
+]
+
+
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     async with LocalCluster(cluster_config(tmp_path)) as cluster, cluster.session() as s:
@@ -53,10 +90,10 @@ async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]
             isvc("b", engine={"tensorParallel": 3}),
             "spec.engine.tensorParallel: Unsupported value: 3",
         ),
-        (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs: Invalid value"),
+        (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs[0]: Invalid value"),
         (  # an abbreviation SGLang's parser takes for --api-key
             isvc("c2", engine={"extraArgs": ["--api-ke=attacker"]}),
-            "spec.engine.extraArgs: Invalid value",
+            "spec.engine.extraArgs[0]: Invalid value",
         ),
         (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
         # Every child name must fit: '-engine' on a Service name of at most 63 characters.
@@ -70,6 +107,7 @@ async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]
             {**isvc("f"), "spec": {"gateway": {"insecureNoAuth": True}}},
             "spec.model: Required value",
         ),
+        *HOSTILE,
     ]
     for obj, message in cases:
         async with s.post(url + ISVCS, json=obj) as r:

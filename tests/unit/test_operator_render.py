@@ -561,7 +561,7 @@ def test_extra_args_may_not_abbreviate_a_managed_or_forbidden_flag(
     the same rule `kvfleet render` and the CRD (CEL) apply; other flags pass."""
     import argparse
 
-    from kvfleet_operator.spec import FORBIDDEN_FLAGS, MANAGED_FLAGS
+    from kvfleet_operator.spec_argv import FORBIDDEN_FLAGS, MANAGED_FLAGS
 
     # What SGLang's parser does with it (allow_abbrev, its default): a managed flag is set.
     parser = argparse.ArgumentParser(exit_on_error=False)
@@ -575,7 +575,7 @@ def test_extra_args_may_not_abbreviate_a_managed_or_forbidden_flag(
     bad.write_text(yaml.safe_dump(doc))
     result = CliRunner().invoke(cli, ["render", "-f", str(bad)])
     assert result.exit_code == 1, result.output
-    assert "spec.engine.extraArgs: extraArgs may not set flags the operator manages" in (
+    assert "spec.engine.extraArgs[0]: extraArgs may not set flags the operator manages" in (
         result.stderr
     )
 

@@ -94,8 +94,8 @@ def test_defaults_applied() -> None:
         ),
         ({"engine__tensorParallel": 3}, "spec.engine.tensorParallel", "not one of 1, 2, 4, 8"),
         ({"engine__quantization": "int3"}, "spec.engine.quantization", "not one of"),
-        ({"engine__extraArgs": ["--tp-size=2"]}, "spec.engine.extraArgs", "manages"),
-        ({"engine__extraArgs": ["--port", "1"]}, "spec.engine.extraArgs", "manages"),
+        ({"engine__extraArgs": ["--tp-size=2"]}, "spec.engine.extraArgs[0]", "manages"),
+        ({"engine__extraArgs": ["--port", "1"]}, "spec.engine.extraArgs[0]", "manages"),
         (
             {"engine__speculative": {"algorithm": "EAGLE"}},
             "spec.engine.speculative.draftModel",
@@ -141,8 +141,8 @@ def test_defaults_applied() -> None:
             "spec.engine.pipelineParallel",
             "must divide",
         ),
-        ({"engine__extraArgs": ["--nnodes", "2"]}, "spec.engine.extraArgs", "manages"),
-        ({"engine__extraArgs": ["--dist-init=x:1"]}, "spec.engine.extraArgs", "manages"),
+        ({"engine__extraArgs": ["--nnodes", "2"]}, "spec.engine.extraArgs[0]", "manages"),
+        ({"engine__extraArgs": ["--dist-init=x:1"]}, "spec.engine.extraArgs[0]", "manages"),
     ],
 )
 def test_invalid_specs_name_their_field(changes: dict[str, Any], field: str, words: str) -> None:

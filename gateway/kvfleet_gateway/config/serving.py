@@ -18,7 +18,9 @@ class Price:
 
     prompt: float = fld(doc="Per million uncached prompt tokens.", minimum=0)
     cached: float | None = fld(
-        None, "Per million prompt tokens read from the prefix cache; unset: the prompt price."
+        None,
+        "Per million prompt tokens read from the prefix cache; unset: the prompt price.",
+        minimum=0,
     )
     output: float = fld(doc="Per million output tokens.", minimum=0)
 

@@ -32,6 +32,7 @@ from kvfleet_operator.spec import (
     EngineSpec,
     InferenceServiceSpec,
 )
+from kvfleet_operator.spec_argv import OPERATOR_ENV
 from kvfleet_operator.spec_weights import LoraAdapter, LoraSpec
 
 
@@ -49,7 +50,7 @@ def engine_key_secret(owner: Owner) -> Json:
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = "/cache"
-ENGINE_KEY_ENV = "KVFLEET_ENGINE_API_KEY"
+ENGINE_KEY_ENV = OPERATOR_ENV[0]
 """Hugging Face cache (HF_HOME): the shared model-cache PVC, or a per-pod emptyDir."""
 STARTUP_PERIOD_S = 10
 PRE_STOP_S = 10
@@ -59,8 +60,7 @@ EVENTS_PAGE_SIZE = 16
 KV_EVENTS_TOPIC = "kv-events"
 DIST_INIT_PORT = 20000
 """Multi-node: where the group's leader listens for its workers (SGLang's --dist-init-addr)."""
-LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
-LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+LWS_LEADER_ADDRESS, LWS_WORKER_INDEX = OPERATOR_ENV[3], OPERATOR_ENV[4]
 """Set in every pod of a LeaderWorkerSet group by LeaderWorkerSet itself: the leader's DNS
 name (`<set>-<group>.<set>.<namespace>`) and the pod's index in its group (0: the leader)."""
 
@@ -83,6 +83,13 @@ def uses_kv_events(spec: InferenceServiceSpec) -> bool:
     return spec.gateway.enabled and spec.gateway.prefix_index == "events"
 
 
+def literal(value: str) -> str:
+    """A spec author's string as the kubelet must pass it: every `$` doubled, so `$(VAR)` is
+    never expanded (the kubelet reads `$$` as `$`). Only the operator's own references
+    (`$(KVFLEET_ENGINE_API_KEY)`, LeaderWorkerSet's) reach the kubelet unescaped."""
+    return value.replace("$", "$$")
+
+
 def model_path(spec: InferenceServiceSpec) -> str:
     src = spec.model.source
     if src.hugging_face:
@@ -99,9 +106,9 @@ def engine_args(spec: InferenceServiceSpec, component: str = ENGINE) -> list[str
     e: EngineSpec = spec.engine
     args = [
         "--model-path",
-        model_path(spec),
+        literal(model_path(spec)),
         "--served-model-name",
-        spec.model.name,
+        literal(spec.model.name),
         "--host",
         "0.0.0.0",
         "--port",
@@ -134,7 +141,7 @@ def engine_args(spec: InferenceServiceSpec, component: str = ENGINE) -> list[str
         ]
     for flag, value in optional:
         if value is not None:
-            args += [flag, str(value)]
+            args += [flag, literal(str(value))]
     if e.pipeline_parallel > 1:
         args += ["--pp-size", str(e.pipeline_parallel)]
     if e.nodes_per_replica > 1:
@@ -158,7 +165,7 @@ def engine_args(spec: InferenceServiceSpec, component: str = ENGINE) -> list[str
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
     args += ["--api-key", f"$({ENGINE_KEY_ENV})"]  # the kubelet expands it from the env
-    return args + list(e.extra_args)
+    return args + [literal(a) for a in e.extra_args]
 
 
 LORA_MOUNT = "/lora"
@@ -186,8 +193,8 @@ def lora_args(lora: LoraSpec) -> list[str]:
     if lora.max_loaded_loras is not None:
         args += ["--max-loaded-loras", str(lora.max_loaded_loras)]
     if lora.target_modules:
-        args += ["--lora-target-modules", *lora.target_modules]
-    preload = [f"{a.name}={adapter_path(a)}" for a in lora.adapters if a.preload]
+        args += ["--lora-target-modules", *map(literal, lora.target_modules)]
+    preload = [literal(f"{a.name}={adapter_path(a)}") for a in lora.adapters if a.preload]
     if preload:
         args += ["--lora-paths", *preload]
     return args
@@ -200,7 +207,7 @@ def disaggregation_args(d: Disaggregation, component: str) -> list[str]:
     if mode == "prefill":
         args += ["--disaggregation-bootstrap-port", str(d.bootstrap_port)]
     if d.ib_device:
-        args += ["--disaggregation-ib-device", d.ib_device]
+        args += ["--disaggregation-ib-device", literal(d.ib_device)]
     return args
 
 
@@ -224,7 +231,8 @@ def hf_token_env(spec: InferenceServiceSpec) -> list[Json]:
     ref = spec.model.hf_token_secret
     if ref is None:
         return []
-    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    key_ref = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+    return [{"name": OPERATOR_ENV[2], "valueFrom": key_ref}]
 
 
 def _engine_key_env(owner: Owner) -> list[Json]:
@@ -234,13 +242,13 @@ def _engine_key_env(owner: Owner) -> list[Json]:
 
 
 def _env(spec: InferenceServiceSpec) -> list[Json]:
-    env: list[Json] = [{"name": "HF_HOME", "value": CACHE_MOUNT}, *hf_token_env(spec)]
+    env: list[Json] = [{"name": OPERATOR_ENV[1], "value": CACHE_MOUNT}, *hf_token_env(spec)]
     for var in spec.engine.env:
         item: Json = {"name": var.name}
         if var.value_from is not None:
             item["valueFrom"] = var.value_from
         elif var.value:  # an empty value is no value to the API server (omitempty)
-            item["value"] = var.value
+            item["value"] = literal(var.value)
         env.append(item)
     return env
 

@@ -85,6 +85,15 @@ class Fronted:
 
     owner: Owner
     engine_key: str
+    created: str = ""
+    """Its creationTimestamp (RFC 3339): of two services claiming one name, the earlier
+    keeps it."""
+
+    def names(self) -> list[str]:
+        """Every name clients may send for it: served name, aliases, adapters."""
+        m = self.owner.spec.model
+        lora = self.owner.spec.lora
+        return [m.name, *m.aliases, *(a.name for a in (lora.adapters if lora else ()))]
 
     @property
     def key_file(self) -> str:
@@ -101,6 +110,32 @@ def shared_gateway_config(gw: GatewayOwner) -> GatewayConfig:
         "limits": limits_doc(gw.spec, f"{gw.namespace}/{gw.name}"),
     }
     return GatewayConfig.from_dict(doc)
+
+
+def admit(gw: GatewayOwner, services: list[Fronted]) -> tuple[list[Fronted], dict[str, str]]:
+    """The services the gateway can serve together, oldest first, and why each other one is
+    left out (by name): a pool the gateway would refuse, or a name an earlier service already
+    claims. One service's mistake leaves that service out, never the others."""
+    admitted: list[Fronted] = []
+    left_out: dict[str, str] = {}
+    claimed: dict[str, str] = {}
+    for f in sorted(services, key=lambda f: (f.created, f.owner.name)):
+        taken = next((n for n in f.names() if n in claimed), None)
+        if taken is not None:
+            left_out[f.owner.name] = (
+                f"model name {taken!r} is already served on InferenceGateway {gw.name} by"
+                f" InferenceService {claimed[taken]} (created earlier): this service is left"
+                " out until one of them changes"
+            )
+            continue
+        try:
+            pools(gw, [f])
+        except ConfigError as exc:
+            left_out[f.owner.name] = f"its pool is invalid ({exc})"
+            continue
+        claimed.update((n, f.owner.name) for n in f.names())
+        admitted.append(f)
+    return admitted, left_out
 
 
 def pools(gw: GatewayOwner, services: list[Fronted]) -> tuple[PoolConfig, ...]:
