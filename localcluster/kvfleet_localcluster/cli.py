@@ -12,10 +12,11 @@ from pathlib import Path
 
 import click
 
-from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES
 from kvfleet_localcluster.controlplane import ControlPlaneError
 from kvfleet_localcluster.controlplane_build import GoMissing
+from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
+from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_localcluster.node_agent import NodeSpec
 
@@ -47,6 +48,11 @@ def cluster() -> None:
     "default: one node of 8 H100s.",
 )
 @click.option("--no-lws", is_flag=True, help="Do not run the LeaderWorkerSet controller.")
+@click.option(
+    "--emulated",
+    is_flag=True,
+    help="The emulated API server being retired (no Go build; kvfleet demo still uses it).",
+)
 @click.option(
     "--namespace",
     default=LocalClusterConfig.namespace,
@@ -93,6 +99,7 @@ def up(
     no_monitoring_crds: bool,
     nodes: tuple[str, ...],
     no_lws: bool,
+    emulated: bool,
     namespace: str,
     crds_dir: Path | None,
     time_scale: float,
@@ -104,6 +111,25 @@ def up(
     """Start the local cluster and run it until Ctrl-C (or SIGTERM)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    kubelet = KubeletConfig(
+        run_processes=not no_processes,
+        time_scale=time_scale,
+        engine_time_scale=engine_time_scale,
+        state_dir=state_dir.resolve() if state_dir else None,
+        kvfleet_command=(
+            (kvfleet_image_command,) if kvfleet_image_command else KubeletConfig.kvfleet_command
+        ),
+    )
+    if emulated:
+        emulated_config = EmulatedClusterConfig(
+            kubeconfig=kubeconfig.resolve(),
+            namespace=namespace,
+            crds_dir=crds_dir,
+            monitoring_crds=not no_monitoring_crds,
+            kubelet=kubelet,
+        )
+        asyncio.run(_serve(EmulatedCluster(emulated_config), kubelet.run_processes))
+        return
     config = LocalClusterConfig(
         kubeconfig=kubeconfig.resolve(),
         namespace=namespace,
@@ -111,18 +137,10 @@ def up(
         nodes=tuple(parse_node(n) for n in nodes) or DEFAULT_NODES,
         crds_dir=crds_dir,
         monitoring_crds=not no_monitoring_crds,
-        kubelet=KubeletConfig(
-            run_processes=not no_processes,
-            time_scale=time_scale,
-            engine_time_scale=engine_time_scale,
-            state_dir=state_dir.resolve() if state_dir else None,
-            kvfleet_command=(
-                (kvfleet_image_command,) if kvfleet_image_command else KubeletConfig.kvfleet_command
-            ),
-        ),
+        kubelet=kubelet,
     )
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(LocalCluster(config), kubelet.run_processes))
     except (GoMissing, ControlPlaneError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -137,14 +155,14 @@ def parse_node(text: str) -> NodeSpec:
     return NodeSpec(name, gpus=gpus, gpu_product=product or NodeSpec.gpu_product)
 
 
-async def _serve(config: LocalClusterConfig) -> None:
+async def _serve(cluster: LocalCluster | EmulatedCluster, run_processes: bool) -> None:
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with LocalCluster(config) as local:
-        mode = "pods run as processes" if config.kubelet.run_processes else "no pod processes"
+    async with cluster as local:
+        mode = "pods run as processes" if run_processes else "no pod processes"
         click.echo(f"kvfleet local cluster: API server {local.url} ({mode})")
         click.echo(f"kubeconfig: {local.kubeconfig}")
         click.echo(f"  kubectl --kubeconfig {local.kubeconfig} get pods -A")

@@ -102,6 +102,14 @@ class ClusterNodes:
         return client
 
     async def __aenter__(self) -> ClusterNodes:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _start(self) -> None:
         admin = self._client("kvfleet-local-cluster", token=self.access.admin_token)
         state = node_dir(self.kubelet)
         self._tasks.append(asyncio.create_task(Provisioner(admin, state / "volumes").run()))
@@ -121,7 +129,6 @@ class ClusterNodes:
             await agent.register()
             self.agents[spec.name] = agent
             self._tasks.append(asyncio.create_task(agent.run()))
-        return self
 
     async def __aexit__(
         self,

@@ -258,7 +258,9 @@ class ControlPlane:
             )
 
             async def established(path: str = path) -> bool:
-                conds = (await self.request("GET", path)).get("status", {}).get("conditions", [])
+                # Conditions are null until the CRD controller first looks at it.
+                status = (await self.request("GET", path)).get("status") or {}
+                conds = status.get("conditions") or []
                 return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
             await self._wait(f"CRD {crd['metadata']['name']} established", established)

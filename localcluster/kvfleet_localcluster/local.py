@@ -31,6 +31,7 @@ import aiohttp
 from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES, ApiAccess, ClusterNodes
 from kvfleet_localcluster.controlplane import ControlPlane, ControlPlaneConfig, ControlPlaneError
 from kvfleet_localcluster.controlplane_args import HOST
+from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.node_agent import NodeSpec
 from kvfleet_localcluster.pki import ClusterPKI
@@ -74,7 +75,9 @@ class LocalCluster:
         self.state_dir = state.resolve()
         self.control_plane = ControlPlane(
             ControlPlaneConfig(
-                kubeconfig=config.kubeconfig,
+                # The user's kubeconfig appears only once the cluster is ready (a script
+                # waits for it): the control plane's own copy is written first, in its state.
+                kubeconfig=self.state_dir / "control-plane" / "admin.kubeconfig",
                 namespace=config.namespace,
                 state_dir=self.state_dir / "control-plane",
                 lws=config.lws,
@@ -91,7 +94,7 @@ class LocalCluster:
 
     @property
     def kubeconfig(self) -> Path:
-        return self.control_plane.kubeconfig
+        return self.config.kubeconfig
 
     @property
     def admin_token(self) -> str:
@@ -140,24 +143,29 @@ class LocalCluster:
 
     async def __aenter__(self) -> LocalCluster:
         await self.control_plane.__aenter__()
-        # The controller manager gives a new namespace its `default` ServiceAccount a moment
-        # later; a pod created before then is refused. Ready means ready for pods.
-        await self._wait_for_default_account()
-        if not self.config.controllers:
-            return self
+        try:
+            # The controller manager gives a new namespace its `default` ServiceAccount a
+            # moment later; a pod created before then is refused. Ready means ready for pods.
+            await self._wait_for_default_account()
+            if self.config.controllers:
+                await self._start_nodes()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        # Written whole (a rename) and readable by its owner only: it holds an admin token.
+        replace_file(self.config.kubeconfig, self.control_plane.kubeconfig.read_text(), mode=0o600)
+        return self
+
+    async def _start_nodes(self) -> None:
         kubelet = self.config.kubelet
         if kubelet.state_dir is None:
             kubelet = dataclasses.replace(kubelet, state_dir=self.state_dir)
         host, port = HOST, int(self.url.rsplit(":", 1)[1])
         access = ApiAccess(host, port, self.ca_pem, self.admin_token, self._node_certificate)
         tls = self._kubelet_tls().server_context(self.state_dir / "kubelet-pki")
-        self.nodes = ClusterNodes(access, kubelet, self.config.nodes, tls)
-        try:
-            await self.nodes.__aenter__()
-        except BaseException:
-            await self.control_plane.__aexit__(None, None, None)
-            raise
-        return self
+        nodes = ClusterNodes(access, kubelet, self.config.nodes, tls)
+        await nodes.__aenter__()
+        self.nodes = nodes
 
     async def __aexit__(
         self,

@@ -220,13 +220,18 @@ class Kube:
         """`selector` is a label selector; `fields` a field selector (always asked of the API
         server: the cache keeps labels, not field indexes)."""
         if fields is None and (cache := self._cached(res)):
-            return cache.list(res.plural, namespace, selector)
-        query = {"labelSelector": selector} if selector else {}
-        if fields:
-            query["fieldSelector"] = fields
-        items: list[Json] = (
-            self.request("GET", res.path(namespace), query=query or None).get("items") or []
-        )
+            items = cache.list(res.plural, namespace, selector)
+        else:
+            query = {"labelSelector": selector} if selector else {}
+            if fields:
+                query["fieldSelector"] = fields
+            reply = self.request("GET", res.path(namespace), query=query or None)
+            items = reply.get("items") or []
+        # A real API server leaves kind and apiVersion out of a list's items (a watch event's
+        # object has them): every item says what it is, however it was read.
+        for item in items:
+            item.setdefault("apiVersion", res.api_version)
+            item.setdefault("kind", res.kind)
         return items
 
     def create(self, obj: Json) -> Json:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from kvfleet_localcluster.apiserver import ClusterAPI
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from tests.support.cluster import cluster_config
 
 POD = {
@@ -28,7 +28,7 @@ POD = {
 
 class Api:
     def __init__(
-        self, url: str, session: aiohttp.ClientSession, server: ClusterAPI, cluster: LocalCluster
+        self, url: str, session: aiohttp.ClientSession, server: ClusterAPI, cluster: EmulatedCluster
     ) -> None:
         self.url, self.s, self.server, self.cluster = url, session, server, cluster
 
@@ -53,7 +53,7 @@ class Api:
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """The local cluster's API server alone (no controllers: nothing writes but the test)."""
     async with (
-        LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster,
+        EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster,
         cluster.session() as session,
     ):
         yield Api(cluster.url, session, cluster.api, cluster)

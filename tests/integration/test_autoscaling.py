@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import yaml
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_localcluster.podmonitors import podmonitor_crd, write_targets
 from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Resource
 from kvfleet_operator.login import Credentials
@@ -93,7 +93,7 @@ class Stack:
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     config = cluster_config(tmp_path, run_processes=True, time_scale=0.1)
-    async with LocalCluster(config) as cluster:
+    async with EmulatedCluster(config) as cluster:
         from kvfleet_operator.kube import Kube
         from kvfleet_operator.login import api_client
 

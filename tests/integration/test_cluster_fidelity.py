@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from tests.conftest import kubectl_binary, require_binary
 from tests.integration.test_kubectl import kubectl, kubectl_error, run_kubectl
 from tests.support.cluster import cluster_config
@@ -65,27 +65,27 @@ def pod(name: str, command: list[str], **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+async def cluster(tmp_path: Path) -> AsyncIterator[EmulatedCluster]:
     """Pods run as processes (`kvfleet ...` commands), kubelet timing ×0.05."""
     config = cluster_config(tmp_path, run_processes=True, time_scale=0.05)
-    async with LocalCluster(config) as local:
+    async with EmulatedCluster(config) as local:
         yield local
 
 
-async def k(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
+async def k(cluster: EmulatedCluster, *args: str, stdin: str | None = None) -> str:
     return await kubectl(cluster.kubeconfig, *args, stdin=stdin)
 
 
-async def k_err(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
+async def k_err(cluster: EmulatedCluster, *args: str, stdin: str | None = None) -> str:
     return await kubectl_error(cluster.kubeconfig, *args, stdin=stdin)
 
 
-async def get(cluster: LocalCluster, *what: str) -> Any:
+async def get(cluster: EmulatedCluster, *what: str) -> Any:
     return json.loads(await k(cluster, "get", *what, "-o", "json", "--show-managed-fields"))
 
 
 # ---- dry-run -----------------------------------------------------------------------------------
-async def test_dry_run_leaves_no_trace(cluster: LocalCluster) -> None:
+async def test_dry_run_leaves_no_trace(cluster: EmulatedCluster) -> None:
     """`kubectl diff` and `--dry-run=server` once wrote for real: Argo CD's diff would mutate."""
     doc = isvc("llama", replicas=1)
     await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(doc))
@@ -113,7 +113,7 @@ async def test_dry_run_leaves_no_trace(cluster: LocalCluster) -> None:
 
 
 # ---- server-side apply -------------------------------------------------------------------------
-async def test_server_side_apply_owns_fields(cluster: LocalCluster) -> None:
+async def test_server_side_apply_owns_fields(cluster: EmulatedCluster) -> None:
     web = deployment("web", 1, ["kvfleet", "--version"], tier="web")
     await k(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(web))
     obj = await get(cluster, "deployment", "web")
@@ -151,7 +151,7 @@ async def test_server_side_apply_owns_fields(cluster: LocalCluster) -> None:
 
 
 # ---- watch-list: wait and rollout status without feature-gate overrides -------------------------
-async def test_wait_and_rollout_status_end(cluster: LocalCluster) -> None:
+async def test_wait_and_rollout_status_end(cluster: EmulatedCluster) -> None:
     web = deployment("web", 2, ["kvfleet", *SIM[1:], "--host", "0.0.0.0", "--port", "30000"])
     await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(web))
     out = await k(cluster, "rollout", "status", "deployment/web", "--timeout=60s")
@@ -163,7 +163,7 @@ async def test_wait_and_rollout_status_end(cluster: LocalCluster) -> None:
 
 
 # ---- logs --------------------------------------------------------------------------------------
-async def test_logs_follow_previous_container_and_tail(cluster: LocalCluster) -> None:
+async def test_logs_follow_previous_container_and_tail(cluster: EmulatedCluster) -> None:
     engine = pod(
         "engine",
         [*SIM, "--host", "0.0.0.0", "--port", "30000"],
@@ -203,7 +203,7 @@ async def test_logs_follow_previous_container_and_tail(cluster: LocalCluster) ->
     assert "version" in (await k(cluster, "logs", "once", "--previous")).lower()
 
 
-def _kubectl_argv(cluster: LocalCluster) -> list[str]:
+def _kubectl_argv(cluster: EmulatedCluster) -> list[str]:
     from tests.conftest import kubectl_binary
 
     cache = str(cluster.kubeconfig.parent / "kube-cache")
@@ -211,7 +211,7 @@ def _kubectl_argv(cluster: LocalCluster) -> list[str]:
 
 
 # ---- field validation --------------------------------------------------------------------------
-async def test_field_validation_strict_warn_ignore(cluster: LocalCluster) -> None:
+async def test_field_validation_strict_warn_ignore(cluster: EmulatedCluster) -> None:
     doc = isvc("typo", replicas=1)
     doc["spec"]["replicass"] = 2
     text = yaml.safe_dump(doc)
@@ -230,7 +230,7 @@ async def test_field_validation_strict_warn_ignore(cluster: LocalCluster) -> Non
     assert "replicass" not in (await get(cluster, "kis", "typo2"))["spec"]  # pruned
 
 
-async def test_field_validation_of_built_in_kinds_at_every_depth(cluster: LocalCluster) -> None:
+async def test_field_validation_of_built_in_kinds_at_every_depth(cluster: EmulatedCluster) -> None:
     """A typo deep in a Deployment's pod template fails `kubectl apply` as kube-apiserver's
     strict decoder fails it; under --validate=warn it is applied without the field (the
     decoder drops it); a map's keys (labels, resource limits) are never unknown fields."""
@@ -259,7 +259,7 @@ async def test_field_validation_of_built_in_kinds_at_every_depth(cluster: LocalC
     assert 'unknown field "spec.ports[0].targetPortt"' in err
 
 
-async def test_zero_values_of_omitempty_fields_are_not_stored(cluster: LocalCluster) -> None:
+async def test_zero_values_of_omitempty_fields_are_not_stored(cluster: EmulatedCluster) -> None:
     """What a real API server returns has no `publishNotReadyAddresses: false`, `env: []` or
     `value: ""`: its encoder leaves zero values of omitempty fields out, so a controller
     that renders them sees a difference on every read. `replicas: 0` (a pointer) stays."""
@@ -279,7 +279,7 @@ async def test_zero_values_of_omitempty_fields_are_not_stored(cluster: LocalClus
 
 
 # ---- identity and RBAC -------------------------------------------------------------------------
-async def test_authentication_and_rbac(cluster: LocalCluster) -> None:
+async def test_authentication_and_rbac(cluster: EmulatedCluster) -> None:
     assert (await k(cluster, "auth", "can-i", "create", "pods")).strip() == "yes"
     assert "kvfleet-admin" in await k(cluster, "auth", "whoami")
     await k(cluster, "create", "serviceaccount", "reader")
@@ -317,7 +317,7 @@ async def test_authentication_and_rbac(cluster: LocalCluster) -> None:
     assert "Unauthorized" in await k_err(cluster, *as_reader, "get", "pods")
 
 
-async def test_pods_log_in_with_their_service_account(cluster: LocalCluster) -> None:
+async def test_pods_log_in_with_their_service_account(cluster: EmulatedCluster) -> None:
     """The kubelet's projected volume and env: a pod's process reaches the API as its account."""
     probe = (
         "import json,os,ssl,urllib.request as u;"
@@ -346,7 +346,7 @@ async def test_pods_log_in_with_their_service_account(cluster: LocalCluster) -> 
     assert (user, namespace, ip) == ("system:serviceaccount:ai:default", "ai", pod_ip)
 
 
-async def _first_line_with(cluster: LocalCluster, pod_name: str, word: str) -> str | None:
+async def _first_line_with(cluster: EmulatedCluster, pod_name: str, word: str) -> str | None:
     code, out, _ = await run_kubectl(cluster.kubeconfig, "logs", pod_name, stdin=None)
     lines = [line for line in out.splitlines() if line.startswith(word)]
     return lines[0] if code == 0 and lines else None
@@ -354,7 +354,7 @@ async def _first_line_with(cluster: LocalCluster, pod_name: str, word: str) -> s
 
 # ---- missing references ------------------------------------------------------------------------
 async def test_missing_secret_configmap_key_and_pvc_hold_the_container(
-    cluster: LocalCluster,
+    cluster: EmulatedCluster,
 ) -> None:
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
     await k(
@@ -419,7 +419,7 @@ async def test_missing_secret_configmap_key_and_pvc_hold_the_container(
     assert await until(counted, 10, "a repeat counted on the same Event")
 
 
-async def describe(cluster: LocalCluster, pod_name: str) -> str:
+async def describe(cluster: EmulatedCluster, pod_name: str) -> str:
     return await k(cluster, "describe", "pod", pod_name)
 
 
@@ -439,7 +439,7 @@ async def _contains(value: Any, wanted: str) -> bool:
 
 # ---- port-forward ------------------------------------------------------------------------------
 async def test_kubectl_port_forward_to_a_service_serves_the_openai_sdk(
-    cluster: LocalCluster,
+    cluster: EmulatedCluster,
 ) -> None:
     """`kubectl port-forward svc/...` as examples/openai_client.py tells users: kubectl 1.37
     tunnels SPDY through a WebSocket to pods/portforward (it failed: "POST is not allowed
@@ -485,7 +485,7 @@ async def test_kubectl_port_forward_to_a_service_serves_the_openai_sdk(
 
 # ---- pod network -------------------------------------------------------------------------------
 async def test_three_pods_listening_on_the_wildcard_each_get_their_own_address(
-    cluster: LocalCluster,
+    cluster: EmulatedCluster,
 ) -> None:
     engines = deployment("engines", 3, [*SIM, "--host", "0.0.0.0", "--port", "30000"])
     await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(engines))
@@ -516,7 +516,7 @@ uvloop.run(main())
 
 
 async def test_a_statefulset_of_redis_is_reached_by_its_service_name_and_keeps_its_data(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
     """examples/redis.yaml as written: the StatefulSet controller creates redis-0 and its
     claim data-redis-0, the kubelet runs the `redis` image as this machine's redis-server on
@@ -566,7 +566,7 @@ async def _answer(call: Any) -> Any:
         return None
 
 
-async def _ready(cluster: LocalCluster, name: str) -> bool:
+async def _ready(cluster: EmulatedCluster, name: str) -> bool:
     for p in (await get(cluster, "pods"))["items"]:
         if p["metadata"]["name"] == name and not p["metadata"].get("deletionTimestamp"):
             conditions = (p.get("status") or {}).get("conditions") or []

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from tests.support.cluster import cluster_config
 from tests.support.objects import isvc as make_isvc
 
@@ -63,7 +63,7 @@ HOSTILE = [
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    async with LocalCluster(cluster_config(tmp_path)) as cluster, cluster.session() as s:
+    async with EmulatedCluster(cluster_config(tmp_path)) as cluster, cluster.session() as s:
         yield cluster.url, s
 
 

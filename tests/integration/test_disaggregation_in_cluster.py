@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
@@ -68,7 +68,7 @@ async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str
 
 
 async def test_a_disaggregated_service_serves_through_both_pools(
-    operator_cluster: LocalCluster,
+    operator_cluster: EmulatedCluster,
 ) -> None:
     kc = operator_cluster.kubeconfig
     for name in (

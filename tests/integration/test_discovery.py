@@ -10,7 +10,7 @@ import pytest
 
 from kvfleet_gateway.config import KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
 from tests.support.gateway import gateway_config
@@ -38,7 +38,7 @@ async def test_gateway_follows_ready_pods(
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
     # The API server alone: pods are posted with the statuses the test wants.
     config = cluster_config(tmp_path, controllers=False, crds=False)
-    async with LocalCluster(config) as cluster:
+    async with EmulatedCluster(config) as cluster:
         url, kubeconfig = cluster.url, cluster.kubeconfig
         async with cluster.session() as s:
 

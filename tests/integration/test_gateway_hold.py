@@ -25,7 +25,7 @@ from kvfleet_gateway.config import (
     TokenBudget,
 )
 from kvfleet_gateway.keys import hash_key
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_sim.procs import free_port
 from tests.support.cluster import cluster_config
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
@@ -82,7 +82,7 @@ async def test_held_until_a_replica_appears(
     sim_server: Any, gateway_server: Any, tmp_path: Path
 ) -> None:
     engine = await sim_server(host="127.0.0.2", port=ENGINE_PORT)
-    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
         cfg = config(cluster.kubeconfig, tmp_path, timeout=30)
         gw, scrape = await gateway_server(cfg), metrics_url(cfg)
         try:
@@ -118,7 +118,7 @@ async def test_a_request_waits_for_a_new_prefill_engine(
     decode = sim_processes("--disaggregation-mode", "decode")
     labels = {"kvfleet.dev/inferenceservice": "llama", "app.kubernetes.io/component": "prefill"}
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
-    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
         pods = KubernetesBackends(
             namespace=NS,
             selector=selector,
@@ -153,7 +153,7 @@ async def test_a_request_waits_for_a_new_prefill_engine(
 async def test_deadline_gives_503_no_capacity_and_bills_nothing(
     gateway_server: Any, tmp_path: Path
 ) -> None:
-    async with LocalCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
+    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
         gw_url = await gateway_server(config(cluster.kubeconfig, tmp_path, 0.6))
         gw2 = await gateway_server(config(cluster.kubeconfig, tmp_path, 30, max_requests=0))
         try:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from tests.conftest import kubectl_binary
 from tests.support.objects import isvc
 
@@ -33,13 +33,13 @@ ISVC = yaml.safe_dump(isvc("llama", namespace="demo", replicas=1))
 
 @pytest.fixture
 async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
-    config = LocalClusterConfig(
+    config = EmulatedClusterConfig(
         kubeconfig=tmp_path / "kubeconfig",
         namespace="demo",
         kubelet=KubeletConfig(run_processes=False, ready_delay_s=0.05),
         resync_s=0.2,
     )
-    async with LocalCluster(config) as cluster:
+    async with EmulatedCluster(config) as cluster:
         yield cluster.kubeconfig
 
 

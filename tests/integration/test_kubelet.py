@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from kvfleet_gateway.keys import hash_key
+from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 
 
 class Api:
@@ -33,8 +33,10 @@ class Api:
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     kubelet = KubeletConfig(time_scale=0.02, state_dir=tmp_path / "state")
-    config = LocalClusterConfig(kubeconfig=tmp_path / "kubeconfig", kubelet=kubelet, resync_s=0.2)
-    async with LocalCluster(config) as cluster, cluster.session() as s:
+    config = EmulatedClusterConfig(
+        kubeconfig=tmp_path / "kubeconfig", kubelet=kubelet, resync_s=0.2
+    )
+    async with EmulatedCluster(config) as cluster, cluster.session() as s:
         yield Api(cluster.url, s)
 
 

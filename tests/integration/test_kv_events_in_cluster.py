@@ -15,8 +15,8 @@ import aiohttp
 import openai
 import yaml
 
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_localcluster.kubelet import node_dir
-from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
@@ -56,7 +56,9 @@ def service() -> dict[str, Any]:
     }
 
 
-async def test_the_gateway_routes_on_the_engines_kv_events(operator_cluster: LocalCluster) -> None:
+async def test_the_gateway_routes_on_the_engines_kv_events(
+    operator_cluster: EmulatedCluster,
+) -> None:
     kc = operator_cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models")))
     # The model on the claim, as a real cluster's would hold it: config and tokenizer files.

@@ -16,8 +16,8 @@ import pytest_asyncio
 
 from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.node_agent import NodeSpec
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.node_agent import NodeSpec
 from tests.conftest import kubectl_binary, require_binary
 from tests.integration.test_kubectl import kubectl, run_kubectl
 

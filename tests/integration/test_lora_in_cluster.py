@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
 from tests.support.objects import EXAMPLES
@@ -35,7 +35,7 @@ async def _held(pod: dict[str, Any], key: str) -> set[str]:
 
 
 async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
-    operator_cluster: LocalCluster,
+    operator_cluster: EmulatedCluster,
 ) -> None:
     kc = operator_cluster.kubeconfig
     for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.login import Credentials
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
@@ -31,9 +31,9 @@ ENGINES = "kvfleet.dev/inferenceservice=deepseek-v3,app.kubernetes.io/component=
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+async def cluster(tmp_path: Path) -> AsyncIterator[EmulatedCluster]:
     config = cluster_config(tmp_path, run_processes=True, time_scale=0.05)
-    async with LocalCluster(config) as local:
+    async with EmulatedCluster(config) as local:
         yield local
 
 
@@ -59,7 +59,7 @@ async def _upstream_errors(ip: str) -> dict[str, float]:
 
 
 async def test_a_two_node_replica_serves_and_restarts_as_a_group(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
     kc = cluster.kubeconfig
     # LeaderWorkerSet's own install (its CRD is too large for client-side apply).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from tests.integration.test_kubectl import kubectl
 from tests.support.cluster import cluster_config
 from tests.support.objects import ROOT, isvc
@@ -50,7 +50,7 @@ async def test_namespaced_mode_reconciles_its_namespace_and_cannot_touch_another
     tmp_path: Path,
 ) -> None:
     config = cluster_config(tmp_path, crds=False)
-    async with LocalCluster(config) as cluster:
+    async with EmulatedCluster(config) as cluster:
         kc = cluster.kubeconfig
 
         async def k(*args: str, stdin: str | None = None) -> str:

@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_localcluster.podmonitors import podmonitor_crd
 from kvfleet_operator.status import pod_ready
 from tests.conftest import kubectl_binary
@@ -48,14 +48,14 @@ CHILD_KINDS = (
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+async def cluster(tmp_path: Path) -> AsyncIterator[EmulatedCluster]:
     # No CRD preloaded: the manifests install it, as on a fresh cluster.
     config = cluster_config(tmp_path, crds=False, run_processes=True, time_scale=0.05)
-    async with LocalCluster(config) as local:
+    async with EmulatedCluster(config) as local:
         yield local
 
 
-async def run(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
+async def run(cluster: EmulatedCluster, *argv: str) -> tuple[int, str, str]:
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
@@ -68,7 +68,7 @@ async def run(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
-async def admin_cli(cluster: LocalCluster) -> None:
+async def admin_cli(cluster: EmulatedCluster) -> None:
     kvfleet = str(Path(sys.executable).parent / "kvfleet")
     code, out, err = await run(cluster, kvfleet, "get")  # the kubeconfig's namespace: ai
     assert code == 0, err
@@ -121,7 +121,7 @@ async def admin_cli(cluster: LocalCluster) -> None:
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
 
 
-async def top_on_a_pipe(cluster: LocalCluster, kvfleet: str) -> None:
+async def top_on_a_pipe(cluster: EmulatedCluster, kvfleet: str) -> None:
     """`kvfleet top` with stdout a pipe prints a whole frame each interval, as it reads it
     (it printed nothing until it was stopped)."""
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
@@ -141,7 +141,7 @@ async def top_on_a_pipe(cluster: LocalCluster, kvfleet: str) -> None:
     assert frames == 2
 
 
-async def operator_metrics(cluster: LocalCluster) -> None:
+async def operator_metrics(cluster: EmulatedCluster) -> None:
     """The operator pod's own /metrics (port 8081, as manifests/ declare it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -163,7 +163,7 @@ async def operator_metrics(cluster: LocalCluster) -> None:
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
 
 
-async def key_management(cluster: LocalCluster, gateway: str) -> None:
+async def key_management(cluster: EmulatedCluster, gateway: str) -> None:
     """`kvfleet keys` changes the Secret; the running gateway follows without a restart."""
     kvfleet = str(Path(sys.executable).parent / "kvfleet")
     code, out, err = await run(cluster, kvfleet, "keys", "list", "--service", "mistral")
@@ -220,7 +220,7 @@ def _example_services() -> dict[str, str]:
     }
 
 
-async def every_example_serves(cluster: LocalCluster) -> None:
+async def every_example_serves(cluster: EmulatedCluster) -> None:
     """Each InferenceService of examples/ becomes Ready (the autoscaled one only once its
     gateways reach the Redis of examples/redis.yaml by its Service name) and answers a chat
     through its own gateway pod, with the sample key of examples/api-keys-secret.yaml and
@@ -315,7 +315,7 @@ async def a_missing_secret_is_named(k: Any) -> None:
 @pytest.mark.xdist_group("whole-cluster")
 @pytest.mark.timeout(360)
 async def test_the_operator_runs_from_the_manifests_under_its_service_account(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
     kc = cluster.kubeconfig
 

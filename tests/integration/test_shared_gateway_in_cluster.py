@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from kvfleet_localcluster.local import LocalCluster
+from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.render.common import IG_LABEL
 from kvfleet_operator.status import pod_ready
 from tests.integration.test_kubectl import kubectl
@@ -51,7 +51,9 @@ async def ask(client: openai.AsyncOpenAI, model: str, max_tokens: int = 3) -> An
     )
 
 
-async def test_one_gateway_serves_two_models_and_an_adapter(operator_cluster: LocalCluster) -> None:
+async def test_one_gateway_serves_two_models_and_an_adapter(
+    operator_cluster: EmulatedCluster,
+) -> None:
     kc = operator_cluster.kubeconfig
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "shared-gateway" / "00-keys.yaml"))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "hf-token-secret.yaml"))
@@ -88,7 +90,7 @@ async def test_one_gateway_serves_two_models_and_an_adapter(operator_cluster: Lo
 
 
 async def _a_cost_budget_runs_out_at_the_models_price(
-    cluster: LocalCluster, support: openai.AsyncOpenAI, old_pod: str
+    cluster: EmulatedCluster, support: openai.AsyncOpenAI, old_pod: str
 ) -> None:
     """A small budget for the bot (a new gateway config: the pods roll), then a higher price
     on the 8B model (its pool only: the running gateway re-reads it), then requests until

@@ -1,9 +1,8 @@
 """The local cluster and the real operator, as tests use them.
 
-`local_cluster` is the project's `LocalCluster` (the one `kvfleet cluster up` runs: the real
-control plane built from its Go modules, and a node agent), with the CRDs of `crds/` and no
-pod processes (pods turn Ready after a short delay); it writes a kubeconfig, and the operator
-logs in with it exactly as a user's would (`Credentials`).
+`local_cluster` is the stand-in's own `EmulatedCluster` (the one `kvfleet cluster up` runs), with
+the CRDs of `crds/` and no pod processes (pods turn Ready after a short delay); it writes a
+kubeconfig, and the operator logs in with it exactly as a user's would (`Credentials`).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,43 +17,31 @@ from typing import Any
 
 import pytest
 
-from kvfleet_localcluster.controlplane_build import ensure_built
+from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
-from tests.conftest import require_binary
 from tests.support.objects import ROOT
 
 TEST_AGENT = "kvfleet-test"
 """User agent of the tests' own client: its requests are not the operator's."""
 
 
-@functools.cache
-def require_control_plane() -> None:
-    """The control plane is built from its Go modules: without Go a test is skipped here
-    (and fails in CI, where .ci/run builds it first)."""
-    require_binary("go")
-    ensure_built(progress=False)
-
-
 def cluster_config(
-    tmp: Path, controllers: bool = True, crds: bool = True, lws: bool = False, **kubelet: Any
-) -> LocalClusterConfig:
+    tmp: Path, controllers: bool = True, crds: bool = True, **kubelet: Any
+) -> EmulatedClusterConfig:
     """The local cluster of a test: `crds/` applied, namespace `ai` in its kubeconfig, pods
     Ready after 50 ms without processes (override with `run_processes=True`); `controllers`
-    False: the control plane alone, no node; `crds` False: no CRD installed. No Prometheus
-    Operator (its CRDs): a test that wants PodMonitors installs them as a user would. The
-    LeaderWorkerSet controller runs only where a test asks (`lws=True`)."""
-    require_control_plane()
-    return LocalClusterConfig(
+    False: the API server alone; `crds` False: no CRD installed. No Prometheus Operator
+    (its CRDs): a test that wants PodMonitors installs them as a user would."""
+    return EmulatedClusterConfig(
         kubeconfig=tmp / "kubeconfig",
         crds_dir=ROOT / "crds" if crds else None,
         monitoring_crds=False,
-        lws=lws,
         namespace="ai",
+        resync_s=0.2,
         controllers=controllers,
         kubelet=KubeletConfig(
             **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
@@ -65,9 +51,13 @@ def cluster_config(
 
 @dataclasses.dataclass
 class Env:
-    cluster: LocalCluster
+    cluster: EmulatedCluster
     kube: Kube
     """The test's own client, logged in with the cluster's kubeconfig."""
+
+    @property
+    def api(self) -> Any:
+        return self.cluster.api
 
     @property
     def credentials(self) -> Credentials:
@@ -76,7 +66,7 @@ class Env:
 
 @pytest.fixture
 async def local_cluster(tmp_path: Path) -> AsyncIterator[Env]:
-    async with LocalCluster(cluster_config(tmp_path)) as cluster:
+    async with EmulatedCluster(cluster_config(tmp_path)) as cluster:
         client = api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))
         client.user_agent = TEST_AGENT
         yield Env(cluster, Kube(client, field_manager="kvfleet-tests"))
@@ -144,10 +134,10 @@ async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]
 @contextlib.asynccontextmanager
 async def cluster_with_operator(
     tmp: Path, autoscaler: AutoscalerConfig | None = None
-) -> AsyncIterator[LocalCluster]:
+) -> AsyncIterator[EmulatedCluster]:
     """Pods as processes, and the real operator logged in with the cluster's kubeconfig."""
     config = cluster_config(tmp, run_processes=True, time_scale=0.05)
-    async with LocalCluster(config) as local:
+    async with EmulatedCluster(config) as local:
         credentials = Credentials(kubeconfig=str(local.kubeconfig))
         operator = OperatorThread(credentials, resync_s=1.0, autoscaler=autoscaler)
         try:

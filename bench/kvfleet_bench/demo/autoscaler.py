@@ -51,8 +51,8 @@ from kvfleet_bench.demo.cluster_view import (
 )
 from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
 from kvfleet_gateway.keys import hash_key
+from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_localcluster.podmonitors import write_targets
 from kvfleet_operator.crd import crd
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
@@ -209,7 +209,7 @@ def _start_prometheus(stack: ExitStack, work: Path, sd_file: Path) -> str | None
 
 
 async def _scenario(
-    cluster: LocalCluster, config: DemoConfig, prometheus: str | None, live: Progress
+    cluster: EmulatedCluster, config: DemoConfig, prometheus: str | None, live: Progress
 ) -> tuple[Run, dict[str, TenantStats], str]:
     rng = random.Random(config.seed)
     keys = {t.name: "kvf-" + secrets.token_urlsafe(16) for t in tenants(config)}
@@ -402,7 +402,7 @@ class _Operator:
         self.thread.join(20)
 
 
-def _start_operator(cluster: LocalCluster, prometheus: str | None) -> _Operator:
+def _start_operator(cluster: EmulatedCluster, prometheus: str | None) -> _Operator:
     credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
     # Prometheus scrapes every second here: a 10 s rate window is four-plus scrapes, and lets
     # the fleet see a burst end within the demo's quiet phase.
@@ -417,14 +417,14 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
     work = config.out / "cluster"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cluster_config = LocalClusterConfig(
+    cluster_config = EmulatedClusterConfig(
         kubeconfig=config.out / "kubeconfig",
         kubelet=KubeletConfig(
             state_dir=work / "state", time_scale=0.1, engine_startup_delay_s=config.cold_start_s
         ),
         resync_s=0.5,
     )
-    async with AsyncExitStack() as astack, LocalCluster(cluster_config) as cluster:
+    async with AsyncExitStack() as astack, EmulatedCluster(cluster_config) as cluster:
         stack = astack.enter_context(ExitStack())
         sd_file = work / "targets.json"
         store = cluster.api.store
