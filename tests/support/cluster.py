@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,15 +18,27 @@ from typing import Any
 
 import pytest
 
+from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
+from tests.conftest import require_binary
 from tests.support.objects import ROOT
 
 TEST_AGENT = "kvfleet-test"
+
+
+@functools.cache
+def require_control_plane() -> None:
+    """The real control plane is built from its Go modules: without Go a test is skipped
+    here (and fails in CI, where .ci/run builds it first); a no-op once built."""
+    require_binary("go")
+    ensure_built(progress=False)
+
+
 """User agent of the tests' own client: its requests are not the operator's."""
 
 
