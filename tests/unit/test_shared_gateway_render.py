@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet_gateway.config import ConfigError, GatewayConfig, parse_pools
+from kvfleet_gateway.config import ConfigError, GatewayConfig, Price, parse_pools
 from kvfleet_operator.render import owner_of, render_children
 from kvfleet_operator.render.common import IG_LABEL
 from kvfleet_operator.render.shared_gateway import (
     POOLS_KEY,
     Fronted,
+    admit,
     gateway_owner_of,
     render_shared_gateway,
 )
@@ -134,6 +135,36 @@ def test_two_services_may_not_claim_one_model_name() -> None:
         ConfigError, match="'qwen3-32b' is served by pools 'ai/qwen-32b' and 'ai/twin'"
     ):
         rendered([*services, Fronted(twin, "k")])
+
+
+def test_admission_leaves_out_only_the_later_claimant_and_an_invalid_pool() -> None:
+    """The earlier-created service keeps a name whatever the names' order; a pool the gateway
+    would refuse leaves out its service alone; the rest render."""
+    services = fronted()
+    llama = services[0].owner
+    model = dataclasses.replace(llama.spec.model, name="qwen3-32b", aliases=())
+    twin = dataclasses.replace(
+        llama, name="a-twin", spec=dataclasses.replace(llama.spec, model=model)
+    )
+    price = dataclasses.replace(llama.spec.model, name="cheap", aliases=(),
+                                price=Price(prompt=1.0, cached=-1e6, output=1.0))  # fmt: skip
+    credit = dataclasses.replace(
+        llama, name="credit", spec=dataclasses.replace(llama.spec, model=price, lora=None)
+    )
+    dated = [dataclasses.replace(f, created="2026-01-01T00:00:00Z") for f in services]
+    later = [
+        Fronted(twin, "k", "2026-02-01T00:00:00Z"),
+        Fronted(credit, "k", "2026-01-01T00:00:01Z"),
+    ]
+    (gw,) = docs("InferenceGateway")
+    admitted, left_out = admit(gateway_owner_of(gw), [*later, *dated])
+    assert sorted(f.owner.name for f in admitted) == ["chat-8b", "qwen-32b"]
+    assert (
+        "'qwen3-32b' is already served on InferenceGateway shared by InferenceService qwen-32b"
+        in (left_out["a-twin"])
+    )
+    assert "price.cached" in left_out["credit"]
+    rendered(admitted)  # the others render
 
 
 def test_what_a_shared_gateway_cannot_give_the_autoscaler_yet_is_refused() -> None:

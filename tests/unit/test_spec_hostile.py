@@ -160,6 +160,8 @@ def test_duplicate_adapters_are_found_in_one_pass() -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_largest_spec_the_crd_admits_parses_in_under_100_ms(case: str) -> None:
+    """CPU time, the best of five parses: what the parse costs, not what other processes on
+    a loaded machine take from it (`kvfleet bench spec` prints the median)."""
     document = CASES[case]()
-    best = min(time_parse(document, runs=3) for _ in range(2))
+    best = min(time_parse(document, runs=1) for _ in range(5))
     assert best < 0.1, f"{case}: {best * 1000:.0f} ms"

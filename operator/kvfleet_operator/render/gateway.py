@@ -34,6 +34,7 @@ from kvfleet_operator.render.engine import (
     MODEL_MOUNT,
     adapter_path,
     hf_token_env,
+    literal,
     model_path,
     uses_kv_events,
 )
@@ -342,9 +343,9 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
     assert src.hugging_face is not None  # the spec's CEL rule: huggingFace or pvc
     volumes.append({"name": "tokenizer", "emptyDir": {"sizeLimit": "256Mi"}})
     mounts.append({"name": "tokenizer", "mountPath": TOKENIZER_DIR, "readOnly": True})
-    args = ["fetch-tokenizer", src.hugging_face, "--dest", TOKENIZER_DIR]
+    args = ["fetch-tokenizer", literal(src.hugging_face), "--dest", TOKENIZER_DIR]
     if spec.model.revision:
-        args += ["--revision", spec.model.revision]
+        args += ["--revision", literal(spec.model.revision)]
     return [
         {
             "name": "tokenizer",
