@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -144,8 +145,8 @@ def test_usage_by_tenant_and_model_at_each_models_price() -> None:
     assert aggregate(samples)["bot"].cost == 0.0013
 
 
-def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> None:
-    from kvfleet_cli.keys_cmds import kept_elsewhere, limits_text
+def test_keys_refuse_a_secret_another_tool_keeps() -> None:
+    from kvfleet_cli.keys_cmds import kept_elsewhere
 
     applied = {
         "metadata": {"annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}}
@@ -158,12 +159,73 @@ def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> 
     writers = [{"manager": m, "operation": "Update"} for m in ("kvfleet-keys", "kubectl-create")]
     ours = {"metadata": {"managedFields": writers}}
     assert kept_elsewhere(ours) is None  # made by `kvfleet keys create` or `kubectl create`
-    limits = {"tokenBudget": {"tokens": 1000000, "period": "1d"}, "requestsPerMinute": 60,
-              "maxConcurrent": 4, "maxTokens": 2048}  # fmt: skip
-    assert limits_text(limits) == (
-        "1,000,000 tokens / 1d budget, 60 requests/min, 4 concurrent, max_tokens <= 2,048"
+
+
+def _example_gateway_config(name: str) -> Any:
+    """The gateway config the operator renders for an example (what its ConfigMap holds)."""
+    import yaml
+
+    from kvfleet_gateway.config import GatewayConfig
+    from kvfleet_operator.render import owner_of, render_children
+    from kvfleet_operator.render.gateway import CONFIG_KEY
+    from tests.support.objects import example
+
+    (doc,) = [d for d in example(name) if d["kind"] == "InferenceService"]
+    (cm,) = [c for c in render_children(owner_of(doc)) if c["kind"] == "ConfigMap"
+             and CONFIG_KEY in (c.get("data") or {})]  # fmt: skip
+    return GatewayConfig.from_dict(yaml.safe_load(cm["data"][CONFIG_KEY]))
+
+
+def test_keys_list_shows_the_limits_in_force_and_where_each_comes_from() -> None:
+    """search-team has no limits in the Secret, but the spec's tenant entry gives it 500M
+    tokens / 30 days and 128 concurrent over the spec's defaults: that is what the gateway
+    enforces, and what the listing says (it said `<defaults>`)."""
+    import yaml
+
+    from kvfleet_cli.keys_cmds import fingerprint
+    from kvfleet_cli.keys_view import tenant_rows
+    from tests.support.objects import example
+
+    config = _example_gateway_config("llama-3.1-8b-h100-autoscaling.yaml")
+    (secret,) = [d for d in example("api-keys-secret.yaml") if d["kind"] == "Secret"]
+    doc = yaml.safe_load(secret["stringData"]["keys.yaml"])
+    rows = {r[0]: r for r in tenant_rows(doc, config, fingerprint)}
+    assert rows["search-team"][3] == (
+        "600 requests/min (defaults), 128 concurrent (spec tenant), max_tokens <= 4,096"
+        " (defaults), default max_tokens 512 (defaults), 500,000,000 tokens / 30d budget"
+        " (spec tenant)"
     )
-    assert limits_text({}) == "<defaults>"
+    assert rows["chat-app"][3].startswith("60 requests/min (secret), 32 concurrent (defaults)")
+    assert rows["chat-app"][3].endswith("1,000,000 tokens / 1d budget (secret)")
+    # Without the service's config: the Secret's own, and that the rest is the service's.
+    assert tenant_rows(doc, None, fingerprint)[0][3] == "the rest: the service's (give --service)"
+
+
+def test_keys_list_marks_an_entry_the_gateway_refuses_and_validate_names_the_field(
+    tmp_path: Path,
+) -> None:
+    """A typo (`requestPerMinute`) crash-loops a gateway; the listing showed the entry as
+    valid. It is marked INVALID with the field; `keys validate -f` says so before applying
+    (exit 1), and passes a good file or manifest."""
+    from kvfleet_cli.keys_cmds import fingerprint
+    from kvfleet_cli.keys_view import tenant_rows
+    from tests.support.objects import ROOT
+
+    bad = {"tenants": [{"name": "a", "keys": [], "limits": {"requestPerMinute": 60}},
+                       {"name": "b", "keys": ["sha256:" + "0" * 64]}]}  # fmt: skip
+    rows = tenant_rows(bad, None, fingerprint)
+    assert rows[0][3] == "INVALID limits.requestPerMinute: unknown field"
+    assert not rows[1][3].startswith("INVALID")
+    path = tmp_path / "keys.yaml"
+    path.write_text("tenants: [{name: a, limits: {requestPerMinute: 60}}]\n")
+    said = CliRunner().invoke(cli, ["keys", "validate", "-f", str(path)])
+    assert said.exit_code == 1, said.output
+    assert f"{path}: tenants[0].limits.requestPerMinute: unknown field" in said.output
+    said = CliRunner().invoke(
+        cli, ["keys", "validate", "-f", str(ROOT / "examples" / "api-keys-secret.yaml")]
+    )
+    assert said.exit_code == 0, said.output
+    assert "secret ai-api-keys keys.yaml: valid (2 tenants, 2 keys)" in said.output
 
 
 def test_the_kubectl_plugin_says_kubectl_kvfleet_and_shells_complete() -> None:
