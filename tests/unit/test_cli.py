@@ -306,3 +306,33 @@ def test_the_demo_budget_check_holds_per_period_and_can_fail() -> None:
     )
     ok, why = held([(7_000, 86_400), (592, 86_400)])
     assert not ok and why.startswith("trial: 7,592 of 7,200 tokens billed"), why
+
+
+def test_a_taken_port_is_one_line_naming_the_port_and_its_flag(tmp_path: Path) -> None:
+    """`kvfleet gateway --port 8080` with 8080, or the metrics port (9090, Prometheus's
+    default), taken: it died with a 40-line traceback. Now one line, the port, the flag."""
+    import socket
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants: []\n")
+    with socket.socket() as taken, socket.socket() as free:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        free.bind(("127.0.0.1", 0))
+        busy, other = taken.getsockname()[1], free.getsockname()[1]
+        free.close()  # a port nothing listens on
+        base = ["gateway", "--backend", "http://127.0.0.1:1", "--host", "127.0.0.1",
+                "--keys", str(keys)]  # fmt: skip
+        for flags, flag in (
+            (["--port", str(busy), "--metrics-port", str(other)], "--port"),
+            (["--port", str(other), "--metrics-port", str(busy)], "--metrics-port"),
+        ):
+            said = CliRunner().invoke(cli, [*base, *flags])
+            assert said.exit_code == 1, said.output
+            assert said.exception is None or isinstance(said.exception, SystemExit)
+            (line,) = [x for x in said.output.splitlines() if x.startswith("Error:")]
+            assert line == (
+                f"Error: port {busy} on 127.0.0.1 is in use: choose another with {flag} PORT"
+                f" (or listen.{'port' if flag == '--port' else 'metricsPort'} in --config)"
+            )
+            assert "Traceback" not in said.output
