@@ -1,7 +1,8 @@
 """`kvfleet demo` (`make demo`): the autoscaler at work on the local cluster.
 
 The local cluster (pods as processes on 127.0.0.x, no GPU), the real operator, and one
-autoscaled InferenceService with a warm pool: 1..3 active replicas, one warm spare, scaled on
+autoscaled InferenceService with a warm pool: 1..3 replicas in all, one a warm spare while
+fewer than 3 are active (warm replicas count inside maxReplicas), scaled on
 queue depth read from a real Prometheus (when installed: the PodMonitors the operator renders
 become its scrape targets) or from the pods directly. Budgets live in Redis (examples/redis.yaml,
 run as this machine's redis-server) when it is installed. Three tenants send bursty traffic

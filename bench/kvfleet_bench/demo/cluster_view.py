@@ -154,7 +154,7 @@ def render(
     head.add_row(
         str(view.count("active")),
         str(view.count("warm")),
-        f"{auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')}",
+        desired_text(view.isvc),
         f"{ready.get('status', '-')} ({ready.get('reason', '-')})",
         (auto.get("reason") or "-")[:90],
     )
@@ -239,17 +239,29 @@ class PlainLines:
         if self._last is not None and t - self._last < self.every_s:
             return
         self._last = t
-        auto = (view.isvc.get("status") or {}).get("autoscaling") or {}
         ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), 10.0)]
         p50 = f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-"
         refused = sum(sum(s.refused.values()) for s in stats.values())
         self.echo(
             f"t={t:6.1f}s  {PHASES[phase(t, self.duration)] if t > 0 else 'starting':8} "
             f"active {view.count('active')} warm {view.count('warm')} "
-            f"(desired {auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')})  "
+            f"(desired {desired_text(view.isvc)})  "
             f"queue {sum(m.get('queue', 0.0) for m in view.engine_metrics.values()):g}  "
             f"TTFT p50 {p50}  served {sum(s.ok for s in stats.values())}  429 {refused}"
         )
+
+
+def desired_text(isvc: dict[str, Any]) -> str:
+    """The decided active/warm, and why the spare is missing when maxReplicas leaves no
+    room for it (warm replicas count inside it): `3/0 (no spare: at maxReplicas)`."""
+    bounds = (isvc.get("spec") or {}).get("autoscaling") or {}
+    auto = (isvc.get("status") or {}).get("autoscaling") or {}
+    active, warm = auto.get("desiredActive"), auto.get("desiredWarm")
+    text = f"{'-' if active is None else active}/{'-' if warm is None else warm}"
+    want, top = int(bounds.get("warmReplicas") or 0), int(bounds.get("maxReplicas") or 0)
+    if active is not None and warm is not None and warm < want and active + want > top:
+        text += " (no spare: at maxReplicas)"
+    return text
 
 
 def on_a_terminal() -> bool:
