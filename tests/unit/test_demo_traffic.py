@@ -64,8 +64,9 @@ def test_the_demo_says_why_the_warm_spare_is_missing_at_max_replicas() -> None:
     from kvfleet_bench.demo.cluster_view import desired_text
 
     def isvc(active: int, warm: int) -> dict[str, object]:
-        return {"spec": {"autoscaling": {"maxReplicas": 3, "warmReplicas": 1}},
-                "status": {"autoscaling": {"desiredActive": active, "desiredWarm": warm}}}  # fmt: skip
+        bounds = {"maxReplicas": 3, "warmReplicas": 1}
+        decided = {"desiredActive": active, "desiredWarm": warm}
+        return {"spec": {"autoscaling": bounds}, "status": {"autoscaling": decided}}
 
     assert desired_text(isvc(3, 0)) == "3/0 (no spare: at maxReplicas)"
     assert desired_text(isvc(2, 1)) == "2/1"
