@@ -34,7 +34,6 @@ from typing import Any
 import aiohttp
 import openai
 import yaml
-from rich.live import Live
 
 from kvfleet_bench.demo.cluster_view import (
     BURST,
@@ -50,6 +49,7 @@ from kvfleet_bench.demo.cluster_view import (
     phase,
     refresh,
 )
+from kvfleet_bench.demo.live import live_view
 from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
 from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.kubelet import KubeletConfig
@@ -442,7 +442,7 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
             syncer = asyncio.create_task(sync_targets())
             astack.callback(syncer.cancel)
         if on_a_terminal():
-            with Live(refresh_per_second=4) as live:
+            with live_view() as live:
                 tables = LiveTables(live, config.duration_s)
                 run_, stats, src = await _scenario(cluster, config, prometheus, tables)
         else:

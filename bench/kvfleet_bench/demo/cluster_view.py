@@ -15,6 +15,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from kvfleet_bench.demo.live import WINDOW_S
 from kvfleet_bench.demo.timeline import Decision, Run, TenantStats
 from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE, GATEWAY, ROLE_LABEL
 from kvfleet_operator.scaling.observe import parse_engine
@@ -177,17 +178,19 @@ def render(
     now = time.monotonic()
     traffic = Table(title="tenants, through the gateway (OpenAI SDK)", expand=True)
     traffic.add_column("tenant", no_wrap=True)
-    for col in ("sent", "ok", "TTFT p50", "TTFT p99", "tok/s", "429 by reason", "budget"):
+    last = f"(last {WINDOW_S:.0f} s)"
+    for col in ("sent", "ok", f"TTFT p50 {last}", f"TTFT p99 {last}", f"tok/s {last}",
+                "429 by reason", "budget"):  # fmt: skip
         traffic.add_column(col, justify="right")
     for name, s in stats.items():
-        ttft = s.window_ttft(now, 10.0)
+        ttft = s.window_ttft(now, WINDOW_S)
         traffic.add_row(
             name,
             str(s.sent),
             str(s.ok),
             f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-",
             f"{percentile(ttft, 99) * 1000:,.0f} ms" if ttft else "-",
-            f"{s.tokens_per_s(now, 10.0):,.0f}",
+            f"{s.tokens_per_s(now, WINDOW_S):,.0f}",
             ", ".join(f"{k} {v}" for k, v in s.refused.items()) or "-",
             f"{s.billed_tokens:,}/{s.budget:,}" if s.budget else "-",
         )
@@ -239,7 +242,7 @@ class PlainLines:
         if self._last is not None and t - self._last < self.every_s:
             return
         self._last = t
-        ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), 10.0)]
+        ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), WINDOW_S)]
         p50 = f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-"
         refused = sum(sum(s.refused.values()) for s in stats.values())
         self.echo(
@@ -247,7 +250,8 @@ class PlainLines:
             f"active {view.count('active')} warm {view.count('warm')} "
             f"(desired {desired_text(view.isvc)})  "
             f"queue {sum(m.get('queue', 0.0) for m in view.engine_metrics.values()):g}  "
-            f"TTFT p50 {p50}  served {sum(s.ok for s in stats.values())}  429 {refused}"
+            f"TTFT p50 (last {WINDOW_S:.0f} s) {p50}  "
+            f"served {sum(s.ok for s in stats.values())}  429 {refused}"
         )
 
 
