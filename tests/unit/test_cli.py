@@ -286,6 +286,29 @@ def test_the_demo_timeline_legends_name_every_line() -> None:
     assert legends[2] == ["output tokens/s", "429/s (right)", *common]
 
 
+def test_the_demo_timeline_has_whole_replicas_and_a_visible_burst() -> None:
+    """The replica panel's axis had half ticks (2.5 replicas), and its filled areas hid the
+    burst's shading drawn beneath them: whole ticks only, and a band over the data."""
+    import matplotlib.pyplot as plt
+
+    from kvfleet_bench.demo.timeline import Run, Sample, figure
+
+    run = Run(burst=(2.0, 5.0))
+    # 3 replicas at most: matplotlib's default locator ticked 0, 0.5, 1, ... 3.5.
+    run.samples = [Sample(float(i), 1 + (i > 3), int(i < 5), 2, 0, 0.1, 0.4, 50.0, i, 0)
+                   for i in range(8)]  # fmt: skip
+    fig = figure(run)
+    try:
+        ax1 = fig.axes[0]
+        ticks = [v for v in ax1.get_yticks() if ax1.get_ylim()[0] <= v <= ax1.get_ylim()[1]]
+        assert ticks and all(float(v).is_integer() for v in ticks), ticks
+        top = max(c.get_zorder() for c in ax1.collections)  # the stacked areas
+        over = [p for p in ax1.patches if p.get_zorder() > top]  # spans are patches
+        assert len(over) == 1 and over[0].get_x() == 2.0, over
+    finally:
+        plt.close(fig)
+
+
 def test_the_demo_budget_check_holds_per_period_and_can_fail() -> None:
     """A daily budget starts again at midnight UTC: a demo that runs across it bills more than
     one period's budget in total and still held (a CI run failed so); within one period, more
