@@ -76,7 +76,7 @@ bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench autoscale --trace-file bench/kvfleet_bench/data/azure-sample.csv \
 		--trace-file bench/kvfleet_bench/data/mooncake-sample.jsonl --rate-scale 8
 
-crds: setup  ## regenerate crds/ from the spec model
+crds: setup  ## regenerate crds/ from the spec model, and the Helm chart's copies
 	$(BIN)/kvfleet crds --out crds
 
 docs: setup  ## regenerate the CRD and gateway-config references in docs/ from their models

@@ -27,6 +27,7 @@ import yaml
 
 from kvfleet_cli.admin import Cluster, cluster_options
 from kvfleet_cli.gateway_cmds import keys
+from kvfleet_cli.keys_view import service_config, tenant_rows, validate_text
 from kvfleet_cli.views import table
 from kvfleet_gateway.keys import KeyRing, hash_key, new_key
 from kvfleet_kernel.schema import ConfigError
@@ -163,32 +164,6 @@ def write_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return secret_options(f)
 
 
-def _amount(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
-LIMIT_WORDS: dict[str, str] = {
-    "requestsPerMinute": "{} requests/min",
-    "tokensPerMinute": "{} tokens/min",
-    "maxConcurrent": "{} concurrent",
-    "maxTokens": "max_tokens <= {}",
-}
-
-
-def limits_text(limits: Json) -> str:
-    """A tenant's limits in words: `1,000,000 tokens / 1d budget, 60 requests/min`."""
-    parts = []
-    for key, value in limits.items():
-        if key == "tokenBudget" and isinstance(value, dict):
-            period = value.get("period", "30d")
-            parts.append(f"{_amount(value.get('tokens'))} tokens / {period} budget")
-        elif key in LIMIT_WORDS:
-            parts.append(LIMIT_WORDS[key].format(_amount(value)))
-        else:
-            parts.append(f"{key}: {value}")
-    return ", ".join(parts) or "<defaults>"
-
-
 @keys.command("create")
 @click.option("--tenant", required=True)
 @write_options
@@ -211,19 +186,34 @@ def keys_create(
 @keys.command("list")
 @secret_options
 def keys_list(secret: str | None, service: str | None, **login: Any) -> None:
-    """Tenants, their key fingerprints and limits (never a key)."""
+    """Tenants, their key fingerprints and the limits in force, each with where it comes
+    from (secret, spec tenant, defaults); an entry the gateway refuses is marked INVALID."""
     cluster, name = _target(secret, service, login)
     obj = cluster.get(f"/api/v1/namespaces/{cluster.namespace}/secrets/{name}")
-    rows = [
-        [str(t.get("name")), str(len(t.get("keys") or [])),
-         " ".join(fingerprint(k) for k in t.get("keys") or []) or "<none>",
-         limits_text(t.get("limits") or {})]
-        for t in _tenants(obj, f"secret {name}")
-    ]  # fmt: skip
+    data = (obj.get("data") or {}).get(KEYS_KEY)
+    doc = yaml.safe_load(base64.b64decode(data)) if data is not None else {}
+    _tenants(obj, f"secret {name}")  # refuses what is not a tenants document at all
+    rows = tenant_rows(doc, service_config(cluster, name, service), fingerprint)
     if not rows:
         click.echo(f"secret {cluster.namespace}/{name} has no tenants", err=True)
         return
     click.echo(table(["TENANT", "KEYS", "FINGERPRINTS", "LIMITS"], rows), nl=False)
+    invalid = [r[0] for r in rows if r[3].startswith("INVALID")]
+    if invalid:
+        click.echo(
+            f"secret {name}: a gateway refuses this file ({', '.join(invalid)}): it will not "
+            "start with it, and a running one keeps its previous keys",
+            err=True,
+        )
+
+
+@keys.command("validate")
+@click.option("-f", "--filename", "path", required=True, type=click.File("r"),
+              help="keys.yaml, or a manifest holding the keys Secret ('-': stdin).")  # fmt: skip
+def keys_validate(path: Any) -> None:
+    """Check a keys file with the gateway's own parser before applying it."""
+    for line in validate_text(path.read(), path.name):
+        click.echo(line)
 
 
 @keys.command("revoke")

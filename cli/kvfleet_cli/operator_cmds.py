@@ -12,7 +12,12 @@ import click
 import yaml
 
 from kvfleet_kernel.schema import ConfigError, yaml_position
-from kvfleet_operator.crd import stale_files, write_crds
+from kvfleet_operator.crd import (
+    stale_chart_files,
+    stale_files,
+    write_chart_files,
+    write_crds,
+)
 from kvfleet_operator.handlers import OperatorConfig
 from kvfleet_operator.policy import Policy
 from kvfleet_operator.render import Owner, owner_of, render_children
@@ -137,16 +142,35 @@ def render(path: Path, check: bool) -> None:
 @click.option(
     "--out", "out_dir", type=click.Path(path_type=Path), default=Path("crds"), show_default=True
 )
+@click.option(
+    "--chart",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The Helm chart that gets copies in its crds/ and files/ (default: charts/kvfleet"
+    " beside --out).",
+)
+@click.option(
+    "--manifests",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The kustomize manifests the chart's files/ copy (default: manifests beside --out).",
+)
 @click.option("--check", is_flag=True, help="Exit 1 if the files differ from the spec model.")
-def crds(out_dir: Path, check: bool) -> None:
-    """Write the InferenceService CRD generated from the spec model."""
+def crds(out_dir: Path, chart: Path | None, manifests: Path | None, check: bool) -> None:
+    """Write the InferenceService CRD generated from the spec model, and the Helm chart's
+    copies of it and of the manifests its templates read."""
+    chart = chart or out_dir.parent / "charts" / "kvfleet"
+    manifests = manifests or out_dir.parent / "manifests"
+    if not manifests.is_dir():
+        raise click.UsageError(f"no {manifests}: give --manifests (and --chart)")
     if check:
-        stale = stale_files(out_dir)
+        stale = [str(out_dir / n) for n in stale_files(out_dir)]
+        stale += [str(chart / n) for n in stale_chart_files(chart, manifests)]
         if stale:
-            raise click.ClickException(f"stale in {out_dir}: {', '.join(stale)}; run `make crds`")
-        click.echo(f"{out_dir} is current")
+            raise click.ClickException(f"stale: {', '.join(stale)}; run `make crds`")
+        click.echo(f"{out_dir} and {chart} are current")
         return
-    for path in write_crds(out_dir):
+    for path in [*write_crds(out_dir), *write_chart_files(chart, manifests)]:
         click.echo(f"wrote {path}")
 
 

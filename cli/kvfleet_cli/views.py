@@ -149,11 +149,13 @@ def describe(
     scaling = spec.get("autoscaling")
     if scaling:
         out.append(
-            f"Autoscaling:  {scaling.get('minReplicas', '?')}..{scaling.get('maxReplicas', '?')}"
-            f" active, {scaling.get('warmReplicas', 0)} warm; targets: queue "
+            f"Autoscaling:  {scaling.get('minReplicas', '?')} active at least, "
+            f"{scaling.get('maxReplicas', '?')} replicas at most (active + warm), "
+            f"{scaling.get('warmReplicas', 0)} warm; targets: queue "
             f"{scaling.get('targetQueueDepth', '-')}/replica, KV "
             f"{scaling.get('targetKvCacheUsage', '-')}"
         )
+        out += warm_line(scaling, status)
     gateway = spec.get("gateway") or {}
     enabled = gateway.get("enabled", True)
     out.append(f"Gateway:      {status.get('gatewayURL', '<none>') if enabled else 'disabled'}")
@@ -233,6 +235,27 @@ def describe(
     ]  # fmt: skip
     out += _indent(table(["TYPE", "REASON", "AGE", "MESSAGE"], erow) if erow else "<none>\n")
     return "\n".join(out) + "\n"
+
+
+def warm_line(scaling: Json, status: Json) -> list[str]:
+    """The warm spares the spec asks for against those decided, and why fewer: warm replicas
+    count inside maxReplicas, so at the maximum there is no spare."""
+    want = int(scaling.get("warmReplicas") or 0)
+    decision = status.get("autoscaling") or {}
+    if not want or "desiredWarm" not in decision:
+        return []
+    warm, active = int(decision["desiredWarm"]), int(decision.get("desiredActive") or 0)
+    top = int(scaling.get("maxReplicas") or 0)
+    line = f"Warm spares: {warm} of {want}"
+    if warm >= want:
+        return [line]
+    if active + want > top:
+        why = f"at maxReplicas ({active} active of {top}; warm replicas count inside it)"
+    elif "while demand falls" in str(decision.get("reason") or ""):
+        why = "demand falls clearly (warmPool: auto sheds the spare)"
+    else:
+        why = "see the last scaling decision"
+    return [f"{line}: {why}"]
 
 
 def _indent(text: str) -> list[str]:

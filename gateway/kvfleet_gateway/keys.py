@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import re
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,13 +25,13 @@ from typing import Any
 
 import yaml
 
-from kvfleet_gateway.config import ConfigError, Limits
+from kvfleet_gateway.config import ConfigError, KeysFile, KeysFileTenant, Limits, parse_keys_file
 from kvfleet_gateway.tasks import every
-from kvfleet_kernel.schema import fld, parse, yaml_position
+from kvfleet_kernel.schema import yaml_position
 
 log = logging.getLogger("kvfleet.gateway.keys")
 
-_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+__all__ = ["KeyRing", "KeysFile", "KeysFileTenant", "Tenant", "hash_key", "new_key"]
 
 
 def hash_key(raw: str) -> str:
@@ -42,20 +41,6 @@ def hash_key(raw: str) -> str:
 def new_key() -> str:
     """A random API key (256 bits); only its `hash_key` is ever stored."""
     return "kvf-" + secrets.token_urlsafe(32)
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeysFileTenant:
-    name: str = fld(doc="Tenant name; the gateway config's limits.tenants refer to it.")
-    keys: tuple[str, ...] = fld((), "SHA-256 hashes of the tenant's keys: sha256:<64 hex>.")
-    limits: Limits | None = fld(None, "Overrides of the config's limits for this tenant.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeysFile:
-    """The API-key file (`keys.yaml` in the Secret): tenants and hashes, never raw keys."""
-
-    tenants: tuple[KeysFileTenant, ...] = fld((), "Tenants and their key hashes.")
 
 
 @dataclass(frozen=True)
@@ -71,25 +56,10 @@ class KeyRing:
 
     @staticmethod
     def parse(doc: Any, origin: str = "keys file") -> KeyRing:
-        try:
-            keys_file = parse(KeysFile, doc)
-        except ConfigError as exc:
-            raise ConfigError(f"{origin}: {exc.path}", exc.message) from exc
         entries: list[tuple[bytes, Tenant]] = []
-        names: set[str] = set()
-        for i, t in enumerate(keys_file.tenants):
-            if t.name in names:
-                raise ConfigError(f"{origin}: tenants[{i}].name", f"{t.name!r} appears twice")
-            names.add(t.name)
+        for t in parse_keys_file(doc, origin).tenants:
             tenant = Tenant(t.name, t.limits)
-            for j, key in enumerate(t.keys):
-                if not _HASH.match(key):
-                    # Never echo the value: it may be a raw key pasted by mistake.
-                    raise ConfigError(
-                        f"{origin}: tenants[{i}].keys[{j}]",
-                        "expected 'sha256:<64 hex digits>' (store hashes, not keys)",
-                    )
-                entries.append((key.encode(), tenant))
+            entries.extend((key.encode(), tenant) for key in t.keys)
         return KeyRing(tuple(entries))
 
     def authenticate(self, raw_key: str) -> Tenant | None:

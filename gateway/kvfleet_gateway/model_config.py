@@ -74,6 +74,8 @@ class ModelArchitecture:
     checkpoint_quantization: str = "none"
     """How the published weights are stored (`fp8` for DeepSeek-V3): the engine's default
     `--quantization`, as SGLang reads the checkpoint's `quantization_config`."""
+    eos_token_ids: tuple[int, ...] = ()
+    """`eos_token_id` (one id or a list): the tokens that end a generation naturally."""
 
     @property
     def weight_bytes_per_param(self) -> int:
@@ -174,7 +176,14 @@ def parse_model_config(doc: Any, origin: str) -> ModelArchitecture:
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope,
         checkpoint_quantization="fp8" if method == "fp8" else "none",
+        eos_token_ids=_token_ids(doc.get("eos_token_id")),
     )
+
+
+def _token_ids(value: Any) -> tuple[int, ...]:
+    """`eos_token_id` as config.json gives it: an id, a list of ids, or absent."""
+    values = value if isinstance(value, list) else [value]
+    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool))
 
 
 def config_file(path: Path) -> Path:

@@ -191,6 +191,15 @@ def _type_schema(tp: Any) -> Json:
     )
 
 
+def _say_default(schema: Json, default: Any) -> None:
+    """A scalar default in the field's description too (`Default: 4.`), as kubebuilder's
+    generated CRDs write it: `kubectl explain` shows descriptions, not the `default` key."""
+    if "description" not in schema or not isinstance(default, str | int | float):
+        return
+    shown = json.dumps(default) if isinstance(default, bool) else str(default)
+    schema["description"] = f"{schema['description'].rstrip()} Default: {shown}."
+
+
 def openapi(cls: type) -> Json:
     """The structural OpenAPI v3 schema of a spec dataclass."""
     hints = typing.get_type_hints(cls)
@@ -228,6 +237,7 @@ def openapi(cls: type) -> Json:
         elif default is not MISSING and default is not None:
             # An object default of {} makes the API server fill the object's own defaults.
             schema["default"] = to_json(default)
+            _say_default(schema, schema["default"])
         props[json_name(f)] = schema
     out: Json = {"type": "object", "properties": props}
     doc = (cls.__doc__ or "").strip()

@@ -141,3 +141,23 @@ def container_argv(
     if command and re.fullmatch(r"python(3(\.\d+)?)?", Path(command[0]).name):
         return [sys.executable, *command[1:]], []  # the image's Python runs any script
     return None
+
+
+TERMINATION_LOG_LINES, TERMINATION_LOG_BYTES = 80, 2048
+"""What a kubelet takes of a failed container's log under FallbackToLogsOnError: its last
+80 lines, at most 2 KiB (the kubelet's own bounds)."""
+
+
+def termination_message(container: Json, log_path: Path, exit_code: int) -> str:
+    """The message a kubelet puts in `lastState.terminated.message`. The container's
+    terminationMessagePath cannot be written here (no mount namespace: /dev/termination-log
+    is the node's), so the message is what FallbackToLogsOnError gives a container that
+    failed and wrote none: its log's tail. Under the default policy (File) it is empty."""
+    if exit_code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return ""
+    try:
+        text = log_path.read_bytes()[-TERMINATION_LOG_BYTES * 4 :].decode(errors="replace")
+    except OSError:
+        return ""
+    tail = "\n".join(text.splitlines()[-TERMINATION_LOG_LINES:])
+    return tail.encode()[-TERMINATION_LOG_BYTES:].decode(errors="ignore")

@@ -45,7 +45,7 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_localcluster.containers import container_argv, gpu_of
+from kvfleet_localcluster.containers import container_argv, gpu_of, termination_message
 from kvfleet_localcluster.podspec import (
     ClusterAccess,
     ConfigMissing,
@@ -157,6 +157,8 @@ class PodRunner:
     """Callable(reason, message) posting a Warning Event about this pod, as the kubelet's
     event recorder does (repeats are counted on one Event); None: no Events."""
     restarts: int = 0
+    last_state: Json = field(default_factory=dict)
+    """The container's previous run as it ended (`lastState`): empty until one has."""
     ready: bool = False
     proc: asyncio.subprocess.Process | None = None
     _started: str = field(default_factory=now)
@@ -202,6 +204,7 @@ class PodRunner:
                         "started": started,
                         "restartCount": self.restarts,
                         "state": state,
+                        "lastState": self.last_state,
                     }
                 ],
             }
@@ -291,9 +294,16 @@ class PodRunner:
                     [],
                     [],
                 )
+                started = now()
                 exit_code = await self._run_once(session, container, argv, notes, mounts)
-                self.restarts += 1
                 reason = "Completed" if exit_code == 0 else "Error"
+                run_log = log_file(self.pod_dir, container.get("name", "main"), self.restarts)
+                ended = {"exitCode": exit_code, "reason": reason, "startedAt": started,
+                         "finishedAt": now()}  # fmt: skip
+                if message := termination_message(container, run_log, exit_code):
+                    ended["message"] = message
+                self.last_state = {"terminated": ended}
+                self.restarts += 1
                 waiting = {
                     "waiting": {
                         "reason": "CrashLoopBackOff",

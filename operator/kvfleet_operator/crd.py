@@ -1,6 +1,7 @@
 """The InferenceService CustomResourceDefinition, generated from the spec model.
 
-`make crds` writes it to `crds/`; a test fails when the committed file is stale. The scale
+`make crds` writes it to `crds/`, and into the Helm chart (with copies of the `manifests/`
+files the chart's templates read); a test fails when a committed copy is stale. The scale
 subresource maps to `.spec.replicas` / `.status.replicas` / `.status.selector`, so
 `kubectl scale kis`, an HPA or KEDA work on manually scaled services; with
 `.spec.autoscaling` the CEL rule rejects `spec.replicas`, so nothing fights the autoscaler.
@@ -172,4 +173,45 @@ def write_crds(directory: Path) -> list[Path]:
     for name, text in generated_files().items():
         (directory / name).write_text(text)
         written.append(directory / name)
+    return written
+
+
+CHART_MANIFESTS = {
+    "files/rbac.yaml": "base/rbac.yaml",
+    "files/prometheusrule.yaml": "monitoring/prometheusrule.yaml",
+    "files/operator-podmonitor.yaml": "monitoring/operator-podmonitor.yaml",
+    "files/kvfleet-dashboard.json": "monitoring/kvfleet-dashboard.json",
+}
+"""The chart's copies of `manifests/` (chart path → manifests path): Helm packages a chart
+as a self-contained directory, so these are copies (links out of it warn on every install)."""
+
+
+def chart_files(manifests: Path) -> dict[str, str]:
+    """Chart-relative path → content of every file `make crds` writes into the Helm chart:
+    the generated CRDs, and copies of the `manifests/` files its templates read."""
+    crds = {name: text for name, text in generated_files().items() if name.endswith(".yaml")}
+    out = {f"crds/{name}": text for name, text in crds.items() if name != "kustomization.yaml"}
+    out |= {dest: (manifests / src).read_text() for dest, src in CHART_MANIFESTS.items()}
+    return out
+
+
+def stale_chart_files(chart: Path, manifests: Path) -> list[str]:
+    """The chart's generated files that are missing, links, or differ from their source."""
+    return [
+        name
+        for name, text in chart_files(manifests).items()
+        if (chart / name).is_symlink()
+        or not (chart / name).exists()
+        or (chart / name).read_text() != text
+    ]
+
+
+def write_chart_files(chart: Path, manifests: Path) -> list[Path]:
+    written = []
+    for name, text in chart_files(manifests).items():
+        path = chart / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a link: replaced by the file, not written through
+        path.write_text(text)
+        written.append(path)
     return written

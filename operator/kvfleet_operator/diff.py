@@ -201,6 +201,21 @@ def needs_apply(desired: Json, live: Json | None, manager: str) -> bool:
     return owned is None or not all(renders(desired, path) for path in owned)
 
 
+def own_resize(desired: Json, live: Json | None, manager: str) -> tuple[int, int] | None:
+    """(live replicas, rendered replicas) when the only rendered field that differs is
+    `spec.replicas` and no other manager owns it: the operator resizing its own workload (an
+    autoscaler decision, a pool shrinking), not drift. None otherwise: nothing to apply, other
+    fields changed too, or someone else scaled it (`kubectl scale` owns the field then)."""
+    want = (desired.get("spec") or {}).get("replicas")
+    have = ((live or {}).get("spec") or {}).get("replicas")
+    if live is None or not isinstance(want, int) or not isinstance(have, int) or want == have:
+        return None
+    if any(m.split(" ")[0] != manager for m in field_owners(live, ("f:spec", "f:replicas"))):
+        return None
+    same = {**live, "spec": {**live["spec"], "replicas": want}}
+    return None if needs_apply(desired, same, manager) else (have, want)
+
+
 def warm_assignment(
     pods: list[Json],
     warm_target: int,

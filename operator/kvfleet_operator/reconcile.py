@@ -21,6 +21,7 @@ from kvfleet_kernel.schema import ConfigError, Json
 from kvfleet_operator.diff import (
     field_owners,
     needs_apply,
+    own_resize,
     upgraded_managed_fields,
     warm_assignment,
 )
@@ -72,6 +73,8 @@ class ReconcileOptions:
 class Outcome:
     created: list[str] = field(default_factory=list)
     patched: list[str] = field(default_factory=list)
+    resized: list[tuple[str, int, int]] = field(default_factory=list)
+    """Workloads the operator resized and changed nothing else of: (kind/name, from, to)."""
     relabelled: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -170,7 +173,11 @@ def reconcile(
     spec_changed = (body.get("status") or {}).get("observedGeneration") != owner.generation
     if spec_changed:  # only a new spec can stop rendering a child: steady state costs nothing
         _prune(kube, owner, children, out, options)
-    report_changes(kube, body, out, spec_changed, options)
+    reasons = {f"{owner.engine_kind}/{owner.engine_name}": scaled}
+    if prefill is not None:
+        reasons[f"Deployment/{owner.prefill_name}"] = prefill.scaled
+    why = {k: v.decision.reason if v else "the spec's replicas" for k, v in reasons.items()}
+    report_changes(kube, body, out, spec_changed, options, why)
     if out.created or out.patched:  # the Deployment may have added or removed pods
         pods = kube.list(POD, namespace, owner.replica_selector_string())
     _assign_roles(kube, owner, pods, replicas, out, scaled)
@@ -304,11 +311,16 @@ def _apply(
         live = _take_over_updates(kube, live, upgraded)
     if not needs_apply(desired, live, kube.field_manager):
         return live
+    resize = own_resize(desired, live, kube.field_manager)
     result = kube.apply(desired)  # 4xx: refused
     if live is None:
         out.created.append(_key(desired))
-    elif result["metadata"].get("resourceVersion") != live["metadata"].get("resourceVersion"):
-        out.patched.append(_key(desired))  # else the server found nothing to change
+    elif result["metadata"].get("resourceVersion") == live["metadata"].get("resourceVersion"):
+        pass  # the server found nothing to change
+    elif resize is not None:
+        out.resized.append((_key(desired), *resize))
+    else:
+        out.patched.append(_key(desired))
     return result
 
 

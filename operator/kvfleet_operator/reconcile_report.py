@@ -4,14 +4,18 @@ decided size, and why pods wait (the object they miss, named)."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from typing import TYPE_CHECKING
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet_kernel.schema import Json
-from kvfleet_operator.kube import EVENT, ISVC, POD, Kube
+from kvfleet_gateway.config import parse_keys_file
+from kvfleet_kernel.schema import ConfigError, Json
+from kvfleet_operator.kube import EVENT, ISVC, POD, SECRET, Kube
 from kvfleet_operator.render.common import ENGINE, GATEWAY, Owner, selector_string
+from kvfleet_operator.render.gateway import KEYS_KEY
 from kvfleet_operator.scaling.autoscaler import Scaled, report
 from kvfleet_operator.status import Observed, compute_status, k8s_time, pod_ready, status_patch
 
@@ -22,9 +26,20 @@ log = logging.getLogger("kvfleet.operator")
 
 
 def report_changes(
-    kube: Kube, body: Json, out: Outcome, spec_changed: bool, options: ReconcileOptions
+    kube: Kube,
+    body: Json,
+    out: Outcome,
+    spec_changed: bool,
+    options: ReconcileOptions,
+    why: dict[str, str] | None = None,
 ) -> None:
-    """Events for what this reconcile changed in the cluster."""
+    """Events for what this reconcile changed in the cluster; `why` says, per workload
+    (kind/name), what decided its replicas."""
+    for key, have, want in out.resized:
+        # The operator's own resize says why; only a change by someone else is drift.
+        reason = (why or {}).get(key, "")
+        message = f"{key} {have} -> {want} replicas" + (f": {reason}" if reason else "")
+        post_event(kube, body, "Normal", "Scaled", message, options)
     if out.created:
         post_event(kube, body, "Normal", "Created", "created " + ", ".join(out.created), options)
     if out.patched:
@@ -58,6 +73,29 @@ def held_by_references(kube: Kube, namespace: str, pods: list[Json]) -> tuple[st
     return tuple(out)
 
 
+def invalid_keys(kube: Kube, owner: Owner, gateway: Json | None) -> str | None:
+    """Why the gateway refuses its API-key Secret, naming the field, with the gateway's own
+    parser — read only while no gateway pod is ready (a gateway refuses a broken file at
+    start; a running one keeps its previous keys), so a steady state reads nothing."""
+    name = owner.spec.gateway.api_keys_secret
+    if not name or gateway is None or int((gateway.get("status") or {}).get("readyReplicas") or 0):
+        return None
+    secret = kube.get(SECRET, owner.namespace, name, fresh=True)
+    data = ((secret or {}).get("data") or {}).get(KEYS_KEY)
+    if data is None:
+        return None  # a missing Secret or key: the pod waits, and `held` says so
+    origin = f"secret {name} {KEYS_KEY}"
+    try:
+        doc = yaml.safe_load(base64.b64decode(data))
+    except (ValueError, yaml.YAMLError):
+        return f"{origin}: not a YAML document"
+    try:
+        parse_keys_file(doc, origin)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def write_status(
     kube: Kube,
     body: Json,
@@ -80,7 +118,10 @@ def write_status(
         gateway = applied.get(("Deployment", owner.gateway_name))
         gateway_pods = kube.list(POD, ns, owner.selector_string(GATEWAY))
         held = held_by_references(kube, ns, [*pods, *gateway_pods])
-        observed = Observed(engine, pods, gateway, held, tuple(out.conflicts), tuple(out.refused))
+        observed = Observed(
+            engine, pods, gateway, held, tuple(out.conflicts), tuple(out.refused),
+            invalid_keys(kube, owner, gateway),
+        )  # fmt: skip
         scaling = None if scaled is None else report(scaled, old.get("autoscaling"))
         status = compute_status(
             body,

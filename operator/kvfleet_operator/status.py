@@ -122,6 +122,9 @@ class Observed:
     as the condition says it (left untouched: the operator adopts nothing)."""
     refused: tuple[str, ...] = ()
     """Children the API server refused (kind, name, status code, its message)."""
+    invalid_keys: str | None = None
+    """Why the gateway refuses its API-key Secret (the field named), read while no gateway
+    pod is ready."""
 
 
 def pod_ready(pod: Json) -> bool:
@@ -149,9 +152,35 @@ def failing_pods(pods: list[Json]) -> list[str]:
             restarts = int(cs.get("restartCount") or 0)
             if waiting.get("reason") in FAILING_REASONS or restarts > 0:
                 why = waiting.get("reason") or "restarting"
-                out.append(f"{p['metadata']['name']}: {why} ({restarts} restarts)")
+                said = last_words(cs)
+                out.append(
+                    f"{p['metadata']['name']}: {why} ({restarts} restarts)"
+                    + (f": {said}" if said else "")
+                )
                 break
     return out
+
+
+LAST_WORDS_CHARS = 300
+"""Of a container's termination message, what a condition quotes (its end: the error)."""
+
+
+def last_words(container_status: Json) -> str:
+    """What the container's last run said as it ended — its termination message (written to
+    terminationMessagePath, or its log's tail under FallbackToLogsOnError): the exit code
+    and the end of the message, on one line."""
+    ended = (container_status.get("lastState") or {}).get("terminated") or (
+        (container_status.get("state") or {}).get("terminated") or {}
+    )
+    if not ended:
+        return ""
+    message = " ".join(str(ended.get("message") or "").split())
+    if len(message) > LAST_WORDS_CHARS:
+        message = "..." + message[-LAST_WORDS_CHARS:]
+    code = ended.get("exitCode")
+    return (
+        f"exit code {code}" + (f", {message}" if message else "") if code is not None else message
+    )
 
 
 def k8s_time(t: float | None = None) -> str:
@@ -249,6 +278,10 @@ def compute_status(
             )
         elif serving:
             ready_c = condition(previous, "Ready", True, "Serving", want, generation)
+        elif observed.invalid_keys:
+            ready_c = condition(
+                previous, "Ready", False, "InvalidKeys", observed.invalid_keys, generation
+            )
         elif observed.held:
             ready_c = condition(
                 previous, "Ready", False, "ReferenceNotFound", "; ".join(observed.held[:3]),
@@ -279,8 +312,11 @@ def compute_status(
             else (want if progressing else "all replicas are current and ready")
         )
         failing = failing_pods(observed.pods)
-        degraded = bool(failing)
+        degraded = bool(failing) or bool(observed.invalid_keys)
+        degraded_reason = "ReplicasFailing" if failing else "AsExpected"
         degraded_msg = "; ".join(failing[:3]) if failing else want
+        if observed.invalid_keys:  # no request is served, whatever the engines do
+            degraded_reason, degraded_msg = "InvalidKeys", observed.invalid_keys
         conds = [
             ready_c,
             condition(
@@ -295,7 +331,7 @@ def compute_status(
                 previous,
                 "Degraded",
                 degraded,
-                "ReplicasFailing" if degraded else "AsExpected",
+                degraded_reason,
                 degraded_msg,
                 generation,
             ),

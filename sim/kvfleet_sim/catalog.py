@@ -51,6 +51,12 @@ class ModelSpec(ModelArchitecture):
     hf_id: str
 
     @property
+    def stop_token_id(self) -> int | None:
+        """The token a natural end of generation reports (SGLang's `matched_stop`): the
+        last of `eos_token_id` — Llama-3 lists <|eot_id|>, which ends a chat turn, last."""
+        return self.eos_token_ids[-1] if self.eos_token_ids else None
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -178,6 +184,8 @@ def _coerce(cls: type[Any], name: str, key: str, value: Any, kind: Any) -> Any:
             return int(float(value)) if isinstance(value, str) else int(value)
         if kind is float:
             return float(value)
+        if typing.get_origin(kind) is tuple:  # token ids: one, or a list
+            return tuple(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
         return str(value)
     except (TypeError, ValueError):
         raise CatalogError(

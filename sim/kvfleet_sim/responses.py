@@ -35,22 +35,21 @@ def generated_text(st: SimState, req: Request, upto: int | None = None) -> str:
     return text
 
 
-def openai_finish(req: Request) -> tuple[str | None, str | int | None]:
+def openai_finish(st: SimState, req: Request) -> tuple[str | None, str | int | None]:
     if req.finish_reason is None:
         return None, None
     if req.finish_reason == "stop":
-        matched = req.stop_matched if req.stop_matched is not None else EOS_TOKEN_ID
+        # A natural end reports the model's own end-of-sequence token (its config's).
+        eos = st.config.engine.model.stop_token_id
+        matched = req.stop_matched if req.stop_matched is not None else eos
         return "stop", matched
     if req.finish_reason == "abort":
         return "abort", None
     return "length", None
 
 
-EOS_TOKEN_ID = 128009  # Llama-3's <|eot_id|>: reported as the match when generation ends naturally
-
-
 def meta_info(st: SimState, req: Request, final: bool) -> dict[str, Any]:
-    _, matched = openai_finish(req)
+    _, matched = openai_finish(st, req)
     info: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": api.finish_reason_native(req.finish_reason, matched, req.output_len),
@@ -72,7 +71,7 @@ def final_body(st: SimState, gen: api.GenRequest, req: Request) -> dict[str, Any
             "output_ids": st.engine.tokenizer.generate_ids(req.seed, req.output_len),
             "meta_info": meta_info(st, req, final=True),
         }
-    finish, matched = openai_finish(req)
+    finish, matched = openai_finish(st, req)
     base = {
         "id": req.rid,
         "created": api.now_s(),
@@ -162,7 +161,7 @@ class _Chunker:
                 "index": 0,
             }
             return [_event(payload)]
-        finish, matched = openai_finish(req)
+        finish, matched = openai_finish(self.st, req)
         events: list[bytes] = []
         if self.gen.kind == "chat":
             if not self.started:

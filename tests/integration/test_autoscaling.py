@@ -280,6 +280,12 @@ async def scale_up_and_down(stack: Stack) -> None:
         print_scaling(stack)  # what the operator decided, for the failure's report
         raise
     assert await asyncio.to_thread(stack.events, "ScaledDown"), "no ScaledDown event"
+    # The operator's own resizes of the Deployment read as such, with the decision's reason;
+    # nobody else touched it, so nothing reads as drift repaired.
+    resized = await asyncio.to_thread(stack.events, "Scaled")
+    assert any("Deployment/llama-engine 2 -> 3 replicas: " in e["message"] for e in resized)
+    assert {e["type"] for e in resized} == {"Normal"}, resized
+    assert await asyncio.to_thread(stack.events, "DriftRepaired") == []
     print(f"back to 1 active + 1 warm {time.monotonic() - done:.1f}s after the tail ended")
     await until(lambda: len(stack.pods()) == 2, 60, "the removed pods' processes gone")
     # Demand: the gateways' arrival rate, forecast a cold start ahead, and the capacity per

@@ -31,6 +31,26 @@ def test_simulated_fleet_demo_reports_a_summary() -> None:
     assert summary["requests"] > 0 and summary["ttft_p50"] > 0
 
 
+@pytest.mark.parametrize("form", ["--stack", "--simulated-fleet"])
+def test_on_a_pipe_the_last_frame_ends_before_the_whole_runs_summary(
+    tmp_path: Path, form: str
+) -> None:
+    """Into a pipe, rich's live view writes its last frame without ending its bottom border's
+    line: the summary ran into it (`└────┘doc-search: 9/9 served`). And the last frame's TTFT
+    (its last 10 s) and the summary's (the whole run) differ: each says which it is."""
+    kvfleet = Path(sys.executable).parent / "kvfleet"
+    done = subprocess.run(
+        [str(kvfleet), "demo", form, "--duration", "3", "--replicas", "1"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TERM": "dumb"},
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    lines = done.stdout.splitlines()
+    border = max(i for i, line in enumerate(lines) if line.startswith("└"))
+    assert set(lines[border]) <= set("└┴─┘"), lines[border]
+    assert lines[border + 1] == "" and lines[border + 2].startswith("the whole run"), lines
+    assert "(last" in "\n".join(lines[:border])  # the live columns say their window
+
+
 def test_the_autoscaler_demo_shows_what_it_promises(tmp_path: Path) -> None:
     """`make demo` as a user types it, shortened (`--quick`): the `kvfleet` command in a
     fresh directory with the default, relative `--out` — the local cluster, the real operator,

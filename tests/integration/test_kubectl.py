@@ -149,6 +149,10 @@ async def test_kubectl_inference_services(kubeconfig: Path) -> None:
     assert row.split()[:2] == ["llama", "llama-3.1-8b"]
     explained = await kubectl(kubeconfig, "explain", "kis.spec.engine.tensorParallel")
     assert "GPUs per pod" in explained
+    # Defaults, as kubebuilder's CRDs carry them in the description: explain shows them.
+    engine = " ".join((await kubectl(kubeconfig, "explain", "kis.spec.engine")).split())
+    assert "Pull policy of the engine image. Default: IfNotPresent." in engine, engine
+    assert "Default: 1." in " ".join(explained.split())
     assert "scaled" in await kubectl(kubeconfig, "scale", "kis", "llama", "--replicas=3")
     assert "replicas: 3" in await kubectl(kubeconfig, "get", "kis", "llama", "-o", "yaml")
     assert "labeled" in await kubectl(kubeconfig, "label", "kis", "llama", "team=search")

@@ -172,7 +172,9 @@ async def key_management(cluster: EmulatedCluster, gateway: str) -> None:
         ["search-team", "1"],
         ["chat-app", "1"],
     ]
-    assert "60 requests/min, 1,000,000 tokens / 1d budget" in out, out  # not a Python dict
+    # The limits in force, each with its source (not a Python dict, not `<defaults>`).
+    assert "120 requests/min (defaults), max_tokens <= 2,048 (defaults)" in out, out
+    assert "60 requests/min (secret), max_tokens <= 2,048 (defaults), 1,000,000 tokens" in out
 
     async def status_with(key: str) -> int:
         body = {"model": "mistral-7b", "messages": [{"role": "user", "content": "hi"}],

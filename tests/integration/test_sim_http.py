@@ -176,6 +176,31 @@ async def test_natural_eos_and_stop_strings(sim_server: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    ("model", "model_path", "eos"),
+    [("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 2),
+     ("qwen3-32b", "Qwen/Qwen3-32B", 151645),
+     ("deepseek-v3", "deepseek-ai/DeepSeek-V3", 1)],
+)  # fmt: skip
+async def test_a_natural_stop_reports_the_models_own_eos_token(
+    sim_server: Any, model: str, model_path: str, eos: int
+) -> None:
+    """Mistral returned Llama-3's <|eot_id|> (128009): the stop token comes from the model's
+    config.json (`eos_token_id`) or catalogue entry."""
+    from tests.conftest import engine_config
+
+    gpu = "h200" if model == "deepseek-v3" else "h100"
+    tp: dict[str, Any] = {"tp_size": 8, "quantization": "fp8"} if model == "deepseek-v3" else {}
+    url = await sim_server(engine_config(model, gpu, **tp), served_model_name=model,
+                           model_path=model_path)  # fmt: skip
+    payload = {"messages": [{"role": "user", "content": "tell me a story"}]}
+    _, chat = await post(f"{url}/v1/chat/completions", payload)
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    assert chat["choices"][0]["matched_stop"] == eos
+    _, native = await post(f"{url}/generate", {"text": "tell me a story"})
+    assert native["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+
+
+@pytest.mark.parametrize(
     ("path", "payload", "fragment"),
     [
         ("/generate", b"{not json", "Invalid JSON"),

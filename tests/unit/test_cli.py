@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -144,8 +145,8 @@ def test_usage_by_tenant_and_model_at_each_models_price() -> None:
     assert aggregate(samples)["bot"].cost == 0.0013
 
 
-def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> None:
-    from kvfleet_cli.keys_cmds import kept_elsewhere, limits_text
+def test_keys_refuse_a_secret_another_tool_keeps() -> None:
+    from kvfleet_cli.keys_cmds import kept_elsewhere
 
     applied = {
         "metadata": {"annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}}
@@ -158,12 +159,73 @@ def test_keys_refuse_a_secret_another_tool_keeps_and_print_limits_in_words() -> 
     writers = [{"manager": m, "operation": "Update"} for m in ("kvfleet-keys", "kubectl-create")]
     ours = {"metadata": {"managedFields": writers}}
     assert kept_elsewhere(ours) is None  # made by `kvfleet keys create` or `kubectl create`
-    limits = {"tokenBudget": {"tokens": 1000000, "period": "1d"}, "requestsPerMinute": 60,
-              "maxConcurrent": 4, "maxTokens": 2048}  # fmt: skip
-    assert limits_text(limits) == (
-        "1,000,000 tokens / 1d budget, 60 requests/min, 4 concurrent, max_tokens <= 2,048"
+
+
+def _example_gateway_config(name: str) -> Any:
+    """The gateway config the operator renders for an example (what its ConfigMap holds)."""
+    import yaml
+
+    from kvfleet_gateway.config import GatewayConfig
+    from kvfleet_operator.render import owner_of, render_children
+    from kvfleet_operator.render.gateway import CONFIG_KEY
+    from tests.support.objects import example
+
+    (doc,) = [d for d in example(name) if d["kind"] == "InferenceService"]
+    (cm,) = [c for c in render_children(owner_of(doc)) if c["kind"] == "ConfigMap"
+             and CONFIG_KEY in (c.get("data") or {})]  # fmt: skip
+    return GatewayConfig.from_dict(yaml.safe_load(cm["data"][CONFIG_KEY]))
+
+
+def test_keys_list_shows_the_limits_in_force_and_where_each_comes_from() -> None:
+    """search-team has no limits in the Secret, but the spec's tenant entry gives it 500M
+    tokens / 30 days and 128 concurrent over the spec's defaults: that is what the gateway
+    enforces, and what the listing says (it said `<defaults>`)."""
+    import yaml
+
+    from kvfleet_cli.keys_cmds import fingerprint
+    from kvfleet_cli.keys_view import tenant_rows
+    from tests.support.objects import example
+
+    config = _example_gateway_config("llama-3.1-8b-h100-autoscaling.yaml")
+    (secret,) = [d for d in example("api-keys-secret.yaml") if d["kind"] == "Secret"]
+    doc = yaml.safe_load(secret["stringData"]["keys.yaml"])
+    rows = {r[0]: r for r in tenant_rows(doc, config, fingerprint)}
+    assert rows["search-team"][3] == (
+        "600 requests/min (defaults), 128 concurrent (spec tenant), max_tokens <= 4,096"
+        " (defaults), default max_tokens 512 (defaults), 500,000,000 tokens / 30d budget"
+        " (spec tenant)"
     )
-    assert limits_text({}) == "<defaults>"
+    assert rows["chat-app"][3].startswith("60 requests/min (secret), 32 concurrent (defaults)")
+    assert rows["chat-app"][3].endswith("1,000,000 tokens / 1d budget (secret)")
+    # Without the service's config: the Secret's own, and that the rest is the service's.
+    assert tenant_rows(doc, None, fingerprint)[0][3] == "the rest: the service's (give --service)"
+
+
+def test_keys_list_marks_an_entry_the_gateway_refuses_and_validate_names_the_field(
+    tmp_path: Path,
+) -> None:
+    """A typo (`requestPerMinute`) crash-loops a gateway; the listing showed the entry as
+    valid. It is marked INVALID with the field; `keys validate -f` says so before applying
+    (exit 1), and passes a good file or manifest."""
+    from kvfleet_cli.keys_cmds import fingerprint
+    from kvfleet_cli.keys_view import tenant_rows
+    from tests.support.objects import ROOT
+
+    bad = {"tenants": [{"name": "a", "keys": [], "limits": {"requestPerMinute": 60}},
+                       {"name": "b", "keys": ["sha256:" + "0" * 64]}]}  # fmt: skip
+    rows = tenant_rows(bad, None, fingerprint)
+    assert rows[0][3] == "INVALID limits.requestPerMinute: unknown field"
+    assert not rows[1][3].startswith("INVALID")
+    path = tmp_path / "keys.yaml"
+    path.write_text("tenants: [{name: a, limits: {requestPerMinute: 60}}]\n")
+    said = CliRunner().invoke(cli, ["keys", "validate", "-f", str(path)])
+    assert said.exit_code == 1, said.output
+    assert f"{path}: tenants[0].limits.requestPerMinute: unknown field" in said.output
+    said = CliRunner().invoke(
+        cli, ["keys", "validate", "-f", str(ROOT / "examples" / "api-keys-secret.yaml")]
+    )
+    assert said.exit_code == 0, said.output
+    assert "secret ai-api-keys keys.yaml: valid (2 tenants, 2 keys)" in said.output
 
 
 def test_the_kubectl_plugin_says_kubectl_kvfleet_and_shells_complete() -> None:
@@ -224,6 +286,29 @@ def test_the_demo_timeline_legends_name_every_line() -> None:
     assert legends[2] == ["output tokens/s", "429/s (right)", *common]
 
 
+def test_the_demo_timeline_has_whole_replicas_and_a_visible_burst() -> None:
+    """The replica panel's axis had half ticks (2.5 replicas), and its filled areas hid the
+    burst's shading drawn beneath them: whole ticks only, and a band over the data."""
+    import matplotlib.pyplot as plt
+
+    from kvfleet_bench.demo.timeline import Run, Sample, figure
+
+    run = Run(burst=(2.0, 5.0))
+    # 3 replicas at most: matplotlib's default locator ticked 0, 0.5, 1, ... 3.5.
+    run.samples = [Sample(float(i), 1 + (i > 3), int(i < 5), 2, 0, 0.1, 0.4, 50.0, i, 0)
+                   for i in range(8)]  # fmt: skip
+    fig = figure(run)
+    try:
+        ax1 = fig.axes[0]
+        ticks = [v for v in ax1.get_yticks() if ax1.get_ylim()[0] <= v <= ax1.get_ylim()[1]]
+        assert ticks and all(float(v).is_integer() for v in ticks), ticks
+        top = max(c.get_zorder() for c in ax1.collections)  # the stacked areas
+        over = [p for p in ax1.patches if p.get_zorder() > top]  # spans are patches
+        assert len(over) == 1 and over[0].get_x() == 2.0, over
+    finally:
+        plt.close(fig)
+
+
 def test_the_demo_budget_check_holds_per_period_and_can_fail() -> None:
     """A daily budget starts again at midnight UTC: a demo that runs across it bills more than
     one period's budget in total and still held (a CI run failed so); within one period, more
@@ -244,3 +329,33 @@ def test_the_demo_budget_check_holds_per_period_and_can_fail() -> None:
     )
     ok, why = held([(7_000, 86_400), (592, 86_400)])
     assert not ok and why.startswith("trial: 7,592 of 7,200 tokens billed"), why
+
+
+def test_a_taken_port_is_one_line_naming_the_port_and_its_flag(tmp_path: Path) -> None:
+    """`kvfleet gateway --port 8080` with 8080, or the metrics port (9090, Prometheus's
+    default), taken: it died with a 40-line traceback. Now one line, the port, the flag."""
+    import socket
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants: []\n")
+    with socket.socket() as taken, socket.socket() as free:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        free.bind(("127.0.0.1", 0))
+        busy, other = taken.getsockname()[1], free.getsockname()[1]
+        free.close()  # a port nothing listens on
+        base = ["gateway", "--backend", "http://127.0.0.1:1", "--host", "127.0.0.1",
+                "--keys", str(keys)]  # fmt: skip
+        for flags, flag in (
+            (["--port", str(busy), "--metrics-port", str(other)], "--port"),
+            (["--port", str(other), "--metrics-port", str(busy)], "--metrics-port"),
+        ):
+            said = CliRunner().invoke(cli, [*base, *flags])
+            assert said.exit_code == 1, said.output
+            assert said.exception is None or isinstance(said.exception, SystemExit)
+            (line,) = [x for x in said.output.splitlines() if x.startswith("Error:")]
+            assert line == (
+                f"Error: port {busy} on 127.0.0.1 is in use: choose another with {flag} PORT"
+                f" (or listen.{'port' if flag == '--port' else 'metricsPort'} in --config)"
+            )
+            assert "Traceback" not in said.output

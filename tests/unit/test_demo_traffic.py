@@ -56,3 +56,18 @@ async def test_arrivals_follow_a_rising_rate() -> None:
 async def test_the_same_seed_sends_the_same_arrivals() -> None:
     first, again = await arrivals(7), await arrivals(7)
     assert [round(t, 6) for t in first] == [round(t, 6) for t in again]
+
+
+def test_the_demo_says_why_the_warm_spare_is_missing_at_max_replicas() -> None:
+    """The demo's service is 1..3 replicas with one warm spare, all inside maxReplicas: at
+    3 active there is no spare, and its live view says so (it printed `3/0`)."""
+    from kvfleet_bench.demo.cluster_view import desired_text
+
+    def isvc(active: int, warm: int) -> dict[str, object]:
+        bounds = {"maxReplicas": 3, "warmReplicas": 1}
+        decided = {"desiredActive": active, "desiredWarm": warm}
+        return {"spec": {"autoscaling": bounds}, "status": {"autoscaling": decided}}
+
+    assert desired_text(isvc(3, 0)) == "3/0 (no spare: at maxReplicas)"
+    assert desired_text(isvc(2, 1)) == "2/1"
+    assert desired_text({}) == "-/-"

@@ -9,6 +9,7 @@ import math
 import random
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,3 +252,25 @@ def test_describe_says_what_bound_the_decision_and_the_demand() -> None:
         "demand: forecast 80.5 req/s one cold start ahead (25% of the trend extrapolated),"
         " capacity 21.3 req/s per replica (a replica completes at most 30.5 at the mix)" in text
     )
+
+
+def test_describe_shows_a_missing_warm_spare_and_why() -> None:
+    """3 active of maxReplicas 3 leaves no room for the spare (warm replicas count inside
+    maxReplicas): describe said `desired 3/0` and no more."""
+    now = datetime.datetime(2026, 12, 2, tzinfo=datetime.UTC)
+    scaling = {"minReplicas": 1, "maxReplicas": 3, "warmReplicas": 1}
+
+    def body(active: int, warm: int, reason: str = "scale up") -> dict[str, Any]:
+        decision = {"desiredActive": active, "desiredWarm": warm, "reason": reason}
+        return {"metadata": {"name": "llama", "namespace": "ai"},
+                "spec": {"model": {"name": "llama-3.1-8b"}, "autoscaling": scaling},
+                "status": {"autoscaling": decision}}  # fmt: skip
+
+    text = describe(body(3, 0), [], [], [], now)
+    assert "Autoscaling:  1 active at least, 3 replicas at most (active + warm), 1 warm" in text
+    assert (
+        "Warm spares: 0 of 1: at maxReplicas (3 active of 3; warm replicas count inside it)" in text
+    )
+    assert "Warm spares: 1 of 1\n" in describe(body(2, 1), [], [], [], now)
+    falling = body(1, 0, "scale down; 0 warm under the floor of 1 while demand falls")
+    assert "Warm spares: 0 of 1: demand falls clearly" in describe(falling, [], [], [], now)

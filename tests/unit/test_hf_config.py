@@ -69,6 +69,19 @@ def test_moe_computes_active_parameters_and_reads_the_experts_it_touches() -> No
     assert dense_one.linear_s > 5 * one.linear_s
 
 
+def test_the_stop_token_is_the_models_own() -> None:
+    """config.json's eos_token_id (an id or a list) is the simulator's natural stop; the
+    catalogue's entries carry their models' own (Mistral's is 2, not Llama-3's 128009)."""
+    llama = load_model_config(MODELS / "llama-3.3-70b")
+    assert llama.eos_token_ids == (128001, 128008, 128009) and llama.stop_token_id == 128009
+    assert load_model_config(MODELS / "qwen3-32b").stop_token_id == 151645
+    assert BUILTIN.model("mistral-7b").stop_token_id == 2
+    assert BUILTIN.model("deepseek-v3").stop_token_id == 1  # from its config: file
+    assert model_from_hf_config({**json.loads((MODELS / "qwen3-32b" / "config.json")
+                                              .read_text()), "eos_token_id": None},
+                                "x").stop_token_id is None  # fmt: skip
+
+
 def test_a_user_catalogue_entry_can_point_at_a_config(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog.yaml"
     (tmp_path / "m").mkdir()

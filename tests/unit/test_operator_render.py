@@ -20,6 +20,7 @@ from kvfleet_operator.diff import (
     applied_fields,
     covers,
     needs_apply,
+    own_resize,
     renders,
     upgraded_managed_fields,
     warm_assignment,
@@ -338,6 +339,38 @@ def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_
     dropped["spec"]["selector"] = {}
     assert needs_apply(dropped, live, "op")
     assert covers({"cpu": 4}, {"cpu": "4"})
+
+
+def test_a_resize_of_our_own_is_told_apart_from_drift() -> None:
+    """Only `spec.replicas` differs and only the operator owns it: its own resize (a `Scaled`
+    Event). Another field changed, or `kubectl scale` owns the replicas: drift."""
+    want = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {
+            "replicas": 4,
+            "template": {"spec": {"containers": [{"name": "c", "image": "a"}]}},
+        },
+    }
+    ours = {
+        "manager": "op",
+        "operation": "Apply",
+        "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}},
+    }
+    live = copy.deepcopy(want)
+    live["metadata"]["managedFields"] = [ours]
+    live["spec"]["replicas"] = 2
+    assert own_resize(want, live, "op") == (2, 4)
+    edited = copy.deepcopy(live)
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil"
+    assert own_resize(want, edited, "op") is None
+    by_hand = copy.deepcopy(live)
+    scale = {"manager": "kubectl", "operation": "Update", "subresource": "scale",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}}  # fmt: skip
+    by_hand["metadata"]["managedFields"].append(scale)
+    assert own_resize(want, by_hand, "op") is None
+    assert own_resize(want, copy.deepcopy(want), "op") is None  # nothing to resize
 
 
 def test_an_update_entry_of_ours_is_folded_into_our_apply_entry() -> None:

@@ -1,7 +1,8 @@
 """`kvfleet demo` (`make demo`): the autoscaler at work on the local cluster.
 
 The local cluster (pods as processes on 127.0.0.x, no GPU), the real operator, and one
-autoscaled InferenceService with a warm pool: 1..3 active replicas, one warm spare, scaled on
+autoscaled InferenceService with a warm pool: 1..3 replicas in all, one a warm spare while
+fewer than 3 are active (warm replicas count inside maxReplicas), scaled on
 queue depth read from a real Prometheus (when installed: the PodMonitors the operator renders
 become its scrape targets) or from the pods directly. Budgets live in Redis (examples/redis.yaml,
 run as this machine's redis-server) when it is installed. Three tenants send bursty traffic
@@ -33,7 +34,6 @@ from typing import Any
 import aiohttp
 import openai
 import yaml
-from rich.live import Live
 
 from kvfleet_bench.demo.cluster_view import (
     BURST,
@@ -49,6 +49,7 @@ from kvfleet_bench.demo.cluster_view import (
     phase,
     refresh,
 )
+from kvfleet_bench.demo.live import live_view
 from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
 from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
@@ -441,7 +442,7 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
             syncer = asyncio.create_task(sync_targets())
             astack.callback(syncer.cancel)
         if on_a_terminal():
-            with Live(refresh_per_second=4) as live:
+            with live_view() as live:
                 tables = LiveTables(live, config.duration_s)
                 run_, stats, src = await _scenario(cluster, config, prometheus, tables)
         else:

@@ -15,6 +15,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from kvfleet_bench.demo.live import WINDOW_S
 from kvfleet_bench.demo.timeline import Decision, Run, TenantStats
 from kvfleet_operator.render.common import COMPONENT_LABEL, ENGINE, GATEWAY, ROLE_LABEL
 from kvfleet_operator.scaling.observe import parse_engine
@@ -154,7 +155,7 @@ def render(
     head.add_row(
         str(view.count("active")),
         str(view.count("warm")),
-        f"{auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')}",
+        desired_text(view.isvc),
         f"{ready.get('status', '-')} ({ready.get('reason', '-')})",
         (auto.get("reason") or "-")[:90],
     )
@@ -177,17 +178,19 @@ def render(
     now = time.monotonic()
     traffic = Table(title="tenants, through the gateway (OpenAI SDK)", expand=True)
     traffic.add_column("tenant", no_wrap=True)
-    for col in ("sent", "ok", "TTFT p50", "TTFT p99", "tok/s", "429 by reason", "budget"):
+    last = f"(last {WINDOW_S:.0f} s)"
+    for col in ("sent", "ok", f"TTFT p50 {last}", f"TTFT p99 {last}", f"tok/s {last}",
+                "429 by reason", "budget"):  # fmt: skip
         traffic.add_column(col, justify="right")
     for name, s in stats.items():
-        ttft = s.window_ttft(now, 10.0)
+        ttft = s.window_ttft(now, WINDOW_S)
         traffic.add_row(
             name,
             str(s.sent),
             str(s.ok),
             f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-",
             f"{percentile(ttft, 99) * 1000:,.0f} ms" if ttft else "-",
-            f"{s.tokens_per_s(now, 10.0):,.0f}",
+            f"{s.tokens_per_s(now, WINDOW_S):,.0f}",
             ", ".join(f"{k} {v}" for k, v in s.refused.items()) or "-",
             f"{s.billed_tokens:,}/{s.budget:,}" if s.budget else "-",
         )
@@ -239,17 +242,30 @@ class PlainLines:
         if self._last is not None and t - self._last < self.every_s:
             return
         self._last = t
-        auto = (view.isvc.get("status") or {}).get("autoscaling") or {}
-        ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), 10.0)]
+        ttft = [v for s in stats.values() for v in s.window_ttft(time.monotonic(), WINDOW_S)]
         p50 = f"{percentile(ttft, 50) * 1000:,.0f} ms" if ttft else "-"
         refused = sum(sum(s.refused.values()) for s in stats.values())
         self.echo(
             f"t={t:6.1f}s  {PHASES[phase(t, self.duration)] if t > 0 else 'starting':8} "
             f"active {view.count('active')} warm {view.count('warm')} "
-            f"(desired {auto.get('desiredActive', '-')}/{auto.get('desiredWarm', '-')})  "
+            f"(desired {desired_text(view.isvc)})  "
             f"queue {sum(m.get('queue', 0.0) for m in view.engine_metrics.values()):g}  "
-            f"TTFT p50 {p50}  served {sum(s.ok for s in stats.values())}  429 {refused}"
+            f"TTFT p50 (last {WINDOW_S:.0f} s) {p50}  "
+            f"served {sum(s.ok for s in stats.values())}  429 {refused}"
         )
+
+
+def desired_text(isvc: dict[str, Any]) -> str:
+    """The decided active/warm, and why the spare is missing when maxReplicas leaves no
+    room for it (warm replicas count inside it): `3/0 (no spare: at maxReplicas)`."""
+    bounds = (isvc.get("spec") or {}).get("autoscaling") or {}
+    auto = (isvc.get("status") or {}).get("autoscaling") or {}
+    active, warm = auto.get("desiredActive"), auto.get("desiredWarm")
+    text = f"{'-' if active is None else active}/{'-' if warm is None else warm}"
+    want, top = int(bounds.get("warmReplicas") or 0), int(bounds.get("maxReplicas") or 0)
+    if active is not None and warm is not None and warm < want and active + want > top:
+        text += " (no spare: at maxReplicas)"
+    return text
 
 
 def on_a_terminal() -> bool:

@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 import yaml
 from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 
 from kvfleet_bench.common import engines, stream_chat
+from kvfleet_bench.demo.live import WINDOW_S, live_view
 from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.signals import parse_metrics
 from kvfleet_sim.fleet.collector import percentile
@@ -154,8 +154,8 @@ def _render(
         "sent",
         "ok",
         "refused",
-        "TTFT p50",
-        "TTFT p99",
+        f"TTFT p50 (last {WINDOW_S:.0f} s)",
+        f"TTFT p99 (last {WINDOW_S:.0f} s)",
         "cache hits",
         "tokens out",
         "budget left",
@@ -164,7 +164,7 @@ def _render(
     now = time.monotonic()
     short = {"insufficient_quota": "budget", "rate_limit_exceeded": "rate"}
     for name, s in tenants.items():
-        recent = [v for at, v in s.ttft if now - at <= 10]
+        recent = [v for at, v in s.ttft if now - at <= WINDOW_S]
         refused = ", ".join(f"{short.get(k, k)} {v}" for k, v in s.rejected.items()) or "0"
         hit = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
         t.add_row(
@@ -221,7 +221,7 @@ async def _drive(
             asyncio.create_task(traffic("doc-search", _search_body, lambda t: 3.0)),
         ]
         cost = 0.0
-        with Live(refresh_per_second=4) as live:
+        with live_view() as live:
             while not all(t.done() for t in loads):
                 texts = await asyncio.gather(*(_scrape(session, u) for u in [*urls, gw_metrics]))
                 replicas = [(u, parse_metrics(text)) for u, text in zip(urls, texts, strict=False)]

@@ -189,6 +189,8 @@ def write_report(out: Path, doc: dict[str, Any], run: Run) -> list[Path]:
 
 UP, DOWN = "#2f855a", "#9b2c2c"
 """Decision lines: scale-up or promotion, and scale-down."""
+BURST, BURST_EDGE = "#edf2f7", "#a0aec0"
+"""The burst phase: shading behind the data, and its band along each panel's top."""
 
 
 def _legend(ax: Any, twin: Any, run: Run) -> None:
@@ -202,7 +204,7 @@ def _legend(ax: Any, twin: Any, run: Run) -> None:
         more, more_labels = twin.get_legend_handles_labels()
         handles, labels = handles + more, labels + more_labels
     if run.burst is not None:
-        handles.append(Patch(color="#edf2f7"))
+        handles.append(Patch(facecolor=BURST, edgecolor=BURST_EDGE))
         labels.append("burst phase")
     if run.decisions:
         handles += [Line2D([], [], color=UP, alpha=0.6), Line2D([], [], color=DOWN, alpha=0.6)]
@@ -227,6 +229,7 @@ def figure(run: Run) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     t = [s.t for s in run.samples]
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True)
@@ -247,6 +250,7 @@ def figure(run: Run) -> Any:
         label="desired active",
     )
     ax1.set_ylabel("engine replicas")
+    ax1.yaxis.set_major_locator(MaxNLocator(integer=True))  # no half replicas
     ax2.plot(t, [(s.ttft_p50 or 0) * 1000 for s in run.samples], label="TTFT p50 (10 s)")
     ax2.plot(t, [(s.ttft_p99 or 0) * 1000 for s in run.samples], label="TTFT p99 (10 s)")
     ax2.set_ylabel("ms")
@@ -263,7 +267,10 @@ def figure(run: Run) -> Any:
     ax3.set_xlabel("seconds since traffic began")
     for ax in (ax1, ax2, ax3):
         if run.burst is not None:
-            ax.axvspan(*run.burst, color="#edf2f7", zorder=0)
+            # Behind the data, and a band along the top over it: the replica panel's filled
+            # areas hid the shading beneath them.
+            ax.axvspan(*run.burst, color=BURST, zorder=0)
+            ax.axvspan(*run.burst, ymin=0.96, color=BURST_EDGE, zorder=4, linewidth=0)
     for d in run.decisions:
         for ax in (ax1, ax2, ax3):
             ax.axvline(d.t, color=UP if "Up" in d.what or "promoted" in d.what else DOWN,

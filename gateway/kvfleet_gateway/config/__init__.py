@@ -35,6 +35,12 @@ import yaml
 
 from kvfleet_gateway.allowlist import Governed
 from kvfleet_gateway.config.fairness import Fairness
+from kvfleet_gateway.config.keys import (
+    KeysFile,
+    KeysFileTenant,
+    parse_keys_file,
+    tenant_problems,
+)
 from kvfleet_gateway.config.limits import (
     STORE_PATTERN,
     CostBudget,
@@ -78,6 +84,8 @@ __all__ = [
     "Fairness",
     "GatewayConfig",
     "Hold",
+    "KeysFile",
+    "KeysFileTenant",
     "KubernetesBackends",
     "Limits",
     "LimitsConfig",
@@ -97,7 +105,9 @@ __all__ = [
     "TokenBudget",
     "WorkBounds",
     "load_config",
+    "parse_keys_file",
     "parse_pools",
+    "tenant_problems",
 ]
 
 

@@ -337,6 +337,9 @@ def engine_pod_spec(owner: Owner, component: str = ENGINE) -> Json:
         "readinessProbe": _probe("/health", 5, 3, 5),
         "livenessProbe": _probe("/health", 15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
+        # SGLang writes no termination message: the kubelet keeps its log's tail instead,
+        # so a failed start (an unknown model) says why in the pod's lastState and status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # Pod Security "restricted" but for runAsNonRoot: the SGLang image runs as root
         # (Triton, NCCL and the model download cache write under /root).
         "securityContext": _container_security(spec),

@@ -260,6 +260,7 @@ def gateway_pods(owner: GatewayOwnerLike, g: GatewayFront, config: Json,
         "imagePullPolicy": "IfNotPresent",
         "command": ["kvfleet"],
         "args": ["gateway", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # why a start failed, in status
         "ports": [
             {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT, "protocol": "TCP"},
