@@ -98,6 +98,18 @@ def _key_error(message: str) -> GatewayError:
     return GatewayError(401, message, "invalid_request_error", "invalid_api_key")
 
 
+AUTH_SCHEMES = frozenset({"basic", "digest", "token", "apikey", "negotiate", "hoba", "mutual"})
+"""Schemes named back in an error (anything else may be a key sent without a scheme)."""
+
+
+def _wrong_scheme(scheme: str) -> str:
+    named = f"'{scheme}'" if scheme.lower() in AUTH_SCHEMES else "another"
+    return (
+        f"the Authorization header uses the {named} scheme; this gateway takes API keys as"
+        " 'Authorization: Bearer <key>'"
+    )
+
+
 def authenticate(gw: Gateway, request: web.Request) -> Tenant:
     """The tenant of the request's key. Nothing about a presented key — not a byte of it —
     reaches an error body or a log line, however malformed it is."""
@@ -106,7 +118,9 @@ def authenticate(gw: Gateway, request: web.Request) -> Tenant:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip()
-    if scheme.lower() != "bearer" or not key:
+    if header.strip() and scheme.lower() != "bearer":
+        raise _key_error(_wrong_scheme(scheme))
+    if not key:
         raise _key_error("missing API key: send 'Authorization: Bearer <key>'")
     if not (key.isascii() and key.isprintable()):
         raise _key_error("invalid API key")  # keys are printable ASCII; hashing needs no more

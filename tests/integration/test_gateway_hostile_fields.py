@@ -4,6 +4,7 @@ write ends as "client gone" and is billed the engine's work."""
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,21 @@ async def test_every_write_error_ends_as_client_gone_and_bills_the_engine(
         assert state.metrics.requests.labels("t", MODEL, "499")._value.get() == 1
         assert state.metrics.requests.labels("t", MODEL, "500")._value.get() == 0
         assert await billed(gateway_server, gw) == 10 + 20  # the engine's last counts
+
+
+async def test_a_basic_authorization_is_told_to_use_bearer(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Issue 54, item 7: `Authorization: Basic …` answered "missing API key"; the answer
+    says the scheme is wrong and to use Bearer, and never echoes the credentials."""
+    engine = await sim_server()
+    gw = await gateway_server(gateway_config([engine], keys(tmp_path)))
+    async with aiohttp.ClientSession() as s:
+        for header, named in [(f"Basic {CANARY}", "'Basic'"), (CANARY, "another")]:
+            async with s.post(f"{gw}/v1/chat/completions", json=chat(),
+                              headers={"Authorization": header}) as r:  # fmt: skip
+                text = await r.text()
+            assert r.status == 401, text
+            message = json.loads(text)["error"]["message"]
+            assert f"uses the {named} scheme" in message and "Bearer <key>" in message
+            assert CANARY not in text

@@ -70,6 +70,18 @@ def test_round_trip_is_exact() -> None:
         ({"auth": {}}, "auth.keysFile: auth.keysFile is required"),
         ({"limtis": {}}, "limtis: unknown field"),
         ({"limits": {"defaults": {"maxTokens": 10, "defaultMaxTokens": 20}}}, "defaultMaxTokens"),
+        # Issue 55, finding 7: a negative price was budget credit.
+        (
+            {"models": [{"name": "m", "price": {"prompt": 1, "output": 1, "cached": -1e6}}]},
+            "models[0].price.cached: -1000000.0 is below the minimum 0",
+        ),
+        (
+            {"models": [{"name": "m", "price": {"prompt": -1, "output": 1}}]},
+            "models[0].price.prompt: -1.0 is below the minimum 0",
+        ),
+        # Issue 55, finding 6: an alias `<base>:<adapter>` claimed another service's adapter.
+        ({"models": [{"name": "m", "aliases": ["llama-3.1-8b:sql"]}]}, "models[0].aliases[0]"),
+        ({"models": [{"name": "llama:sql"}]}, "models[0].name"),
     ],
 )
 def test_errors_name_the_field(patch: dict[str, object], message: str) -> None:
