@@ -235,7 +235,9 @@ def _pool_for(gw: Gateway, kind: inbound.Kind, body: dict[str, Any]
     return pool, target, context
 
 
-def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) -> None:
+def _check_allowed(
+    limits: Limits, asked: str, pool: ModelPool, target: Target, param: str = "model"
+) -> None:
     """A tenant's `models` allow-list: the name it sent, or the model it names (an alias
     of an allowed model is allowed; an adapter must be listed itself)."""
     if target.adapter is not None:
@@ -245,7 +247,14 @@ def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) 
         names = (target.base, *(model.aliases if model else ()))
     if not _allowed(limits, asked, *names):
         raise GatewayError(403, f"the model '{asked}' is not available to this API key",
-                           "permission_error", "model_not_allowed", "model")  # fmt: skip
+                           "permission_error", "model_not_allowed", param)  # fmt: skip
+
+
+def _adapter_of(lora_path: str, target: Target) -> Target:
+    """What `lora_path` names, for the allow-list: `<adapter>` or `<base>:<adapter>` of the
+    request's base model — always an adapter, listed in `models` by its own name."""
+    base, sep, name = lora_path.rpartition(":")
+    return Target(target.base, name if sep and base == target.base else lora_path)
 
 
 def _no_such_model(gw: Gateway, model: str) -> NoReturn:
@@ -298,12 +307,19 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         body["cache_salt"] = salt
     asked = body.get("model")
     pool, target, context = _pool_for(gw, kind, body)
-    default_model = target.base if target is not None and asked is None else None
-    req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
+    # OpenAI's endpoints require `model`; /generate (SGLang's, which has none) defaults to
+    # the gateway's only model.
+    default = kind == "generate" and target is not None and asked is None
+    vocab = pool.vocab_size if pool is not None else None
+    req = inbound.parse(kind, body, limits, target.base if default and target else None,
+                        gw.config.requests, vocab)  # fmt: skip
     if pool is None or target is None:
         _no_such_model(gw, req.model)
     assert pool is not None and target is not None and pool.proxy is not None
     _check_allowed(limits, asked if isinstance(asked, str) else target.base, pool, target)
+    if isinstance(body.get("lora_path"), str):  # parse typed it; an adapter, named otherwise
+        lora = body["lora_path"]
+        _check_allowed(limits, lora, pool, _adapter_of(lora, target), "lora_path")
     base = target.base
     inbound.check_context(req, context)
     pages, page_tokens, prompt_tokens = await _engine_pages(pool, req, salt)

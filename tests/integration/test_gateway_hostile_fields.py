@@ -5,6 +5,7 @@ write ends as "client gone" and is billed the engine's work."""
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.integration.test_gateway_abuse import CANARY, billed, chat, keys
+from kvfleet_gateway.config import GatewayConfig, Requests
+from kvfleet_gateway.routing import KvfleetTuning
+from tests.integration.test_gateway_abuse import CANARY, billed, chat, keys, post
 from tests.support.fake_engine import MODEL, chunk, fake_engine, usage
 from tests.support.gateway import gateway_config
 
@@ -91,3 +94,203 @@ async def test_a_basic_authorization_is_told_to_use_bearer(
             message = json.loads(text)["error"]["message"]
             assert f"uses the {named} scheme" in message and "Bearer <key>" in message
             assert CANARY not in text
+
+
+async def _ok(request: web.Request, body: dict[str, Any]) -> web.Response:
+    return web.json_response({"choices": [], "usage": usage(3, 1)})
+
+
+LOOP_TEMPLATE = "{% for i in range(20000) %}hello world {% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"chat_template": LOOP_TEMPLATE}, "chat_template_kwargs.chat_template"),
+        ({"enable_thinking": False, "tools": [{"x": 1}]}, "chat_template_kwargs.tools"),
+        ({"documents": [{"text": "x" * 1000}]}, "chat_template_kwargs.documents"),
+        ({"enable_thinking": "yes"}, "chat_template_kwargs.enable_thinking"),
+    ],
+)
+async def test_chat_template_kwargs_carry_switches_not_templates(
+    kwargs: dict[str, Any], param: str, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 1: `chat_template_kwargs: {"chat_template": <a loop>}` was forwarded and the
+    engine's template rendered 100,001 prompt tokens for a reservation of 216. Only the
+    template switches SGLang reads are forwarded, each of its type."""
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, err = await post(gw, chat(chat_template_kwargs=kwargs))
+        assert status == 400 and err["error"]["param"] == param, err
+        assert engine.bodies == []
+        switches = {"enable_thinking": True, "thinking": False, "reasoning_effort": "low"}
+        status, _ = await post(gw, chat(chat_template_kwargs=switches))
+        assert status == 200 and engine.bodies[-1]["chat_template_kwargs"] == switches
+
+
+BIG = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2_000)}}
+"""A JSON schema of ~60 KB: over the 16 KiB grammar bound wherever it hides."""
+MISTYPED = [
+    ("/v1/chat/completions", '"top_logprobs": "100000", "logprobs": true', "top_logprobs",
+     "an integer", "a string"),
+    ("/v1/chat/completions", '"top_logprobs": 1e5, "logprobs": true', "top_logprobs",
+     "an integer", "a number with a fraction"),
+    ("/v1/chat/completions", '"temperature": "hot"', "temperature", "a number", "a string"),
+    ("/v1/chat/completions", '"n": 1.0', "n", "an integer", "a number"),
+    ("/v1/chat/completions", '"stream": "true"', "stream", "a boolean", "a string"),
+    ("/v1/chat/completions", '"max_completion_tokens": "40"', "max_completion_tokens",
+     "an integer", "a string"),
+    ("/v1/completions", '"logprobs": "100000"', "logprobs", "an integer", "a string"),
+    ("/generate", '"top_logprobs_num": 100000.0, "return_logprob": true', "top_logprobs_num",
+     "an integer", "a number"),
+    ("/generate", '"sampling_params": {"max_new_tokens": "9"}',
+     "sampling_params.max_new_tokens", "an integer", "a string"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "extra", "param", "wanted", "got"), MISTYPED)
+async def test_a_bound_field_takes_only_its_json_type(
+    path: str, extra: str, param: str, wanted: str, got: str, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 2 and issue 54, item 8: `top_logprobs: "100000"` or `1e5` counted as 0 at
+    the gateway and 100,000 at the engine (pydantic's lax mode); `temperature: "hot"` got
+    200. Each is a 400 naming the field and the type, and the engine never sees it."""
+    base = {
+        "/v1/chat/completions": json.dumps(chat()),
+        "/v1/completions": json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 4}),
+        "/generate": json.dumps({"text": "hi"}),
+    }[path]
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, err = await post(gw, None, path, raw_body=base[:-1] + ", " + extra + "}")
+        assert status == 400, err
+        assert err["error"]["param"] == param, err
+        assert f"must be {wanted}, got {got}" in err["error"]["message"], err
+        assert engine.bodies == []
+
+
+HIDDEN_GRAMMARS = [
+    ("/v1/chat/completions",
+     chat(response_format={"type": "json_schema", "json_schema": {}, "schema": BIG}),
+     "response_format.schema"),
+    ("/v1/chat/completions",
+     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": BIG}}),
+     "response_format.json_schema"),
+    ("/v1/chat/completions",
+     chat(response_format={"type": "structural_tag", "triggers": ["<f"], "structures": [
+         {"begin": "<f>", "schema": BIG, "end": "</f>"}]}), "response_format"),
+    ("/v1/chat/completions",
+     chat(tools=[{"type": "function", "function": {"name": "f", "parameters": BIG}}],
+          tool_choice="required"), "tools"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "json_schema": json.dumps(BIG)},
+     "json_schema"),
+    ("/generate", {"text": "hi", "sampling_params": {"json_schema": json.dumps(BIG)}},
+     "sampling_params.json_schema"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "param"), HIDDEN_GRAMMARS)
+async def test_every_place_a_grammar_hides_is_bounded(
+    path: str, body: dict[str, Any], param: str, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 2: grammars over the bound passed as `response_format: {"type": "json_schema",
+    "json_schema": {}, "schema": BIG}` and as a structural tag's `structures`."""
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, err = await post(gw, body, path)
+        assert status == 400 and err["error"]["param"] == param, err
+        assert engine.bodies == []
+        assert await billed(gateway_server, gw) == 0
+
+
+def _with_vocab(cfg: GatewayConfig, tmp_path: Path, vocab: int) -> GatewayConfig:
+    """`cfg` with routing.tuning.modelConfig: a config.json of `vocab` tokens."""
+    doc = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": vocab}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    tuning = KvfleetTuning(model_config=str(tmp_path / "config.json"))
+    return replace(cfg, routing=replace(cfg.routing, tuning=tuning))
+
+
+IDS = [
+    ("/v1/chat/completions", chat(input_ids=[-5, 10**12]), "input_ids"),
+    ("/v1/chat/completions", chat(input_ids=[1, 1000]), "input_ids"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 5000]}, "prompt"),
+    ("/generate", {"input_ids": [3, 1000]}, "input_ids"),
+    ("/generate", {"text": "hi", "sampling_params": {"logit_bias": {"100000": 5}}},
+     "sampling_params.logit_bias"),
+    ("/v1/chat/completions", chat(stop_token_ids=[7, 999_999]), "stop_token_ids"),
+    ("/generate", {"text": "hi", "return_logprob": True, "token_ids_logprob": [1000]},
+     "token_ids_logprob"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "param"), IDS)
+async def test_token_ids_are_bounded_by_the_models_vocabulary(
+    path: str, body: dict[str, Any], param: str, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 2: chat `input_ids: [-5, 10**12]` was forwarded (completions and /generate
+    checked >= 0 only). Every token id is in [0, vocab_size) of the model's config.json; a
+    gateway that does not know the vocabulary forwards none."""
+    async with fake_engine(_ok) as engine:
+        cfg = _with_vocab(gateway_config([engine.url], keys(tmp_path)), tmp_path, 1000)
+        gw = await gateway_server(cfg)
+        status, err = await post(gw, body, path)
+        assert status == 400 and err["error"]["param"] == param, err
+        assert "[0, 1000)" in err["error"]["message"] or "-5" in err["error"]["message"], err
+        status, _ = await post(gw, chat(input_ids=[1, 999]))
+        assert status == 200 and engine.bodies[-1]["input_ids"] == [1, 999]
+        no_vocab = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, err = await post(no_vocab, chat(input_ids=[1, 2]))
+        assert status == 400 and "routing.tuning.modelConfig" in err["error"]["message"], err
+        assert len(engine.bodies) == 1
+
+
+async def test_lora_path_is_subject_to_the_model_allow_list(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 3: with `requests.allow: [lora_path]`, a tenant limited to the base model got
+    403 for `model: sql` and 200 for `lora_path: "sql"`."""
+    async with fake_engine(_ok) as engine:
+        allow = Requests(allow=("lora_path",))
+        cfg = gateway_config([engine.url], keys(tmp_path, models=[MODEL]), requests=allow)
+        gw = await gateway_server(cfg)
+        for lora in ("sql", f"{MODEL}:sql"):
+            status, err = await post(gw, {"text": "hi", "lora_path": lora}, "/generate")
+            assert status == 403 and err["error"]["param"] == "lora_path", err
+            status, err = await post(gw, chat(lora_path=lora))
+            assert status == 403, err
+        assert engine.bodies == []
+        allowed = keys(tmp_path, models=[MODEL, "sql"])
+        gw2 = await gateway_server(gateway_config([engine.url], allowed, requests=allow))
+        status, _ = await post(gw2, {"text": "hi", "lora_path": f"{MODEL}:sql"}, "/generate")
+        assert status == 200 and engine.bodies[-1]["lora_path"] == f"{MODEL}:sql"
+
+
+async def test_openai_endpoints_require_model_and_generate_defaults_it(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Issue 54, item 8: a chat body without `model` got 200. OpenAI's endpoints require it
+    (400 naming it); SGLang's /generate, which has no such field, goes to the only model."""
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        for path, body in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/completions", {"prompt": "hi"}),
+        ]:
+            status, err = await post(gw, body, path)
+            assert status == 400 and err["error"]["param"] == "model", err
+        assert engine.bodies == []
+        status, _ = await post(gw, {"text": "hi"}, "/generate")
+        assert status == 200 and len(engine.bodies) == 1
+
+
+async def test_null_fields_are_left_out_of_what_is_forwarded(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """The engine is sent the parsed request: a field set to null is not set."""
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))
+        status, _ = await post(gw, chat(temperature=None, stop=None, top_logprobs=None))
+        assert status == 200
+        assert not {"temperature", "stop", "top_logprobs"} & engine.bodies[-1].keys()
