@@ -76,9 +76,11 @@ def ratelimit_headers(q: Quota) -> dict[str, str]:
         h["x-ratelimit-remaining-tokens"] = str(q.remaining_tokens)
         h["x-ratelimit-reset-tokens"] = _fmt_reset(q.reset_tokens_s)
     if q.budget is not None and q.budget.unit == "cost":
-        h["x-kvfleet-budget-remaining-cost"] = f"{q.budget.available * COST_UNIT:.6f}"
-    elif q.budget_remaining is not None:
-        h["x-kvfleet-budget-remaining-tokens"] = str(q.budget_remaining)
+        h["x-kvfleet-budget-remaining-cost"] = f"{q.budget.left * COST_UNIT:.6f}"
+        h["x-kvfleet-budget-reserved-cost"] = f"{q.budget.reserved * COST_UNIT:.6f}"
+    elif q.budget is not None:
+        h["x-kvfleet-budget-remaining-tokens"] = str(q.budget.left)
+        h["x-kvfleet-budget-reserved-tokens"] = str(q.budget.reserved)
     if q.budget is not None and q.budget.resets_at is not None:
         # Unix seconds: a client can tell which period a request was billed to.
         h["x-kvfleet-budget-resets-at"] = str(math.ceil(q.budget.resets_at))

@@ -5,6 +5,7 @@ write ends as "client gone" and is billed the engine's work."""
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from kvfleet_gateway.config import GatewayConfig, Requests
+from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.routing import KvfleetTuning
 from tests.integration.test_gateway_abuse import CANARY, billed, chat, keys, post
 from tests.support.fake_engine import MODEL, chunk, fake_engine, usage
@@ -294,3 +296,81 @@ async def test_null_fields_are_left_out_of_what_is_forwarded(
         status, _ = await post(gw, chat(temperature=None, stop=None, top_logprobs=None))
         assert status == 200
         assert not {"temperature", "stop", "top_logprobs"} & engine.bodies[-1].keys()
+
+
+@contextlib.asynccontextmanager
+async def _released(event: asyncio.Event) -> AsyncIterator[None]:
+    """Whatever fails inside, `event` is set at the end (a held engine reply ends)."""
+    try:
+        yield
+    finally:
+        event.set()
+
+
+async def test_budget_retry_after_is_when_a_request_of_this_size_fits(
+    gateway_server: Any, tmp_path: Path
+) -> None:
+    """Issue 54, item 9: `Retry-After: 83408` (23 hours) on a budget 429, after which a
+    request with max_tokens 20 was admitted at once; the remaining header subtracted the
+    request's own reservation unannounced. Refused only by reservations in flight, a request
+    is told to retry in a second; refused by what was spent, at the period's reset. The
+    headers report the settled remainder and the reservations in flight apart."""
+    release, arrived = asyncio.Event(), asyncio.Event()
+
+    async def held(request: web.Request, body: dict[str, Any]) -> web.Response:
+        if body["max_tokens"] > 3_000:
+            arrived.set()
+            await release.wait()
+        return web.json_response({"choices": [], "usage": usage(10, 5)})
+
+    async with fake_engine(held) as engine:
+        gw = await gateway_server(gateway_config([engine.url], keys(tmp_path)))  # 5,000 a day
+        big = asyncio.create_task(post(gw, chat(max_tokens=4_000)))
+        await arrived.wait()
+        async with aiohttp.ClientSession() as s, _released(release):
+            auth = {"Authorization": f"Bearer {CANARY}"}
+            async with s.post(f"{gw}/v1/chat/completions", json=chat(max_tokens=2_000),
+                              headers=auth) as r:  # fmt: skip
+                assert r.status == 429 and r.headers["Retry-After"] == "1"
+                assert r.headers["x-kvfleet-budget-remaining-tokens"] == "5000"
+                assert int(r.headers["x-kvfleet-budget-reserved-tokens"]) > 4_000
+            release.set()
+            assert (await big)[0] == 200
+            async with s.post(f"{gw}/v1/chat/completions", json=chat(max_tokens=2_000),
+                              headers=auth) as r:  # fmt: skip
+                assert r.status == 200  # admitted: the reservation settled to 15 tokens
+                assert r.headers["x-kvfleet-budget-remaining-tokens"] == str(5_000 - 15)
+            async with s.post(f"{gw}/v1/chat/completions", json=chat(max_tokens=4_880),
+                              headers=auth) as r:  # fmt: skip
+                assert r.status == 429  # more than is left after what was spent: the reset
+                assert int(r.headers["Retry-After"]) > 60
+
+
+@pytest.mark.parametrize(
+    ("limits", "present"),
+    [
+        ({}, set()),
+        ({"requestsPerMinute": 60}, {"requests"}),
+        ({"tokensPerMinute": 100_000}, {"tokens"}),
+        ({"requestsPerMinute": 60, "tokensPerMinute": 100_000}, {"requests", "tokens"}),
+    ],
+)
+async def test_rate_limit_headers_are_those_of_the_limits_that_apply(
+    limits: dict[str, Any], present: set[str], gateway_server: Any, tmp_path: Path
+) -> None:
+    """Issue 54, item 10: the README promised every x-ratelimit header on every response.
+    Each pair of limit/remaining/reset headers appears when its limit applies, as the README
+    now says."""
+    f = tmp_path / "keys.yaml"
+    f.write_text(json.dumps({"tenants": [{"name": "t", "keys": [hash_key(CANARY)],
+                                          "limits": limits}]}))  # fmt: skip
+    async with fake_engine(_ok) as engine:
+        gw = await gateway_server(gateway_config([engine.url], f))
+        async with aiohttp.ClientSession() as s:
+            auth = {"Authorization": f"Bearer {CANARY}"}
+            async with s.post(f"{gw}/v1/chat/completions", json=chat(), headers=auth) as r:
+                assert r.status == 200
+                seen = {h.lower() for h in r.headers if h.lower().startswith("x-ratelimit-")}
+    wanted = {f"x-ratelimit-{w}-{kind}" for kind in present
+              for w in ("limit", "remaining", "reset")}  # fmt: skip
+    assert seen == wanted
