@@ -336,12 +336,14 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         page_tokens=page_tokens,
     )
     price = pool.price(base)
-    bound = price.bound(req.prompt_bound, req.max_tokens) if price else 0.0
+    # A request for an adapter may cause a load: its charge is reserved (settled if it did).
+    charge = pool.config.lora.load_charge_tokens if target.adapter is not None else 0
+    bound = price.bound(req.prompt_bound + charge, req.max_tokens) if price else 0.0
     # Everything above may refuse the request; nothing below may leak what admission grants.
     ticket = Ticket(
         tenant.name,
         limits,
-        req.reserve_tokens,
+        req.reserve_tokens + charge,
         uuid.uuid4().hex,
         time.time(),
         gw.config.limits.lease_ttl,

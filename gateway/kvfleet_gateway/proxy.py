@@ -182,7 +182,8 @@ class Proxy:
             tried.add(key)
             if ex.adapter is not None and self.lora is not None:
                 try:
-                    await self.lora.ensure(self.session, backend, ex.adapter, model)
+                    if await self.lora.ensure(self.session, backend, ex.adapter, model, ex.tenant):
+                        ex.load_charge = self.lora.config.load_charge_tokens
                 except GatewayError:
                     self.policy.on_finished(ex.route, backend.url)  # the placement is void
                     raise

@@ -14,10 +14,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvfleet_gateway.config import GatewayConfig, Requests
+from kvfleet_gateway.config import AdapterSource, Duration, GatewayConfig, Lora, Requests
 from kvfleet_gateway.keys import hash_key
 from kvfleet_gateway.routing import KvfleetTuning
 from tests.integration.test_gateway_abuse import CANARY, billed, chat, keys, post
+from tests.integration.test_lora import lora_sim
 from tests.support.fake_engine import MODEL, chunk, fake_engine, usage
 from tests.support.gateway import gateway_config
 
@@ -374,3 +375,56 @@ async def test_rate_limit_headers_are_those_of_the_limits_that_apply(
     wanted = {f"x-ratelimit-{w}-{kind}" for kind in present
               for w in ("limit", "remaining", "reset")}  # fmt: skip
     assert seen == wanted
+
+
+async def _adapter_gateway(
+    sim_server: Any, gateway_server: Any, tmp_path: Path, lora: Lora
+) -> tuple[str, Any]:
+    """A gateway over one LoRA simulator (holding `sql`) for the tenant of `keys`."""
+    engine = await lora_sim(sim_server, per_batch=2)
+    cfg = replace(gateway_config([engine], keys(tmp_path)), lora=lora)
+    return await gateway_server(cfg), cfg
+
+
+SOURCES = tuple(
+    AdapterSource(name=n, path=f"/adapters/{n}") for n in ("sql", "chat", "code", "math")
+)
+
+
+async def test_adapter_loads_are_rate_limited_per_tenant_and_charged(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 4: a tenant cycling adapters caused 39 loads in 24 requests, unbilled and
+    unlimited. Each load it causes is billed `loadChargeTokens`; past
+    `tenantLoadsPerMinute`, a request needing a load is a 429 (a held adapter still serves)."""
+    lora = Lora(adapters=SOURCES, max_adapters_per_replica=8, tenant_loads_per_minute=2,
+                load_charge_tokens=100)  # fmt: skip
+    gw, _ = await _adapter_gateway(sim_server, gateway_server, tmp_path, lora)
+    spent = 0
+    for model in ("sql", "chat", "code"):  # sql is held: no load; chat and code load
+        status, body = await post(gw, {**chat(max_tokens=2), "model": model})
+        assert status == 200, body
+        spent += body["usage"]["total_tokens"]
+    assert await billed(gateway_server, gw) == spent + 2 * 100
+    status, err = await post(gw, {**chat(max_tokens=2), "model": "math"})
+    assert status == 429 and err["error"]["code"] == "adapter_loads_exceeded", err
+    status, _ = await post(gw, {**chat(max_tokens=2), "model": "chat"})  # held: served
+    assert status == 200
+
+
+async def test_churn_cannot_evict_an_adapter_loaded_moments_ago(
+    sim_server: Any, gateway_server: Any, tmp_path: Path
+) -> None:
+    """Finding 4: the churn doubled another tenant's adapter latency by evicting it. An
+    adapter this gateway loaded less than `minResidency` ago is not unloaded for another:
+    the churning request waits (503, Retry-After) instead."""
+    lora = Lora(adapters=SOURCES, max_adapters_per_replica=2, min_residency=Duration(30))
+    gw, _ = await _adapter_gateway(sim_server, gateway_server, tmp_path, lora)
+    for model in ("chat", "code"):  # chat fills the replica; code evicts sql (not loaded here)
+        status, body = await post(gw, {**chat(max_tokens=2), "model": model})
+        assert status == 200, body
+    status, err = await post(gw, {**chat(max_tokens=2), "model": "math"})
+    assert status == 503 and err["error"]["code"] == "adapter_unavailable", err
+    assert "lora.minResidency" in err["error"]["message"]
+    for model in ("chat", "code"):  # both still held: no load
+        assert (await post(gw, {**chat(max_tokens=2), "model": model}))[0] == 200
