@@ -248,8 +248,11 @@ class PoolSet:
         name = self._index.get(model) or self._index.get(model.rpartition(":")[0])
         pool = self.pools.get(name) if name else None
         if pool is None:  # learned names: engines' models and adapters, or one pool's
-            pool = next((p for p in self.pools.values()
-                         if model in p.served() or model in p.adapters()), self.only())  # fmt: skip
+            learned = [p for p in self.pools.values()
+                       if model in p.served() or model in p.adapters()]  # fmt: skip
+            if len(learned) > 1:  # claimed by several services' engines: none is sure
+                return None
+            pool = learned[0] if learned else self.only()
         if pool is None:
             return None
         served = pool.served()  # once per request: it walks the pool's replicas

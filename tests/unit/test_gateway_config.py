@@ -138,3 +138,28 @@ def test_keys_are_hashes_and_raw_keys_are_never_echoed() -> None:
     assert "my-raw-key-123" not in str(err.value) and "sha256:" in str(err.value)
     with pytest.raises(ConfigError, match="appears twice"):
         KeyRing.parse({"tenants": [{"name": "a", "keys": []}, {"name": "a", "keys": []}]})
+
+
+def test_a_name_several_pools_engines_report_is_routed_to_none() -> None:
+    """Issue 55, finding 6: on a shared gateway, a name is routed to the one pool that
+    claims it; an adapter name that the engines of two services both report (neither
+    configured it) goes to neither, rather than to whichever pool comes first."""
+    from kvfleet_gateway.backends import Backend
+    from kvfleet_gateway.metrics import GatewayMetrics
+    from kvfleet_gateway.pools import PoolSet
+
+    pools = [
+        {"name": f"ns/{n}", "models": [{"name": n}],
+         "backends": {"static": [f"http://{n}:30000"]}}
+        for n in ("a", "b")
+    ]  # fmt: skip
+    doc = {"auth": {"insecureNoAuth": True}, "pools": pools}
+    pool_set = PoolSet(GatewayConfig.from_dict(doc), GatewayMetrics())
+    for name, pool in pool_set.pools.items():
+        backend = Backend(f"http://{name[3:]}:30000")
+        backend.adapters = {"shared": name[3:], f"only-{name[3:]}": name[3:]}
+        pool.backends.backends[backend.url] = backend
+    found = pool_set.find("only-b")
+    assert found is not None and found[0].name == "ns/b"
+    assert pool_set.find("shared") is None
+    assert pool_set.find("a:only-b") is None  # b's adapter never reaches a's engines
