@@ -94,11 +94,13 @@ class Admitted:
             )
         units = None
         if self.lease.budget_unit == "cost":
-            cost = ex.price.cost(usage.prompt_tokens, usage.cached_tokens,
+            # An adapter load is billed as that many prompt tokens at the model's price.
+            cost = ex.price.cost(usage.prompt_tokens + ex.load_charge, usage.cached_tokens,
                                  usage.completion_tokens) if ex.price else 0.0  # fmt: skip
             units = min(cost_units(cost), self.lease.budget_reserved or 0)
         try:
-            await self.store.settle(self.lease, usage.total, time.time(), units)
+            billed = min(usage.total + ex.load_charge, self.lease.reserved_tokens)
+            await self.store.settle(self.lease, billed, time.time(), units)
             self._report_budget()
         except Exception:  # never let accounting failures escape into the response path
             log.exception("settlement failed for tenant %s", ex.tenant)

@@ -76,9 +76,11 @@ def ratelimit_headers(q: Quota) -> dict[str, str]:
         h["x-ratelimit-remaining-tokens"] = str(q.remaining_tokens)
         h["x-ratelimit-reset-tokens"] = _fmt_reset(q.reset_tokens_s)
     if q.budget is not None and q.budget.unit == "cost":
-        h["x-kvfleet-budget-remaining-cost"] = f"{q.budget.available * COST_UNIT:.6f}"
-    elif q.budget_remaining is not None:
-        h["x-kvfleet-budget-remaining-tokens"] = str(q.budget_remaining)
+        h["x-kvfleet-budget-remaining-cost"] = f"{q.budget.left * COST_UNIT:.6f}"
+        h["x-kvfleet-budget-reserved-cost"] = f"{q.budget.reserved * COST_UNIT:.6f}"
+    elif q.budget is not None:
+        h["x-kvfleet-budget-remaining-tokens"] = str(q.budget.left)
+        h["x-kvfleet-budget-reserved-tokens"] = str(q.budget.reserved)
     if q.budget is not None and q.budget.resets_at is not None:
         # Unix seconds: a client can tell which period a request was billed to.
         h["x-kvfleet-budget-resets-at"] = str(math.ceil(q.budget.resets_at))
@@ -98,6 +100,18 @@ def _key_error(message: str) -> GatewayError:
     return GatewayError(401, message, "invalid_request_error", "invalid_api_key")
 
 
+AUTH_SCHEMES = frozenset({"basic", "digest", "token", "apikey", "negotiate", "hoba", "mutual"})
+"""Schemes named back in an error (anything else may be a key sent without a scheme)."""
+
+
+def _wrong_scheme(scheme: str) -> str:
+    named = f"'{scheme}'" if scheme.lower() in AUTH_SCHEMES else "another"
+    return (
+        f"the Authorization header uses the {named} scheme; this gateway takes API keys as"
+        " 'Authorization: Bearer <key>'"
+    )
+
+
 def authenticate(gw: Gateway, request: web.Request) -> Tenant:
     """The tenant of the request's key. Nothing about a presented key — not a byte of it —
     reaches an error body or a log line, however malformed it is."""
@@ -106,7 +120,9 @@ def authenticate(gw: Gateway, request: web.Request) -> Tenant:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip()
-    if scheme.lower() != "bearer" or not key:
+    if header.strip() and scheme.lower() != "bearer":
+        raise _key_error(_wrong_scheme(scheme))
+    if not key:
         raise _key_error("missing API key: send 'Authorization: Bearer <key>'")
     if not (key.isascii() and key.isprintable()):
         raise _key_error("invalid API key")  # keys are printable ASCII; hashing needs no more
@@ -221,7 +237,9 @@ def _pool_for(gw: Gateway, kind: inbound.Kind, body: dict[str, Any]
     return pool, target, context
 
 
-def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) -> None:
+def _check_allowed(
+    limits: Limits, asked: str, pool: ModelPool, target: Target, param: str = "model"
+) -> None:
     """A tenant's `models` allow-list: the name it sent, or the model it names (an alias
     of an allowed model is allowed; an adapter must be listed itself)."""
     if target.adapter is not None:
@@ -231,7 +249,14 @@ def _check_allowed(limits: Limits, asked: str, pool: ModelPool, target: Target) 
         names = (target.base, *(model.aliases if model else ()))
     if not _allowed(limits, asked, *names):
         raise GatewayError(403, f"the model '{asked}' is not available to this API key",
-                           "permission_error", "model_not_allowed", "model")  # fmt: skip
+                           "permission_error", "model_not_allowed", param)  # fmt: skip
+
+
+def _adapter_of(lora_path: str, target: Target) -> Target:
+    """What `lora_path` names, for the allow-list: `<adapter>` or `<base>:<adapter>` of the
+    request's base model — always an adapter, listed in `models` by its own name."""
+    base, sep, name = lora_path.rpartition(":")
+    return Target(target.base, name if sep and base == target.base else lora_path)
 
 
 def _no_such_model(gw: Gateway, model: str) -> NoReturn:
@@ -284,12 +309,19 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         body["cache_salt"] = salt
     asked = body.get("model")
     pool, target, context = _pool_for(gw, kind, body)
-    default_model = target.base if target is not None and asked is None else None
-    req = inbound.parse(kind, body, limits, default_model, gw.config.requests)
+    # OpenAI's endpoints require `model`; /generate (SGLang's, which has none) defaults to
+    # the gateway's only model.
+    default = kind == "generate" and target is not None and asked is None
+    vocab = pool.vocab_size if pool is not None else None
+    req = inbound.parse(kind, body, limits, target.base if default and target else None,
+                        gw.config.requests, vocab)  # fmt: skip
     if pool is None or target is None:
         _no_such_model(gw, req.model)
     assert pool is not None and target is not None and pool.proxy is not None
     _check_allowed(limits, asked if isinstance(asked, str) else target.base, pool, target)
+    if isinstance(body.get("lora_path"), str):  # parse typed it; an adapter, named otherwise
+        lora = body["lora_path"]
+        _check_allowed(limits, lora, pool, _adapter_of(lora, target), "lora_path")
     base = target.base
     inbound.check_context(req, context)
     pages, page_tokens, prompt_tokens = await _engine_pages(pool, req, salt)
@@ -304,12 +336,14 @@ async def _generation(request: web.Request, kind: inbound.Kind) -> web.StreamRes
         page_tokens=page_tokens,
     )
     price = pool.price(base)
-    bound = price.bound(req.prompt_bound, req.max_tokens) if price else 0.0
+    # A request for an adapter may cause a load: its charge is reserved (settled if it did).
+    charge = pool.config.lora.load_charge_tokens if target.adapter is not None else 0
+    bound = price.bound(req.prompt_bound + charge, req.max_tokens) if price else 0.0
     # Everything above may refuse the request; nothing below may leak what admission grants.
     ticket = Ticket(
         tenant.name,
         limits,
-        req.reserve_tokens,
+        req.reserve_tokens + charge,
         uuid.uuid4().hex,
         time.time(),
         gw.config.limits.lease_ttl,

@@ -62,10 +62,9 @@ def check(kind: str, body: dict[str, Any], max_tokens: int, bounds: WorkBounds) 
     if kind == "generate":
         _generate_logprobs(body, bounds)
     if isinstance(body.get("response_format"), dict):
-        fmt = body["response_format"]
-        schema = fmt.get("json_schema", fmt.get("schema"))
-        if schema is not None:
-            _grammar("response_format.json_schema", schema, bounds)
+        _response_format(body["response_format"], bounds)
+    if kind == "chat" and isinstance(body.get("tools"), list):
+        _tool_schemas(body["tools"], bounds)
 
 
 def _at_most(field: str, n: int, bound: int, setting: str) -> None:
@@ -104,6 +103,90 @@ def _grammar(field: str, value: Any, bounds: WorkBounds) -> None:
     size = _utf8_len(value) if isinstance(value, str) else len(json.dumps(value).encode())
     if size > bounds.grammar_bytes:
         raise _over(field, "is bytes long:", size, bounds.grammar_bytes, "grammarBytes")
+
+
+RESPONSE_FORMATS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type"}),
+    "json_object": frozenset({"type"}),
+    "json_schema": frozenset({"type", "json_schema"}),
+    "structural_tag": frozenset({"type", "structures", "triggers", "at_least_one", "format"}),
+}
+"""`response_format` types and their keys (SGLang 0.5's ResponseFormat, its legacy and new
+structural tags); any other key is refused, not forwarded for the engine to ignore or use."""
+JSON_SCHEMA_KEYS = frozenset({"name", "description", "schema", "strict"})
+
+
+def _response_format(fmt: dict[str, Any], bounds: WorkBounds) -> None:
+    """Every grammar `response_format` can carry — a json_schema's schema, a structural tag's
+    structures — is inside it: the whole object is bounded as one grammar."""
+    kind = fmt.get("type")
+    keys = RESPONSE_FORMATS.get(kind) if isinstance(kind, str) else None
+    if keys is None:
+        raise bad_request(
+            f"'response_format.type' must be one of {', '.join(RESPONSE_FORMATS)}",
+            "response_format.type",
+        )
+    for key in fmt.keys() - keys:
+        raise bad_request(
+            f"'response_format.{key}' is not accepted with type {kind}", f"response_format.{key}"
+        )
+    schema = fmt.get("json_schema")
+    if kind == "json_schema" and not isinstance(schema, dict):
+        raise bad_request(
+            "'response_format.json_schema' must be an object", "response_format.json_schema"
+        )
+    for key in (schema.keys() - JSON_SCHEMA_KEYS) if isinstance(schema, dict) else ():
+        raise bad_request(
+            f"'response_format.json_schema.{key}' is not accepted",
+            f"response_format.json_schema.{key}",
+        )
+    where = "response_format.json_schema" if kind == "json_schema" else "response_format"
+    _grammar(where, fmt, bounds)
+
+
+def _tool_schemas(tools: list[Any], bounds: WorkBounds) -> None:
+    """The tools' parameter schemas become a grammar when a tool call is forced or strict:
+    together they are bounded like any grammar."""
+    schemas = [
+        t["function"].get("parameters")
+        for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    _grammar("tools", [s for s in schemas if s is not None], bounds)
+
+
+def check_token_ids(kind: str, body: dict[str, Any], vocab_size: int | None) -> None:
+    """Every token id a body carries (a prompt given as ids, stop ids, logprob ids,
+    logit_bias keys) is in the model's vocabulary: an id past it indexes past the engine's
+    embedding and logits. Where the vocabulary is not known, ids are not forwarded."""
+    where = "sampling_params." if kind == "generate" else ""
+    sampling = body.get("sampling_params") if kind == "generate" else body
+    found: list[tuple[str, list[int]]] = []
+    ids_field = "prompt" if kind == "completion" else "input_ids"
+    prompt = body.get(ids_field)
+    if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+        found.append((ids_field, prompt))
+    if isinstance(body.get("token_ids_logprob"), list):
+        found.append(("token_ids_logprob", body["token_ids_logprob"]))
+    if isinstance(sampling, dict):
+        if isinstance(sampling.get("stop_token_ids"), list):
+            found.append((where + "stop_token_ids", sampling["stop_token_ids"]))
+        if isinstance(sampling.get("logit_bias"), dict):
+            found.append((where + "logit_bias", [int(k) for k in sampling["logit_bias"]]))
+    for field, ids in found:
+        if vocab_size is None:
+            raise bad_request(
+                f"'{field}' names token ids, which this gateway does not forward: it does not "
+                "know the model's vocabulary (routing.tuning.modelConfig)",
+                field,
+            )
+        bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+        if bad is not None:
+            raise bad_request(
+                f"'{field}' has the token id {bad}, outside the model's vocabulary "
+                f"[0, {vocab_size})",
+                field,
+            )
 
 
 def _generate_logprobs(body: dict[str, Any], bounds: WorkBounds) -> None:

@@ -39,6 +39,9 @@ class Exchange:
     """The request reached an engine (it may have done the work): billed even with no counts."""
     adapter: str | None = None
     """The LoRA adapter it runs with (its base model is `route.model`)."""
+    load_charge: int = 0
+    """Tokens billed for the adapter load this request caused (`lora.loadChargeTokens`,
+    within its reservation)."""
     price: Price | None = None
     """What its model's tokens cost (cost budgets and the cost metric)."""
     gpu_cost: CostConfig | None = None

@@ -40,6 +40,14 @@ from kvfleet_gateway.allowlist import (
 )
 from kvfleet_gateway.config import Limits, Requests
 from kvfleet_gateway.errors import GatewayError, bad_request
+from kvfleet_gateway.field_types import (
+    CHAT_TEMPLATE_KWARGS,
+    SAMPLING_PARAM_TYPES,
+    STREAM_OPTIONS,
+    TYPES,
+    check_object,
+    check_types,
+)
 
 Kind = Literal["chat", "completion", "generate"]
 FALLBACK_MAX_TOKENS = 1024
@@ -65,6 +73,10 @@ TEMPLATE_FIELDS: dict[Kind, frozenset[str]] = {
     "generate": frozenset({"text", "input_ids"}),
 }
 """The fields whose text reaches the engine's tokenizer."""
+TEMPLATE_KWARGS_WHY = (
+    "the engine's template runner renders or executes what chat_template_kwargs holds "
+    "(chat_template would replace the template), so only its switches are forwarded"
+)
 IDS_FIELD: dict[Kind, str] = {"chat": "input_ids", "completion": "prompt", "generate": "input_ids"}
 """Where a prompt given as token ids sits."""
 
@@ -261,13 +273,16 @@ def parse(
     limits: Limits,
     default_model: str | None,
     requests: Requests | None = None,
+    vocab_size: int | None = None,
 ) -> ClientRequest:
+    """The request `body` asks for, checked, bounded and re-encoded for the engine;
+    `vocab_size`: the model's vocabulary, which bounds token ids (None: not known, and token
+    ids are refused)."""
     req = requests or Requests()
     body = dict(body)
     check_fields("", body, ALLOWED[kind], frozenset(req.allow), req.unknown_fields == "drop")
+    check_types("", body, TYPES[kind])
     stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
     model = body.get("model", default_model)
     if kind != "generate" and (not isinstance(model, str) or not model):
         raise bad_request("'model' is required", "model")
@@ -277,13 +292,16 @@ def parse(
     _one(body, "best_of")
 
     if kind == "generate":
-        return _parse_generate(body, stream, model, limits, req)
+        return _parse_generate(body, stream, model, limits, req, vocab_size)
 
     opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or not stream):
-        raise bad_request(
-            "'stream_options' must be an object and needs stream: true", "stream_options"
-        )
+    if opts is not None and not stream:
+        raise bad_request("'stream_options' needs stream: true", "stream_options")
+    if opts is not None:
+        check_object("stream_options.", opts, STREAM_OPTIONS, "not an OpenAI stream option")
+    if body.get("chat_template_kwargs") is not None:
+        check_object("chat_template_kwargs.", body["chat_template_kwargs"],
+                     CHAT_TEMPLATE_KWARGS, TEMPLATE_KWARGS_WHY)  # fmt: skip
     wants_usage = bool(opts and opts.get("include_usage"))
     wants_continuous = bool(opts and opts.get("continuous_usage_stats"))
     overhead = PROMPT_OVERHEAD
@@ -318,6 +336,7 @@ def parse(
     max_tokens = _cap(asked, limits, "max_tokens")
     body["max_tokens"] = max_tokens
     engine_work.check(kind, body, max_tokens, req.bounds)
+    engine_work.check_token_ids(kind, body, vocab_size)
     if stream:
         # Usage in every chunk: a stream cut short is still billed from the engine's counts.
         body["stream_options"] = {
@@ -354,7 +373,12 @@ def _bound(kind: Kind, body: dict[str, Any], wire: bytes, ids: list[int] | None)
 
 
 def _parse_generate(
-    body: dict[str, Any], stream: bool, model: str | None, limits: Limits, req: Requests
+    body: dict[str, Any],
+    stream: bool,
+    model: str | None,
+    limits: Limits,
+    req: Requests,
+    vocab_size: int | None,
 ) -> ClientRequest:
     text, ids = body.get("text"), _token_ids(body.get("input_ids"))
     if isinstance(text, str) and body.get("input_ids") is None:
@@ -376,6 +400,7 @@ def _parse_generate(
         frozenset(req.allow),
         req.unknown_fields == "drop",
     )
+    check_types("sampling_params.", sp, SAMPLING_PARAM_TYPES)
     _one(sp, "n", "sampling_params.")
     asked = _int(sp, "max_new_tokens", 1, "sampling_params.")
     max_tokens = _cap(
@@ -385,6 +410,7 @@ def _parse_generate(
     )
     body["sampling_params"] = {**sp, "max_new_tokens": max_tokens}
     engine_work.check("generate", body, max_tokens, req.bounds)
+    engine_work.check_token_ids("generate", body, vocab_size)
     body.pop("model", None)  # not an SGLang field
     if model is None:
         raise GatewayError(

@@ -135,6 +135,19 @@ def budget_refusal(need: int, state: BudgetState) -> str:
     )
 
 
+BUDGET_SETTLE_RETRY_S = 1.0
+"""Retry-After of a budget refusal that only the tenant's requests in flight cause: each
+settles to what it used when it ends (most use far less than they reserve)."""
+
+
+def budget_retry(state: BudgetState, need: int, until_reset: float) -> float:
+    """When a request needing `need` could be admitted: once the reservations in flight
+    settle, when it fits what was spent; else at the period's reset."""
+    if state.reserved and state.spent + need <= state.limit:
+        return BUDGET_SETTLE_RETRY_S
+    return until_reset
+
+
 def over_concurrency(limit: int) -> str:
     """The 429 of a tenant with `limit` requests in flight already."""
     return f"{limit} concurrent requests already running"
@@ -162,8 +175,10 @@ class Quota:
 
     @property
     def budget_remaining(self) -> int | None:
-        """What `x-kvfleet-budget-remaining-tokens` says: what a new request may reserve."""
-        return None if self.budget is None else self.budget.available
+        """What `x-kvfleet-budget-remaining-tokens` says: the budget less what settled
+        requests were billed (requests in flight, this one included, are reported apart:
+        `x-kvfleet-budget-reserved-tokens`)."""
+        return None if self.budget is None else self.budget.left
 
 
 @dataclass(frozen=True)
@@ -317,9 +332,8 @@ class MemoryStore:
                 return reject("budget", None, budget_too_small(bneed, budget.limit, budget.unit))
             if used + st.reserved + bneed > budget.limit:
                 state = BudgetState(budget.limit, used, st.reserved, unit=budget.unit)
-                return reject(
-                    "budget", (period + 1) * budget.period - now, budget_refusal(bneed, state)
-                )
+                retry = budget_retry(state, bneed, period_end(period, budget.period) - now)
+                return reject("budget", retry, budget_refusal(bneed, state))
         st.leases[ticket.lease_id] = (now + ticket.lease_ttl_s, bneed)
         st.reserved += bneed
         st.requests[sec] = st.requests.get(sec, 0) + 1

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,10 @@ class AdapterManager:
     in_use: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(backend, adapter) → requests running with it there (never unloaded while running)."""
     last_used: dict[tuple[str, str], float] = field(default_factory=dict)
+    loaded_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(backend, adapter) → when this gateway loaded it there (`min_residency`)."""
+    tenant_loads: dict[str, deque[float]] = field(default_factory=dict)
+    """Tenant → when its requests caused loads, within the last minute."""
     _locks: dict[str, asyncio.Semaphore] = field(default_factory=dict)
     _sources: dict[str, AdapterSource] = field(init=False)
 
@@ -135,11 +140,27 @@ class AdapterManager:
         if self.in_use[key] <= 0:
             del self.in_use[key]
 
+    def _check_tenant_rate(self, tenant: str, now: float) -> None:
+        """A 429 when `tenant`'s requests caused `tenantLoadsPerMinute` loads in the last
+        minute: loads are replica time every tenant shares."""
+        loads = self.tenant_loads.setdefault(tenant, deque())
+        while loads and loads[0] <= now - 60.0:
+            loads.popleft()
+        limit = self.config.tenant_loads_per_minute
+        if len(loads) >= limit:
+            retry = {"Retry-After": str(max(1, math.ceil(loads[0] + 60.0 - now)))}
+            raise GatewayError(429, f"this key caused {limit} adapter loads in the last minute"
+                               " (lora.tenantLoadsPerMinute); use an adapter a replica holds,"
+                               " or retry later", "requests", "adapter_loads_exceeded",
+                               headers=retry)  # fmt: skip
+
     async def ensure(self, session: aiohttp.ClientSession, backend: Backend, adapter: str,
-                     base: str) -> None:  # fmt: skip
-        """Make `backend` hold `adapter` (a 503 when it cannot be loaded there)."""
+                     base: str, tenant: str = "") -> bool:  # fmt: skip
+        """Make `backend` hold `adapter` (a 503 when it cannot be loaded there, a 429 when
+        `tenant` caused too many loads); True when it was loaded for this request."""
         if adapter in backend.adapters:
-            return
+            return False
+        self._check_tenant_rate(tenant, time.monotonic())
         source = self.sources().get(adapter)
         if source is None:
             raise GatewayError(503, f"no replica holds the adapter '{adapter}' and the gateway"
@@ -150,7 +171,7 @@ class AdapterManager:
         )
         async with lock:
             if adapter in backend.adapters:  # another request loaded it meanwhile
-                return
+                return False
             await self._make_room(session, backend)
             body = {"lora_name": adapter, "lora_path": source.path}
             answer = await self._post(session, backend, "/load_lora_adapter", body)
@@ -160,14 +181,27 @@ class AdapterManager:
                                    "server_error", "adapter_unavailable")  # fmt: skip
             backend.adapters = {n: base for n in (answer.get("loaded_adapters") or {adapter: ""})}
             backend.adapters_changed += 1
+            now = time.monotonic()
+            self.loaded_at[(backend.url, adapter)] = now
+            self.tenant_loads.setdefault(tenant, deque()).append(now)
             log.info("loaded adapter %s on %s", adapter, backend.url)
+            return True
 
     async def _make_room(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         """Unload the least recently used adapter not in use when the replica is full."""
-        held = list(backend.adapters)
-        busy = {n for n in held if self.in_use.get((backend.url, n))}
-        used = {n: self.last_used.get((backend.url, n), 0.0) for n in held}
-        victim = eviction(held, busy, used, self.config.max_adapters_per_replica)
+        held, url, now = list(backend.adapters), backend.url, time.monotonic()
+        busy = {n for n in held if self.in_use.get((url, n))}
+        used = {n: self.last_used.get((url, n), 0.0) for n in held}
+        bound, residency = self.config.max_adapters_per_replica, float(self.config.min_residency)
+        loaded = {n: self.loaded_at[(url, n)] for n in held if (url, n) in self.loaded_at}
+        young = {n: t + residency - now for n, t in loaded.items() if now - t < residency}
+        victim = eviction(held, busy | young.keys(), used, bound)
+        if victim is None and young and eviction(held, busy, used, bound) is not None:
+            # Only adapters loaded moments ago could make room: churn waits for them.
+            retry = {"Retry-After": str(max(1, math.ceil(min(young.values()))))}
+            raise GatewayError(503, "every adapter this replica could unload was loaded within"
+                               f" lora.minResidency ({residency:g}s); retry shortly",
+                               "server_error", "adapter_unavailable", headers=retry)  # fmt: skip
         if victim is None:
             return
         answer = await self._post(session, backend, "/unload_lora_adapter", {"lora_name": victim})
@@ -175,6 +209,7 @@ class AdapterManager:
             backend.adapters.pop(victim, None)
             backend.adapters_changed += 1
             self.last_used.pop((backend.url, victim), None)
+            self.loaded_at.pop((backend.url, victim), None)
             log.info("unloaded adapter %s on %s (least recently used)", victim, backend.url)
 
     @staticmethod

@@ -30,6 +30,7 @@ from kvfleet_gateway.kv_events.prompts import PromptTokenizer
 from kvfleet_gateway.kv_events.streams import KvEventStreams
 from kvfleet_gateway.lora import AdapterManager, Target, resolve
 from kvfleet_gateway.metrics import GatewayMetrics
+from kvfleet_gateway.model_config import read_model_config
 from kvfleet_gateway.proxy import Proxy
 from kvfleet_gateway.routing import EventIndex, Policy, make_policy, priors_for
 from kvfleet_gateway.routing.least_load import LeastLoad
@@ -51,6 +52,9 @@ class ModelPool:
     events: EventIndex | None = None
     """Exact prefix state from the engines' KV events (prefixIndex.source: events)."""
     prompts: PromptTokenizer | None = None
+    vocab_size: int | None = None
+    """The model's vocabulary (from routing.tuning.modelConfig): token ids are bounded by it;
+    None: not known, and requests with token ids are refused."""
     proxy: Proxy | None = None
     """Set while the pool runs (it needs the gateway's HTTP session)."""
     models: dict[str, ModelConfig] = field(init=False)
@@ -113,6 +117,7 @@ def build_pool(pc: PoolConfig, config: GatewayConfig, metrics: GatewayMetrics) -
     except ValueError as e:
         raise ConfigError("routing.tuning.modelConfig", str(e)) from None
     log.info("pool %s: routing priors: %s", pc.name, priors)
+    vocab = read_model_config(Path(t.model_config)).vocab_size if t.model_config else None
     policy = make_policy(pc.routing.policy, t, events, priors)
     # Disaggregated: the policy picks prefill engines (where prefixes are cached); decode
     # engines hold no prefix cache, so the least loaded takes the decode half.
@@ -132,6 +137,7 @@ def build_pool(pc: PoolConfig, config: GatewayConfig, metrics: GatewayMetrics) -
         prefill=prefill,
         events=events,
         prompts=prompts,
+        vocab_size=vocab,
     )
 
 
@@ -242,8 +248,11 @@ class PoolSet:
         name = self._index.get(model) or self._index.get(model.rpartition(":")[0])
         pool = self.pools.get(name) if name else None
         if pool is None:  # learned names: engines' models and adapters, or one pool's
-            pool = next((p for p in self.pools.values()
-                         if model in p.served() or model in p.adapters()), self.only())  # fmt: skip
+            learned = [p for p in self.pools.values()
+                       if model in p.served() or model in p.adapters()]  # fmt: skip
+            if len(learned) > 1:  # claimed by several services' engines: none is sure
+                return None
+            pool = learned[0] if learned else self.only()
         if pool is None:
             return None
         served = pool.served()  # once per request: it walks the pool's replicas

@@ -68,6 +68,10 @@ USAGE_DRAIN_S = 0.5
 """After a client leaves mid-stream, how long the gateway keeps reading the engine's chunks
 for its latest token counts before it cuts the connection (the engine then aborts)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
+CLIENT_GONE: tuple[type[Exception], ...] = (OSError, aiohttp.ClientConnectionError)
+"""What a write to a client that left raises: aiohttp's ClientConnectionResetError, the
+ConnectionError('Connection lost') of a paused writer whose peer reset, a broken pipe, a
+write timeout (TimeoutError is an OSError). Each ends the stream as "client gone"."""
 DONE = b"data: [DONE]"
 log = logging.getLogger("kvfleet.gateway")
 _decode = msgspec.json.Decoder().decode
@@ -178,7 +182,8 @@ class Proxy:
             tried.add(key)
             if ex.adapter is not None and self.lora is not None:
                 try:
-                    await self.lora.ensure(self.session, backend, ex.adapter, model)
+                    if await self.lora.ensure(self.session, backend, ex.adapter, model, ex.tenant):
+                        ex.load_charge = self.lora.config.load_charge_tokens
                 except GatewayError:
                     self.policy.on_finished(ex.route, backend.url)  # the placement is void
                     raise
@@ -386,7 +391,7 @@ class Proxy:
         resp = web.StreamResponse(status=200, headers={**headers, **SSE_HEADERS})
         try:
             await resp.prepare(request)  # rate-limit headers reach the client before any token
-        except ConnectionResetError:  # it left before its first byte: the engine aborts
+        except CLIENT_GONE:  # it left before its first byte: the engine aborts
             log.info("client of %s left before its first byte: status 499", ex.tenant)
             ex.client_gone, ex.status = True, 499
             return resp
@@ -445,7 +450,7 @@ class Proxy:
             if failure is not None:
                 async with asyncio.timeout(t.client_write):
                     await resp.write(replies.error_event(failure))
-        except (ConnectionResetError, TimeoutError):
+        except CLIENT_GONE:
             ex.client_gone = True  # client hung up: stop writing, the engine aborts
             ex.status = 499
         except Exception:
@@ -453,7 +458,7 @@ class Proxy:
             # the client must still see the stream end with an error, not hang.
             log.exception("relaying a stream failed for tenant %s", ex.tenant)
             ex.status = 500
-            with contextlib.suppress(ConnectionResetError, TimeoutError):
+            with contextlib.suppress(*CLIENT_GONE):
                 async with asyncio.timeout(t.client_write):
                     await resp.write(replies.error_event("internal error in the gateway"))
         if ex.client_gone and not ended:
@@ -461,7 +466,7 @@ class Proxy:
         if ex.usage is None and ex.last_event:
             self._observe(ex, ex.last_event, final=True)
         if not ex.client_gone:
-            with contextlib.suppress(ConnectionResetError):
+            with contextlib.suppress(*CLIENT_GONE):
                 await resp.write_eof()
         return resp
 

@@ -5,6 +5,8 @@ slot (a script may only touch keys of one slot)."""
 
 from __future__ import annotations
 
+from kvfleet_gateway.limiter import BUDGET_SETTLE_RETRY_S
+
 _COMMON = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -79,7 +81,11 @@ if tpm >= 0 and need > tpm then return out(0, 'tokens', '') end
 if tpm >= 0 and ntok + need > tpm then return out(0, 'tokens', wait(tb, ntok, need, tpm)) end
 if btok >= 0 then
   if bneed > btok then return out(0, 'budget', '') end
-  if used + reserved + bneed > btok then return out(0, 'budget', (period + 1) * bper - now) end
+  if used + reserved + bneed > btok then
+    -- fits once the requests in flight settle: soon; else only the next period
+    if used + bneed <= btok then return out(0, 'budget', BUDGET_SETTLE_RETRY_S) end
+    return out(0, 'budget', (period + 1) * bper - now)
+  end
 end
 redis.call('ZADD', leases, now + ttl, id)
 redis.call('HSET', resv, id, bneed)
@@ -94,7 +100,7 @@ table.insert(tb, {sec, need})
 table.sort(rb, function(a, b) return a[1] < b[1] end)
 table.sort(tb, function(a, b) return a[1] < b[1] end)
 return out(1, '', '')
-"""
+""".replace("BUDGET_SETTLE_RETRY_S", repr(BUDGET_SETTLE_RETRY_S))
 )
 
 SETTLE = """

@@ -83,7 +83,7 @@ PAD = " word" * 60_000  # 60,000 words: ~60,000 tokens for any real tokenizer
 
 @pytest.mark.parametrize(
     "door",
-    ["role", "name", "tools", "tool_calls", "chat_template_kwargs", "text_part", "system"],
+    ["role", "name", "tools", "tool_calls", "text_part", "system"],
 )
 async def test_no_field_gets_a_prompt_around_the_budget(
     door: str, sim_server: Any, gateway_server: Any, tmp_path: Path
@@ -105,8 +105,6 @@ async def test_no_field_gets_a_prompt_around_the_budget(
             "role": "assistant",
             "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": PAD}}],
         }
-    elif door == "chat_template_kwargs":
-        body["chat_template_kwargs"] = {"x": PAD}
     elif door == "text_part":
         m["content"] = [{"type": "text", "text": PAD}]
     elif door == "system":

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvfleet_gateway.config import Duration, Limits, TokenBudget
-from kvfleet_gateway.limiter import LimitStore, MemoryStore, Ticket
+from kvfleet_gateway.limiter import BUDGET_SETTLE_RETRY_S, LimitStore, MemoryStore, Ticket
 from kvfleet_gateway.redis_store import RedisStore
 from tests.support.gateway import budget_in_use
 
@@ -61,13 +61,19 @@ async def test_heartbeat_keeps_a_long_request_alive(store: Any) -> None:
 async def test_budget_reserves_then_settles_to_real_usage(store: Any) -> None:
     lim = Limits(token_budget=TokenBudget(tokens=1000, period=Duration(86400)))
     a = await store.admit(ticket(lim, need=600))
-    assert a.admitted and a.quota.budget_remaining == 400
+    assert a.admitted and a.quota.budget_remaining == 1000  # settled: none yet
+    assert a.quota.budget is not None and a.quota.budget.reserved == 600
     refused = await store.admit(ticket(lim, need=600))
     assert not refused.admitted and refused.reason == "budget"
-    assert refused.retry_after_s is not None and 0 < refused.retry_after_s <= 86400
+    # It fits once the request in flight settles: retry soon, not at the period's reset.
+    assert refused.retry_after_s == BUDGET_SETTLE_RETRY_S
     assert await store.settle(a.lease, 150, time.time())  # used far less than reserved
     assert await budget_in_use(store, "t", lim, time.time()) == 150
-    assert (await store.admit(ticket(lim, need=600))).admitted
+    b = await store.admit(ticket(lim, need=600))
+    assert b.admitted
+    spent = await store.admit(ticket(lim, need=900))  # 150 spent + 900 > 1000: the reset
+    assert not spent.admitted and spent.retry_after_s is not None
+    assert BUDGET_SETTLE_RETRY_S < spent.retry_after_s <= 86400
     too_big = await store.admit(ticket(lim, need=5000))
     assert not too_big.admitted and too_big.retry_after_s is None
 

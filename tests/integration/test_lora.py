@@ -158,12 +158,13 @@ async def test_a_replica_at_its_adapter_bound_unloads_the_least_recently_used(
 ) -> None:
     import dataclasses
 
-    from kvfleet_gateway.config import AdapterSource, Lora
+    from kvfleet_gateway.config import AdapterSource, Duration, Lora
     from tests.support.gateway import gateway_config
 
     engine = await lora_sim(sim_server, per_batch=2)  # holds sql
     sources = tuple(AdapterSource(name=n, path=f"/adapters/{n}") for n in ADAPTERS)
-    lora = Lora(adapters=sources, max_adapters_per_replica=2)
+    # (chat is unloaded moments after its load: no minimum residency here)
+    lora = Lora(adapters=sources, max_adapters_per_replica=2, min_residency=Duration(0))
     config = dataclasses.replace(gateway_config([engine]), lora=lora)
     url = await gateway_server(config)
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)

@@ -70,6 +70,18 @@ def test_round_trip_is_exact() -> None:
         ({"auth": {}}, "auth.keysFile: auth.keysFile is required"),
         ({"limtis": {}}, "limtis: unknown field"),
         ({"limits": {"defaults": {"maxTokens": 10, "defaultMaxTokens": 20}}}, "defaultMaxTokens"),
+        # Issue 55, finding 7: a negative price was budget credit.
+        (
+            {"models": [{"name": "m", "price": {"prompt": 1, "output": 1, "cached": -1e6}}]},
+            "models[0].price.cached: -1000000.0 is below the minimum 0",
+        ),
+        (
+            {"models": [{"name": "m", "price": {"prompt": -1, "output": 1}}]},
+            "models[0].price.prompt: -1.0 is below the minimum 0",
+        ),
+        # Issue 55, finding 6: an alias `<base>:<adapter>` claimed another service's adapter.
+        ({"models": [{"name": "m", "aliases": ["llama-3.1-8b:sql"]}]}, "models[0].aliases[0]"),
+        ({"models": [{"name": "llama:sql"}]}, "models[0].name"),
     ],
 )
 def test_errors_name_the_field(patch: dict[str, object], message: str) -> None:
@@ -126,3 +138,28 @@ def test_keys_are_hashes_and_raw_keys_are_never_echoed() -> None:
     assert "my-raw-key-123" not in str(err.value) and "sha256:" in str(err.value)
     with pytest.raises(ConfigError, match="appears twice"):
         KeyRing.parse({"tenants": [{"name": "a", "keys": []}, {"name": "a", "keys": []}]})
+
+
+def test_a_name_several_pools_engines_report_is_routed_to_none() -> None:
+    """Issue 55, finding 6: on a shared gateway, a name is routed to the one pool that
+    claims it; an adapter name that the engines of two services both report (neither
+    configured it) goes to neither, rather than to whichever pool comes first."""
+    from kvfleet_gateway.backends import Backend
+    from kvfleet_gateway.metrics import GatewayMetrics
+    from kvfleet_gateway.pools import PoolSet
+
+    pools = [
+        {"name": f"ns/{n}", "models": [{"name": n}],
+         "backends": {"static": [f"http://{n}:30000"]}}
+        for n in ("a", "b")
+    ]  # fmt: skip
+    doc = {"auth": {"insecureNoAuth": True}, "pools": pools}
+    pool_set = PoolSet(GatewayConfig.from_dict(doc), GatewayMetrics())
+    for name, pool in pool_set.pools.items():
+        backend = Backend(f"http://{name[3:]}:30000")
+        backend.adapters = {"shared": name[3:], f"only-{name[3:]}": name[3:]}
+        pool.backends.backends[backend.url] = backend
+    found = pool_set.find("only-b")
+    assert found is not None and found[0].name == "ns/b"
+    assert pool_set.find("shared") is None
+    assert pool_set.find("a:only-b") is None  # b's adapter never reaches a's engines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfleet_kernel.schema import fld
+from kvfleet_kernel.schema import Duration, fld
 
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """A LoRA adapter's name (what clients put in `model`): the gateway's and the CRD's rule."""
@@ -35,3 +35,22 @@ class Lora:
         minimum=1,
     )
     max_concurrent_loads: int = fld(1, "Adapter loads at once on one replica.", minimum=1)
+    tenant_loads_per_minute: int = fld(
+        10,
+        "Adapter loads one tenant's requests may cause per minute on this gateway; past it, a"
+        " request whose adapter no replica holds is refused with 429 (requests for held"
+        " adapters still pass).",
+        minimum=1,
+    )
+    load_charge_tokens: int = fld(
+        512,
+        "Tokens billed to the tenant whose request caused an adapter load (reserved with every"
+        " adapter request, settled only when it loaded; at the prompt price on cost budgets):"
+        " a load costs the replica what a prompt of that size does.",
+        minimum=0,
+    )
+    min_residency: Duration = fld(
+        Duration(10),
+        "An adapter loaded more recently than this is not unloaded to make room: one tenant"
+        " cycling adapters cannot evict another's faster (past it, 503 with Retry-After).",
+    )

@@ -9,6 +9,10 @@ from typing import ClassVar, Literal
 from kvfleet_gateway.routing import DEFAULT_POLICY, POLICY_NAMES, KvfleetTuning
 from kvfleet_kernel.schema import Duration, Rule, fld
 
+MODEL_NAME_PATTERN = r"^[^:\s]+$"
+"""A served model name or alias: no `:` (it separates `<base>:<adapter>`, so an alias
+`base:adapter` would claim another service's adapter on a shared gateway), no whitespace."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Price:
@@ -41,12 +45,21 @@ class Price:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: str = fld(doc="Served model name, as clients send it in `model`.")
+    name: str = fld(
+        doc="Served model name, as clients send it in `model` (no `:`: it separates an"
+        " adapter, `<base>:<adapter>`).",
+        pattern=MODEL_NAME_PATTERN,
+        max_length=256,
+    )
     context_length: int | None = fld(
         None, "Context length; unset: learned from the backends' /v1/models.", minimum=1
     )
     aliases: tuple[str, ...] = fld(
-        (), "Other names clients may send in `model` for it.", max_items=32
+        (),
+        "Other names clients may send in `model` for it (no `:`, as names).",
+        max_items=32,
+        pattern=MODEL_NAME_PATTERN,
+        max_length=256,
     )
     price: Price | None = fld(
         None, "What its tokens cost (cost budgets and metrics); unset: it costs nothing."
