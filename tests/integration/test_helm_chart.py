@@ -15,7 +15,7 @@ import yaml
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.crd import crd_yaml, stale_chart_files
 from tests.conftest import dev_binary, kubectl_binary
-from tests.support.cluster import cluster_config
+from tests.support.cluster import real_cluster_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvfleet"
@@ -59,7 +59,9 @@ def kustomize(directory: str) -> dict[Key, dict[str, Any]]:
 
 
 def test_the_chart_renders_the_objects_of_the_kustomize_base() -> None:
-    chart, base = helm("--include-crds"), kustomize("manifests")
+    # With its Namespace, as `helm template` renders it for GitOps.
+    chart = helm("--include-crds", "--set", "createNamespace=true")
+    base = kustomize("manifests")
     assert sorted(chart) == sorted(base)
     for key in base:
         assert chart[key] == base[key], key
@@ -67,7 +69,10 @@ def test_the_chart_renders_the_objects_of_the_kustomize_base() -> None:
 
 
 def test_namespaced_mode_renders_the_objects_of_manifests_namespaced() -> None:
-    chart = helm("--include-crds", "--set", "rbac.scope=namespace", "--set", "rbac.namespaces={ai}")
+    chart = helm(
+        "--include-crds", "--set", "createNamespace=true",
+        "--set", "rbac.scope=namespace", "--set", "rbac.namespaces={ai}",
+    )  # fmt: skip
     overlay = kustomize("manifests/namespaced")
     assert sorted(chart) == sorted(overlay)
     for key in overlay:
@@ -164,12 +169,12 @@ def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:
 
 
 async def test_helm_install_prints_no_warning(tmp_path: Path) -> None:
-    """`helm install` of the chart on a fresh cluster, as the README types it: deployed, and
-    not a word about symbolic links (it printed six)."""
-    async with LocalCluster(cluster_config(tmp_path, crds=False)) as cluster:
+    """`helm install` of the chart on a fresh cluster — the real API server — as the README
+    types it: deployed, and not a word about symbolic links (it printed six)."""
+    async with LocalCluster(real_cluster_config(tmp_path, crds=False, nodes=False)) as cluster:
         proc = await asyncio.create_subprocess_exec(
             dev_binary("helm"), "install", "kvfleet", str(CHART), "--namespace",
-            "kvfleet-system", "--kubeconfig", str(cluster.kubeconfig),
+            "kvfleet-system", "--create-namespace", "--kubeconfig", str(cluster.kubeconfig),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = (b.decode() for b in await asyncio.wait_for(proc.communicate(), 120))

@@ -11,6 +11,7 @@ stopped; the few the shell cannot run here name where they are run instead."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -142,12 +143,15 @@ def run_commands(commands: list[str], tmp: Path, timeout_s: float = 300) -> str:
         work.mkdir()
         for d in ("manifests", "crds", "examples", "charts", "tests/data"):
             shutil.copytree(ROOT / d, work / d, symlinks=True)
-    tools = (sys.executable, kubectl_binary(), dev_binary("helm"))
+    # Go too: `kvfleet cluster up` finds the control plane it built by Go's version, in the
+    # user's cache (a fresh HOME here, so the cache is named).
+    tools = (sys.executable, kubectl_binary(), dev_binary("helm"), require_binary("go"))
     bins = dict.fromkeys(str(Path(t).parent) for t in tools)
     env = {
         "PATH": ":".join([*bins, "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(tmp),
         "LANG": "C.UTF-8",
+        "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"),
     }
     script = _script(commands, tmp)
     done = subprocess.run(

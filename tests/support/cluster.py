@@ -21,6 +21,7 @@ import pytest
 from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_localcluster.local import LocalClusterConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
@@ -56,6 +57,27 @@ def cluster_config(
         namespace="ai",
         resync_s=0.2,
         controllers=controllers,
+        kubelet=KubeletConfig(
+            **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
+        ),
+    )
+
+
+def real_cluster_config(
+    tmp: Path, crds: bool = True, nodes: bool = True, lws: bool = False, **kubelet: Any
+) -> LocalClusterConfig:
+    """The local cluster on the real control plane (built from its Go modules; skipped without
+    Go here, a failure in CI): `crds/` applied unless `crds` is False, namespace `ai` in its
+    kubeconfig, one node agent (`nodes` False: none, pods stay Pending) whose pods turn Ready
+    after 50 ms without processes unless `run_processes=True`."""
+    require_control_plane()
+    return LocalClusterConfig(
+        kubeconfig=tmp / "kubeconfig",
+        crds_dir=ROOT / "crds" if crds else None,
+        monitoring_crds=False,
+        lws=lws,
+        namespace="ai",
+        controllers=nodes,
         kubelet=KubeletConfig(
             **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
         ),
