@@ -280,3 +280,17 @@ async def test_no_component_outlives_its_owner_killed_by_sigkill(binaries: Binar
         return not any(_alive(pid) for pid in pids.values())
 
     await until(all_gone, 30, "every component to exit")
+
+
+async def test_a_service_account_token_logs_in_as_its_account(cp: ControlPlane) -> None:
+    async def default_account() -> bool:
+        code, _, _ = await kubectl(cp, "get", "serviceaccount", "default", "-n", "demo")
+        return code == 0
+
+    await until(default_account, 30, "the ServiceAccount controller's default account")
+    token = await cp.service_account_token("demo", "default", seconds=600)
+    whoami = json.loads(await kubectl_ok(cp, "auth", "whoami", "-o", "json", "--token", token))
+    assert whoami["status"]["userInfo"]["username"] == "system:serviceaccount:demo:default"
+    # RBAC is on: the account may not list Secrets until a Role grants it.
+    code, _, err = await kubectl(cp, "get", "secrets", "-n", "demo", "--token", token)
+    assert code != 0 and "forbidden" in err.lower()
