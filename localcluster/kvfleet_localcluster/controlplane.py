@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -128,9 +129,11 @@ class ControlPlane:
     _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.config.state_dir is None:
+        state_dir = self.config.state_dir
+        if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cp-")
-        self.state_dir = (self.config.state_dir or Path(self._tmp.name)).resolve()  # type: ignore[union-attr]
+            state_dir = Path(self._tmp.name)
+        self.state_dir = state_dir.resolve()
         self.files = args.Files(self.state_dir)
         self.ports = args.Ports(*_free_ports(7))
         self.url = f"https://{args.HOST}:{self.ports.apiserver}"
@@ -229,8 +232,6 @@ class ControlPlane:
 
     def session(self) -> aiohttp.ClientSession:
         """An admin session on the API server (base URL set, CA trusted)."""
-        import ssl
-
         ctx = ssl.create_default_context(cadata=self.ca_pem.decode())
         return aiohttp.ClientSession(
             self.url,
