@@ -5,7 +5,7 @@ kube-controller-manager, kube-scheduler and (optionally) the LeaderWorkerSet con
         cp.kubeconfig  # an admin (system:masters) kubeconfig with a bearer token
 
 Each control plane has its own loopback ports and state directory, so several run at once.
-Every process is in a process group of its own and gets SIGTERM if this process dies, even by
+Every process is in a process group of its own and is killed if this process dies, even by
 SIGKILL (PR_SET_PDEATHSIG): no orphan keeps a port or writes to a removed directory.
 """
 
@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -38,6 +40,7 @@ from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.pki import CertificateAuthority, service_account_key_pair
 
 Json = dict[str, Any]
+log = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 30
 ADMIN_USER = "kvfleet-admin"
@@ -81,10 +84,12 @@ class ControlPlaneConfig:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """SIGKILL, not SIGTERM: on SIGTERM kube-apiserver shuts down gracefully, which waits on
+    an etcd dying beside it (measured: still running minutes later); no one is left to wait."""
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _free_ports(count: int) -> list[int]:
@@ -118,13 +123,17 @@ class ControlPlane:
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     startup_s: float = 0.0
     """Seconds from the first process started to every component ready."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the start to each step's end (where the startup time goes)."""
     _procs: dict[str, _Process] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.config.state_dir is None:
+        state_dir = self.config.state_dir
+        if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvfleet-cp-")
-        self.state_dir = (self.config.state_dir or Path(self._tmp.name)).resolve()  # type: ignore[union-attr]
+            state_dir = Path(self._tmp.name)
+        self.state_dir = state_dir.resolve()
         self.files = args.Files(self.state_dir)
         self.ports = args.Ports(*_free_ports(7))
         self.url = f"https://{args.HOST}:{self.ports.apiserver}"
@@ -155,7 +164,10 @@ class ControlPlane:
         f.pki.mkdir(parents=True, exist_ok=True)
         replace_file(f.cert("ca"), self.ca.cert_pem.decode())
         replace_file(f.key("ca"), self.ca.key_pem.decode(), mode=0o600)
+        front_proxy = CertificateAuthority.create()
+        replace_file(f.cert("front-proxy-ca"), front_proxy.cert_pem.decode())
         leaves = {
+            "front-proxy-client": front_proxy.sign("front-proxy-client", client=True),
             "apiserver": self.ca.sign("kube-apiserver", [args.HOST, "localhost", "kubernetes"]),
             "apiserver-kubelet-client": self.ca.sign("kube-apiserver-kubelet-client", client=True),
             "lws-webhook": self.ca.sign("lws-webhook", [args.HOST]),
@@ -220,8 +232,6 @@ class ControlPlane:
 
     def session(self) -> aiohttp.ClientSession:
         """An admin session on the API server (base URL set, CA trusted)."""
-        import ssl
-
         ctx = ssl.create_default_context(cadata=self.ca_pem.decode())
         return aiohttp.ClientSession(
             self.url,
@@ -237,19 +247,22 @@ class ControlPlane:
             return result
 
     async def apply(self, docs: list[Json]) -> None:
-        """Server-side apply of cluster-scoped setup objects (APPLY_KINDS)."""
+        """Server-side apply of cluster-scoped setup objects (APPLY_KINDS), all at once: a
+        large CRD takes the API server seconds to validate (LeaderWorkerSet's about 4 s)."""
         for doc in docs:
             if doc["kind"] not in APPLY_KINDS:
                 raise ValueError(f"apply installs {sorted(APPLY_KINDS)}, not {doc['kind']}")
-            group_version = doc["apiVersion"]
-            path = f"/apis/{group_version}/{doc['kind'].lower()}s/{doc['metadata']['name']}"
-            await self.request(
-                "PATCH",
-                path,
-                params={"fieldManager": "kvfleet-controlplane", "force": "true"},
-                data=yaml.safe_dump(doc),
-                headers={"Content-Type": "application/apply-patch+yaml"},
-            )
+        await asyncio.gather(*(self._apply_one(doc) for doc in docs))
+
+    async def _apply_one(self, doc: Json) -> None:
+        path = f"/apis/{doc['apiVersion']}/{doc['kind'].lower()}s/{doc['metadata']['name']}"
+        await self.request(
+            "PATCH",
+            path,
+            params={"fieldManager": "kvfleet-controlplane", "force": "true"},
+            data=yaml.safe_dump(doc),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
 
     async def wait_established(self, crds: list[Json]) -> None:
         for crd in crds:
@@ -340,16 +353,23 @@ class ControlPlane:
             ),
         )
         await self._wait("kube-apiserver /readyz", self._apiserver_ready)
+        self._mark("kube-apiserver ready", started)
+        # The CRDs before the controllers: each new CRD makes every discovery client (the
+        # garbage collector's, the quota controller's) look again, which is slow when all
+        # of them start at once.
+        await self._ensure_namespace(self.config.namespace)
+        crds = self._crds(binaries)
+        await self.apply(crds)
+        self._mark("CRDs applied", started)
         kcm = binaries.path("kube-controller-manager")
         await self._spawn("kube-controller-manager", args.controller_manager(kcm, f, ports))
         sched = binaries.path("kube-scheduler")
         await self._spawn("kube-scheduler", args.scheduler(sched, f, ports))
-        await self._ensure_namespace(self.config.namespace)
-        crds = self._crds(binaries)
-        await self.apply(crds)
         if self.config.lws:
             await self._start_lws(binaries)
+            self._mark("lws-controller ready", started)
         await self.wait_established(crds)
+        self._mark("CRDs established", started)
         for name, port in (
             ("kube-controller-manager", ports.controller_manager),
             ("kube-scheduler", ports.scheduler),
@@ -357,6 +377,10 @@ class ControlPlane:
             url = f"https://{args.HOST}:{port}/healthz"
             await self._wait(f"{name} /healthz", functools.partial(self._http_ok, url))
         self.startup_s = time.monotonic() - started
+        log.info("control plane %s ready in %.1f s: %s", self.url, self.startup_s, self.phases)
+
+    def _mark(self, phase: str, started: float) -> None:
+        self.phases[phase] = round(time.monotonic() - started, 2)
 
     def _crds(self, binaries: Binaries) -> list[Json]:
         paths = list(binaries.monitoring_crds) if self.config.monitoring_crds else []

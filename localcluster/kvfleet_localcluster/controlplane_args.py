@@ -101,6 +101,16 @@ def apiserver(
         f"--service-cluster-ip-range={service_range}",
         f"--kubelet-client-certificate={files.cert('apiserver-kubelet-client')}",
         f"--kubelet-client-key={files.key('apiserver-kubelet-client')}",
+        # The aggregation layer's front proxy, as kubeadm sets it up: its CA completes the
+        # `extension-apiserver-authentication` ConfigMap the controller manager, the scheduler
+        # and any aggregated API server authenticate requests with.
+        f"--requestheader-client-ca-file={files.cert('front-proxy-ca')}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={files.cert('front-proxy-client')}",
+        f"--proxy-client-key-file={files.key('front-proxy-client')}",
         "--allow-privileged=true",
         "--profiling=false",
         *extra,
