@@ -136,7 +136,12 @@ def controller_manager(binary: Path, files: Files, ports: Ports) -> list[str]:
     return [
         str(binary),
         *_delegated(files, "kube-controller-manager", ports.controller_manager),
-        "--controllers=*",
+        # Pods here have loopback addresses, which a real API server refuses in Endpoints and
+        # EndpointSlices: those controllers would only post a Warning on every Service, so
+        # they do not run and Services keep no endpoints (pods resolve Service names from the
+        # node's Service table; kvfleet reads no EndpointSlice).
+        "--controllers=*,-endpoints-controller,-endpointslice-controller,"
+        "-endpointslice-mirroring-controller",
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={files.key('sa')}",
         f"--root-ca-file={files.cert('ca')}",

@@ -9,11 +9,13 @@ as local processes (`cluster_nodes.py`).
 One implementation serves the tests, the demo and `kvfleet cluster up`.
 
 Networking: pods get loopback addresses (127.<range>.x.y, `addresses.py`), bound by their
-processes. A real API server refuses loopback addresses in EndpointSlices and for pod
-proxying, so the EndpointSlice controller writes no endpoints for Services here and
-`kubectl proxy`-style pod proxying is refused; Service names resolve inside pods from the
-node's Service table instead (`services.py`), and nothing in kvfleet reads EndpointSlices
-(the gateway discovers engine pods by label).
+processes. A real API server refuses loopback addresses in Endpoints and EndpointSlices and
+for its pod proxy (`.../pods/NAME/proxy`), so the Endpoints and EndpointSlice controllers do
+not run (they would post a Warning on every Service) and Services keep no endpoints, and the
+pod proxy is refused. Everything else works: Service names resolve inside pods from the
+node's Service table (`services.py`), `kubectl logs` and `port-forward` go through the node
+agent's kubelet API, and nothing in kvfleet reads EndpointSlices (the gateway discovers
+engine pods by label).
 """
 
 from __future__ import annotations
