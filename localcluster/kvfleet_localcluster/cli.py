@@ -45,7 +45,7 @@ def cluster() -> None:
     multiple=True,
     metavar="NAME[:GPUS[:PRODUCT]]",
     help="A simulated node (repeatable), e.g. gpu-a:8:NVIDIA-H100-80GB-HBM3 or cpu-a:0; "
-    "default: one node of 8 H100s.",
+    "default: six nodes of 8 H100s, one each of 8 H200s, A100s and L40Ss.",
 )
 @click.option("--no-lws", is_flag=True, help="Do not run the LeaderWorkerSet controller.")
 @click.option(

@@ -37,7 +37,15 @@ from kvfleet_localcluster.provisioner import Provisioner
 from kvfleet_localcluster.reflector import Reflector
 from kvfleet_localcluster.services import ServiceTable, table_of
 
-DEFAULT_NODES = (NodeSpec("kvfleet-node-1"),)
+DEFAULT_NODES = (
+    *(NodeSpec(f"h100-{n}", gpus=8, gpu_product="NVIDIA-H100-80GB-HBM3") for n in range(1, 7)),
+    NodeSpec("h200-1", gpus=8, gpu_product="NVIDIA-H200"),
+    NodeSpec("a100-1", gpus=8, gpu_product="NVIDIA-A100-SXM4-80GB"),
+    NodeSpec("l40s-1", gpus=8, gpu_product="NVIDIA-L40S"),
+)
+"""Enough of each GPU the examples name for all of them at once (`kubectl apply -f
+examples/`): the DeepSeek-V3 pair alone takes two H100 nodes, the disaggregated 70B twelve
+H100s. Nodes cost a Lease renewal every 10 s each; pods, not nodes, run processes."""
 
 
 @dataclass(frozen=True)
