@@ -376,6 +376,13 @@ class ControlPlane:
         ):
             url = f"https://{args.HOST}:{port}/healthz"
             await self._wait(f"{name} /healthz", functools.partial(self._http_ok, url))
+        # The controller manager gives a new namespace its `default` ServiceAccount a moment
+        # later, and a pod created before then is refused: ready means ready for pods.
+        account = f"/api/v1/namespaces/{self.config.namespace}/serviceaccounts/default"
+        await self._wait(
+            f"{self.config.namespace}/default ServiceAccount", lambda: self.request("GET", account)
+        )
+        self._mark("default ServiceAccount", started)
         self.startup_s = time.monotonic() - started
         log.info("control plane %s ready in %.1f s: %s", self.url, self.startup_s, self.phases)
 

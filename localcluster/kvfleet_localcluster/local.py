@@ -20,10 +20,8 @@ engine pods by label).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -31,7 +29,7 @@ from types import TracebackType
 import aiohttp
 
 from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES, ApiAccess, ClusterNodes
-from kvfleet_localcluster.controlplane import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from kvfleet_localcluster.controlplane import ControlPlane, ControlPlaneConfig
 from kvfleet_localcluster.controlplane_args import HOST
 from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kubelet import KubeletConfig
@@ -127,18 +125,6 @@ class LocalCluster:
         (directory / "client.key").write_bytes(key)
         return directory / "client.crt", directory / "client.key"
 
-    async def _wait_for_default_account(self, timeout_s: float = 30.0) -> None:
-        path = f"/api/v1/namespaces/{self.config.namespace}/serviceaccounts/default"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                await self.control_plane.request("GET", path)
-                return
-            except ControlPlaneError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
-
     def _kubelet_tls(self) -> ClusterPKI:
         cert, key = self.control_plane.ca.sign("kubelet", [HOST, "localhost"])
         return ClusterPKI(self.ca_pem, cert, key)
@@ -146,9 +132,6 @@ class LocalCluster:
     async def __aenter__(self) -> LocalCluster:
         await self.control_plane.__aenter__()
         try:
-            # The controller manager gives a new namespace its `default` ServiceAccount a
-            # moment later; a pod created before then is refused. Ready means ready for pods.
-            await self._wait_for_default_account()
             if self.config.controllers:
                 await self._start_nodes()
         except BaseException:
