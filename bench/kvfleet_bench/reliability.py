@@ -221,6 +221,12 @@ async def run_once(
             engine_tokens = await _engine_tokens(session, engines)
         wall = time.monotonic() - t0
         client = store.client()
+        # A client has its answer before its gateway has settled the request (the settlement
+        # runs as the response ends): give settlements in flight a moment, not a lease's TTL.
+        for _ in range(50):
+            if not client.zcard("kvf:{adv}:leases"):
+                break
+            await asyncio.sleep(0.1)
         period = str(int(time.time() // 86400))
         billed = int(client.hget("kvf:{adv}:budget", period) or 0)
         leases = int(client.zcard("kvf:{adv}:leases"))
