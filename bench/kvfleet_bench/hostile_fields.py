@@ -231,9 +231,10 @@ def _negative_price(work: Path) -> Vector:
 
 
 def _spec_vectors() -> list[Vector]:
-    base = {"model": {"name": "llama", "source": {"huggingFace": "org/llama"}},
-            "gateway": {"apiKeysSecret": "keys"}}  # fmt: skip
-    lora = {"maxLoraRank": 16, "adapters": []}
+    base: dict[str, Any] = {"model": {"name": "llama", "source": {"huggingFace": "org/l"}},
+                            "gateway": {"apiKeysSecret": "keys"}}  # fmt: skip
+    lora: dict[str, Any] = {"maxLoraRank": 16, "adapters": []}
+    cases: list[tuple[str, str, dict[str, Any]]]
     cases = [("targetModules flag injection", '["q_proj", "--enable-custom-logit-processor"]',
               {"lora": {**lora, "targetModules": ["q_proj", "--enable-custom-logit-processor"]}}),
              ("env override", "engine.env KVFLEET_ENGINE_API_KEY",
