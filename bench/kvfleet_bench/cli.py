@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -17,6 +19,9 @@ from kvfleet_bench.fairness import run_fairness_bench
 from kvfleet_bench.fairness_report import write_report as write_fairness_report
 from kvfleet_bench.fidelity import run_sim_bench
 from kvfleet_bench.gateway import run_gateway_bench
+from kvfleet_bench.hostile_fields import as_json as fields_json
+from kvfleet_bench.hostile_fields import report as fields_report
+from kvfleet_bench.hostile_fields import run_hostile_fields
 from kvfleet_bench.pd import WORKLOADS as PD_WORKLOADS
 from kvfleet_bench.pd import dump_json as pd_json
 from kvfleet_bench.pd import run_pd_bench
@@ -407,3 +412,19 @@ def spec_bench(runs: int, as_json: bool) -> None:
     result = run_spec_bench(lambda m: click.echo(m, err=as_json), max(runs, 1))
     if as_json:
         click.echo(json.dumps(result))
+
+
+@bench.command("hostile-fields")
+@click.option("--out", "out_file", type=click.Path(path_type=Path),
+              default=Path("bench/results/hostile-fields.md"), show_default=True)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
+def hostile_fields_bench(out_file: Path, as_json: bool) -> None:
+    """Issue 55's hostile request fields and specs, each fired once, with what it measures."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvfleet-fields-") as work:
+        vectors = run_hostile_fields(Path(work), lambda m: click.echo(m, err=as_json))
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(fields_report(vectors, time.perf_counter() - started))
+    click.echo(f"wrote {out_file}", err=as_json)
+    if as_json:
+        click.echo(json.dumps(fields_json(vectors)))
