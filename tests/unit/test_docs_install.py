@@ -40,7 +40,8 @@ def _assigned(target: ast.AST, value: ast.AST, wanted: set[str]) -> set[str]:
     if isinstance(value, ast.IfExp):
         return _assigned(target, value.body, wanted) | _assigned(target, value.orelse, wanted)
     if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
-        return set().union(*(_assigned(t, v, wanted) for t, v in zip(target.elts, value.elts)))
+        pairs = zip(target.elts, value.elts, strict=False)
+        return set().union(*(_assigned(t, v, wanted) for t, v in pairs))
     name = _target_name(target)
     return _strings(value) if name in wanted or "reason" in name.lower() else set()
 
@@ -49,36 +50,57 @@ def _called(call: ast.Call) -> str:
     return _target_name(call.func)
 
 
+def _at_reason_position(scope: ast.AST) -> tuple[set[str], set[str]]:
+    """In `scope`: the reason strings passed literally, and the names passed instead."""
+    literal: set[str] = set()
+    names: set[str] = set()
+    for call in ast.walk(scope):
+        if not isinstance(call, ast.Call):
+            continue
+        i = REASON_POSITION.get(_called(call))
+        if i is None or len(call.args) <= i:
+            continue
+        arg = call.args[i]
+        if isinstance(arg, ast.Name):
+            names.add(arg.id)
+        elif not isinstance(arg, ast.Subscript):  # cond["reason"]: a condition re-posted
+            literal |= _strings(arg)
+    return literal, names
+
+
+def _defaults(args: ast.arguments, names: set[str]) -> set[str]:
+    positional = [*args.posonlyargs, *args.args]
+    with_default = positional[len(positional) - len(args.defaults) :]
+    pairs = [
+        *zip(with_default, args.defaults, strict=True),
+        *zip(args.kwonlyargs, args.kw_defaults, strict=True),
+    ]
+    return {
+        s
+        for a, d in pairs
+        if d is not None and (a.arg in names or "reason" in a.arg.lower())
+        for s in _strings(d)
+    }
+
+
 def reasons_in_code() -> set[str]:
     """Every reason string the operator passes to a condition or an Event: literally, through
     a variable or attribute named so (`reason`, `error_reason`, ...), or a parameter default."""
     found: set[str] = set()
     for path in (ROOT / "operator" / "kvfleet_operator").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for fn in ast.walk(tree):
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        for scope in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
-            names: set[str] = set()
-            for call in ast.walk(fn):
-                if isinstance(call, ast.Call) and (i := REASON_POSITION.get(_called(call))):
-                    if len(call.args) > i:
-                        arg = call.args[i]
-                        if isinstance(arg, ast.Name):
-                            names.add(arg.id)
-                        elif not isinstance(arg, ast.Subscript):  # cond["reason"]: re-posted
-                            found |= _strings(arg)
-            for node in ast.walk(fn):
+            literal, names = _at_reason_position(scope)
+            found |= literal
+            for node in ast.walk(scope):
                 if isinstance(node, ast.Assign):
                     for t in node.targets:
                         found |= _assigned(t, node.value, names)
                 elif isinstance(node, ast.AnnAssign) and node.value is not None:
                     found |= _assigned(node.target, node.value, names)
                 elif isinstance(node, ast.arguments):
-                    params = [*node.posonlyargs, *node.args][-len(node.defaults) or len(node.args) :]
-                    pairs = [*zip(params, node.defaults), *zip(node.kwonlyargs, node.kw_defaults)]
-                    for a, d in pairs:
-                        if d is not None and (a.arg in names or "reason" in a.arg.lower()):
-                            found |= _strings(d)
+                    found |= _defaults(node, names)
     return found
 
 
