@@ -38,7 +38,8 @@ test: lint  ## the whole suite (what .ci/run calls)
 	@# two), except those marked serial (latency bounds, the README's fixed ports), which run
 	@# alone afterwards. (One pool for unit and integration tests was measured 50 s slower:
 	@# the in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
-	@# (xdist_group): side by side each took up to three and a half minutes.
+	@# (xdist_group): side by side each took up to three and a half minutes. The real control
+	@# plane's two (every example Ready, the install page run) share another.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration

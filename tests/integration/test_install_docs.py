@@ -95,7 +95,9 @@ async def _bash(script: str, cwd: Path, kubeconfig: Path, timeout_s: float) -> s
     return text
 
 
-@pytest.mark.xdist_group("whole-cluster")
+# 125-145 s measured beside other suites' runs; shares its xdist group with
+# test_examples_real_cluster.py (see there).
+@pytest.mark.xdist_group("real-cluster-stories")
 @pytest.mark.timeout(600)
 async def test_the_install_page_runs_on_the_local_cluster(
     cluster: LocalCluster, tmp_path: Path
