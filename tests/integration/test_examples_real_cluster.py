@@ -26,7 +26,7 @@ from tests.support.waiting import until
 
 READY_WITHIN_S = 240
 """Every example Ready, from the apply: some 25 pods start together on two cores, each a
-Python process (measured 40-80 s here)."""
+Python process (from the apply to the last chat: 40-100 s here, under load)."""
 
 
 @pytest.fixture
@@ -74,7 +74,8 @@ async def _chat(kc: Path, name: str, model: str) -> None:
     assert reply.usage is not None and reply.usage.completion_tokens == 4, (name, reply)
 
 
-# Some 25 pods as processes on two cores: 125-160 s measured beside other suites' runs.
+# Some 25 pods as processes on two cores: 160-230 s (half of it the cluster's start) measured
+# beside other suites' runs (load average 13-27).
 # With the install page's story (test_install_docs.py) it has an xdist group of its own:
 # the two never load the machine together, and they do not lengthen the chain of the
 # emulated cluster's whole-cluster stories.

@@ -97,7 +97,7 @@ async def _bash(script: str, cwd: Path, kubeconfig: Path, timeout_s: float) -> s
     return text
 
 
-# 125-145 s measured beside other suites' runs; shares its xdist group with
+# 125-145 s measured beside other suites' runs (load average 13-27); shares its xdist group with
 # test_examples_real_cluster.py (see there).
 @pytest.mark.xdist_group("real-cluster-stories")
 @pytest.mark.timeout(600)
