@@ -200,3 +200,49 @@ async def test_port_forward_reaches_the_pod_through_the_api_server_and_the_node(
     finally:
         forward.terminate()
         await forward.wait()
+
+
+def claim(name: str, storage_class: str | None) -> str:
+    sc = f"storageClassName: {storage_class}, " if storage_class else ""
+    return f"""
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: ai}}
+spec: {{{sc}accessModes: [ReadWriteMany], resources: {{requests: {{storage: 1Gi}}}}}}
+"""
+
+
+async def test_a_claim_of_a_class_that_does_not_exist_stays_pending(
+    cluster: LocalCluster,
+) -> None:
+    """As on a real cluster: claims of no class or of the cluster's own class
+    (`local-directory`) are provisioned; one of `nfs-rwx` (the example's, absent here) stays
+    Pending with the PV controller's ProvisioningFailed Event."""
+    kc = cluster.kubeconfig
+    classes = await kubectl(kc, "get", "storageclass", "-o", "name")
+    assert classes.split() == ["storageclass.storage.k8s.io/local-directory"], classes
+    for name, sc in (("nfs", "nfs-rwx"), ("none", None), ("own", "local-directory")):
+        await kubectl(kc, "apply", "-f", "-", stdin=claim(name, sc))
+
+    async def refused() -> bool:
+        events = await get_json(kc, "get", "events", "--field-selector", "involvedObject.name=nfs")
+        return any(
+            e["reason"] == "ProvisioningFailed" and '"nfs-rwx" not found' in e["message"]
+            for e in events["items"]  # type: ignore[union-attr]
+        )
+
+    async def bound() -> bool:
+        phases = [
+            (await get_json(kc, "get", "pvc", n))["status"].get("phase")  # type: ignore[union-attr]
+            for n in ("none", "own")
+        ]
+        return phases == ["Bound", "Bound"]
+
+    await wait_for(refused, "the PV controller's ProvisioningFailed event")
+    await wait_for(bound, "the claims of no class and of the cluster's class Bound")
+    await asyncio.sleep(2)  # past the others' binding, nothing provisioned it
+    nfs = await get_json(kc, "get", "pvc", "nfs")
+    assert nfs["status"]["phase"] == "Pending"  # type: ignore[index]
+    volumes = (await get_json(kc, "get", "pv"))["items"]
+    claimed = sorted(v["spec"]["claimRef"]["name"] for v in volumes)  # type: ignore[index]
+    assert claimed == ["none", "own"], claimed
