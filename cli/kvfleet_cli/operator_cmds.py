@@ -337,6 +337,14 @@ def _allow_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     " downward API); the NetworkPolicies admit its metrics reads from there.",
 )
 @click.option(
+    "--gateway-image",
+    envvar="KVFLEET_IMAGE",
+    default=OperatorConfig.gateway_image,
+    show_default=True,
+    help="The gateways' image where a spec names none: the operator's own ($KVFLEET_IMAGE:"
+    " the chart and manifests/ set it to the image they run the operator with).",
+)
+@click.option(
     "--allowed-image-prefix",
     "image_prefixes",
     multiple=True,
@@ -386,6 +394,7 @@ def operator(
     liveness: str | None,
     stall_s: float,
     operator_namespace: str,
+    gateway_image: str,
     image_prefixes: tuple[str, ...],
     require_image_digest: bool,
     toleration_keys: tuple[str, ...],
@@ -409,6 +418,7 @@ def operator(
         liveness_endpoint=liveness,
         stall_s=stall_s,
         operator_namespace=operator_namespace,
+        gateway_image=gateway_image,
         metrics_port=metrics_port or None,
         namespaces=namespaces,
         resync_s=resync_s,

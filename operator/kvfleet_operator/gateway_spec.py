@@ -19,7 +19,8 @@ from kvfleet_kernel.schema import Rule, fld, parse
 IG_KIND, IG_PLURAL = "InferenceGateway", "inferencegateways"
 
 KVFLEET_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
-"""The kvfleet image (gateway, operator); the same version as this package."""
+"""The kvfleet image (gateway, operator); the same version as this package. The operator's
+default for its gateways when its own image is not given ($KVFLEET_IMAGE)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +59,9 @@ class GatewayFront:
     replicas: int = fld(1, "Gateway pods (share limits through limitsStore).", minimum=1)
     image: str | None = fld(
         None,
-        f"The kvfleet image of the gateway. Unset: the operator's default ({KVFLEET_IMAGE} in"
-        " this release), which moves with operator upgrades — set it to pin an image.",
+        "The kvfleet image of the gateway. Unset: the operator's own image (the chart's or"
+        f" manifests' image, {KVFLEET_IMAGE} in this release), which moves with operator"
+        " upgrades — set it to pin an image.",
     )
     api_keys_secret: str | None = fld(
         None, "Secret with `keys.yaml` (tenants and sha256 key hashes; see kvfleet keys)."

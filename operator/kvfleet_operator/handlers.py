@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.cache import WatchCache
-from kvfleet_operator.gateway_spec import IG_PLURAL
+from kvfleet_operator.gateway_spec import IG_PLURAL, KVFLEET_IMAGE
 from kvfleet_operator.informer import Informer
 from kvfleet_operator.kube import IGW, ISVC, Kube, resource_by_plural
 from kvfleet_operator.liveness import Progress, stalled
@@ -85,6 +85,9 @@ class OperatorConfig:
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz (None: none)."""
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator runs (the downward API's metadata.namespace in its manifests)."""
+    gateway_image: str = KVFLEET_IMAGE
+    """The operator's own image (its manifests set $KVFLEET_IMAGE from the image they run it
+    with): the gateways it renders run it unless a spec names another."""
     stall_s: float = 300.0
     """The liveness probe fails when work is pending and no reconcile has succeeded for this
     long, or no autoscaler tick has completed for this long (`liveness.py`)."""
@@ -330,6 +333,7 @@ def make_registry(
             pod_monitors=pod_monitors,
             leader_worker_sets=leader_worker_sets,
             operator_namespace=controller.config.operator_namespace,
+            gateway_image=controller.config.gateway_image,
             policy=controller.config.policy,
         )
         if controller.kube.cache is None:

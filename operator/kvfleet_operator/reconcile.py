@@ -25,6 +25,7 @@ from kvfleet_operator.diff import (
     upgraded_managed_fields,
     warm_assignment,
 )
+from kvfleet_operator.gateway_spec import KVFLEET_IMAGE
 from kvfleet_operator.kube import (
     DEPLOYMENT,
     ISVC,
@@ -65,6 +66,8 @@ class ReconcileOptions:
     """Event source name."""
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator runs (the NetworkPolicies admit its metrics reads from there)."""
+    gateway_image: str = KVFLEET_IMAGE
+    """The operator's own image: the gateways' when a spec names none."""
     policy: Policy = field(default_factory=Policy)
     """What a spec may set (images, tolerations, ...): the platform team's bounds."""
 
@@ -123,7 +126,7 @@ def reconcile(
     if body is None or body["metadata"].get("deletionTimestamp"):
         return out  # children go with it through their ownerReferences
     try:
-        owner = owner_of(body, options.operator_namespace)
+        owner = owner_of(body, options.operator_namespace, options.gateway_image)
         check_policy(owner.spec, options.policy)
         if owner.multi_node and not options.leader_worker_sets:
             raise LeaderWorkerSetMissing(

@@ -88,7 +88,7 @@ def reconcile_gateway(kube: Kube, namespace: str, name: str, options: ReconcileO
         return out  # children go with it through their ownerReferences
     fleet = Fleet()
     try:
-        gw = gateway_owner_of(body, options.operator_namespace)
+        gw = gateway_owner_of(body, options.operator_namespace, options.gateway_image)
         check_gateway_policy("spec", gw.spec, options.policy)
         fleet = fronted_services(kube, gw, options.operator_namespace)
         children = render_shared_gateway(gw, fleet.served)

@@ -5,6 +5,7 @@ object must match but for the two labels Helm adds. Values move what they say th
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -149,8 +150,34 @@ def test_values_move_the_image_the_namespace_and_the_environment() -> None:
             "name": "OPERATOR_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
+        {"name": "KVFLEET_IMAGE", "value": "ghcr.io/kvfleet/kvfleet:0.2.0"},  # the gateways'
         {"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"},
     ]
+
+
+def test_an_overlays_images_move_the_operator_and_its_gateways_image(tmp_path: Path) -> None:
+    """`images:` of a user's overlay rewrites the operator's image and its $KVFLEET_IMAGE,
+    the image of the gateways it renders (the base's images.yaml configuration)."""
+    for d in ("manifests", "crds"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "kustomization.yaml").write_text(
+        "resources: [../manifests/namespaced]\n"
+        "images:\n"
+        "  - name: ghcr.io/kvfleet/kvfleet\n"
+        "    newName: registry.example.com/ml-platform/kvfleet\n"
+        "    newTag: 0.2.0\n"
+    )
+    done = subprocess.run(
+        [kubectl_binary(), "kustomize", str(tmp_path / "mine")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    deployment = _objects(done.stdout)["Deployment", "kvfleet-operator"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    image = "registry.example.com/ml-platform/kvfleet:0.2.0"
+    assert container["image"] == image
+    assert {"name": "KVFLEET_IMAGE", "value": image} in container["env"]
 
 
 def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:

@@ -124,10 +124,9 @@ async def test_the_install_page_runs_on_the_local_cluster(
     assert reply["usage"]["completion_tokens"] > 0, reply
     # Troubleshooting showed the service's conditions and its Events.
     assert "Serving" in out and "Created" in out
-    # ... and the pods' images: the gateway's is the operator's default, not the chart's
-    # override, as the page says.
+    # ... and the pods' images: the gateway runs the operator's own, the chart's override.
     gateway = next(line for line in out.splitlines() if line.startswith("mistral-gateway-"))
-    assert gateway.split()[1] == "ghcr.io/kvfleet/kvfleet:0.1.0", gateway
+    assert gateway.split()[1] == "registry.example.com/ml-platform/kvfleet:0.1.0", gateway
     # Uninstalled: the CRDs, the operator and everything the services ran are gone.
     kc = cluster.kubeconfig
     crds = await kubectl(kc, "get", "crd", "-o", "name")

@@ -502,6 +502,28 @@ def test_unset_images_follow_the_operator_and_set_ones_are_pinned() -> None:
     }
 
 
+OWN_IMAGE = "registry.example.com/ml-platform/kvfleet:0.2.0"
+
+
+def test_unset_gateway_images_are_the_operators_own_image() -> None:
+    """The operator runs the image of the chart's or an overlay's override ($KVFLEET_IMAGE):
+    the gateways, their tokenizer init container and a shared gateway run it too."""
+    from kvfleet_operator.render.shared_gateway import gateway_owner_of, render_shared_gateway
+
+    (doc,) = services(ROOT / "examples" / "llama-3.1-8b-h100-autoscaling.yaml")
+    doc["spec"]["gateway"]["prefixIndex"] = "events"  # the tokenizer init container too
+    pod = _gateway_pod(render_children(owner_of(doc, gateway_image=OWN_IMAGE)))
+    assert [c["image"] for c in pod["initContainers"] + pod["containers"]] == [OWN_IMAGE] * 2
+    doc["spec"]["gateway"]["image"] = "registry.local/kvfleet:0.0.9"  # a spec's still pins
+    pod = _gateway_pod(render_children(owner_of(doc, gateway_image=OWN_IMAGE)))
+    assert {c["image"] for c in pod["initContainers"] + pod["containers"]} == {
+        "registry.local/kvfleet:0.0.9"
+    }
+    shared = {"metadata": {"name": "shared", "namespace": "ai"}, "spec": {"apiKeysSecret": "k"}}
+    objs = render_shared_gateway(gateway_owner_of(shared, gateway_image=OWN_IMAGE), [])
+    assert _gateway_pod(objs)["containers"][0]["image"] == OWN_IMAGE
+
+
 def _gateway_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
     dep = next(
         o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_kernel.schema import ConfigError, Json, evaluate
+from kvfleet_operator.gateway_spec import KVFLEET_IMAGE
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
     ENGINE,
@@ -100,8 +101,13 @@ def render_children(
     return out
 
 
-def owner_of(body: dict[str, Any], operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE) -> Owner:
-    """An InferenceService object (dict) → Owner, parsing its spec (raises ConfigError)."""
+def owner_of(
+    body: dict[str, Any],
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+    gateway_image: str = KVFLEET_IMAGE,
+) -> Owner:
+    """An InferenceService object (dict) → Owner, parsing its spec (raises ConfigError);
+    `gateway_image`: the operator's own image, its gateways' unless the spec names one."""
     meta = body.get("metadata") or {}
     # The CRD's rule on the name, evaluated here as the API server does (an old server, or
     # `kvfleet render` of a file, never ran it).
@@ -114,4 +120,5 @@ def owner_of(body: dict[str, Any], operator_namespace: str = DEFAULT_OPERATOR_NA
         spec=parse_spec(body.get("spec")),
         generation=int(meta.get("generation") or 1),
         operator_namespace=operator_namespace,
+        gateway_image=gateway_image,
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvfleet_kernel.schema import Json
+from kvfleet_operator.gateway_spec import KVFLEET_IMAGE
 from kvfleet_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 ENGINE, GATEWAY = "engine", "gateway"
@@ -82,6 +83,8 @@ class GatewayOwnerLike(Protocol):
     @property
     def uid(self) -> str: ...
     @property
+    def gateway_image(self) -> str: ...
+    @property
     def gateway_name(self) -> str: ...
     @property
     def gateway_service(self) -> str: ...
@@ -101,6 +104,8 @@ class Owner:
     generation: int = 1
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator runs: its pods may read the engines' and gateway's /metrics."""
+    gateway_image: str = KVFLEET_IMAGE
+    """The gateway's image when `spec.gateway.image` is unset: the operator's own."""
     engine_key: str = field(default_factory=new_engine_key, repr=False)
     """The engines' API key (SGLang's --api-key), which only their gateway presents: the
     operator passes the one its Secret already holds; a new Owner gets a fresh one."""

@@ -15,7 +15,7 @@ import yaml
 
 from kvfleet_gateway.config import GatewayConfig
 from kvfleet_kernel.schema import Json, to_json
-from kvfleet_operator.gateway_spec import KVFLEET_IMAGE, GatewayFront
+from kvfleet_operator.gateway_spec import GatewayFront
 from kvfleet_operator.render.common import (
     ENGINE_KEY_KEY,
     ENGINE_PORT,
@@ -256,7 +256,7 @@ def gateway_pods(owner: GatewayOwnerLike, g: GatewayFront, config: Json,
     probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
     container: Json = {
         "name": "gateway",
-        "image": g.image or KVFLEET_IMAGE,  # unset: the operator's release (not frozen)
+        "image": g.image or owner.gateway_image,  # unset: the operator's own (not frozen)
         "imagePullPolicy": "IfNotPresent",
         "command": ["kvfleet"],
         "args": ["gateway", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
@@ -350,7 +350,7 @@ def _tokenizer_volumes(owner: Owner, volumes: list[Json], mounts: list[Json]) ->
     return [
         {
             "name": "tokenizer",
-            "image": spec.gateway.image or KVFLEET_IMAGE,
+            "image": spec.gateway.image or owner.gateway_image,
             "imagePullPolicy": "IfNotPresent",
             "command": ["kvfleet"],
             "args": args,

@@ -19,7 +19,12 @@ import yaml
 
 from kvfleet_gateway.config import ConfigError, GatewayConfig, PoolConfig, parse_pools
 from kvfleet_kernel.schema import Json, to_json
-from kvfleet_operator.gateway_spec import IG_KIND, InferenceGatewaySpec, parse_gateway_spec
+from kvfleet_operator.gateway_spec import (
+    IG_KIND,
+    KVFLEET_IMAGE,
+    InferenceGatewaySpec,
+    parse_gateway_spec,
+)
 from kvfleet_operator.render.common import (
     DEFAULT_OPERATOR_NAMESPACE,
     GATEWAY,
@@ -55,6 +60,8 @@ class GatewayOwner:
     spec: InferenceGatewaySpec
     generation: int = 1
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    gateway_image: str = KVFLEET_IMAGE
+    """The gateway's image when `spec.image` is unset: the operator's own."""
 
     @property
     def gateway_name(self) -> str:
@@ -194,8 +201,11 @@ def gateway_pdb(gw: GatewayOwner) -> Json:
     }
 
 
-def gateway_owner_of(body: Json, operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
-                     ) -> GatewayOwner:  # fmt: skip
+def gateway_owner_of(
+    body: Json,
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+    gateway_image: str = KVFLEET_IMAGE,
+) -> GatewayOwner:
     """An InferenceGateway object → GatewayOwner, parsing its spec (raises ConfigError)."""
     meta = body.get("metadata") or {}
     name = str(meta.get("name") or "")
@@ -208,4 +218,5 @@ def gateway_owner_of(body: Json, operator_namespace: str = DEFAULT_OPERATOR_NAME
         spec=parse_gateway_spec(body.get("spec")),
         generation=int(meta.get("generation") or 1),
         operator_namespace=operator_namespace,
+        gateway_image=gateway_image,
     )
