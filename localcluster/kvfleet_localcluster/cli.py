@@ -15,7 +15,6 @@ import click
 from kvfleet_localcluster.cluster_nodes import DEFAULT_NODES
 from kvfleet_localcluster.controlplane import ControlPlaneError
 from kvfleet_localcluster.controlplane_build import GoMissing
-from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_localcluster.node_agent import NodeSpec
@@ -48,11 +47,6 @@ def cluster() -> None:
     "default: six nodes of 8 H100s, one each of 8 H200s, A100s and L40Ss.",
 )
 @click.option("--no-lws", is_flag=True, help="Do not run the LeaderWorkerSet controller.")
-@click.option(
-    "--emulated",
-    is_flag=True,
-    help="The emulated API server being retired (no Go build; kvfleet demo still uses it).",
-)
 @click.option(
     "--namespace",
     default=LocalClusterConfig.namespace,
@@ -99,7 +93,6 @@ def up(
     no_monitoring_crds: bool,
     nodes: tuple[str, ...],
     no_lws: bool,
-    emulated: bool,
     namespace: str,
     crds_dir: Path | None,
     time_scale: float,
@@ -120,16 +113,6 @@ def up(
             (kvfleet_image_command,) if kvfleet_image_command else KubeletConfig.kvfleet_command
         ),
     )
-    if emulated:
-        emulated_config = EmulatedClusterConfig(
-            kubeconfig=kubeconfig.resolve(),
-            namespace=namespace,
-            crds_dir=crds_dir,
-            monitoring_crds=not no_monitoring_crds,
-            kubelet=kubelet,
-        )
-        asyncio.run(_serve(EmulatedCluster(emulated_config), kubelet.run_processes))
-        return
     config = LocalClusterConfig(
         kubeconfig=kubeconfig.resolve(),
         namespace=namespace,
@@ -155,7 +138,7 @@ def parse_node(text: str) -> NodeSpec:
     return NodeSpec(name, gpus=gpus, gpu_product=product or NodeSpec.gpu_product)
 
 
-async def _serve(cluster: LocalCluster | EmulatedCluster, run_processes: bool) -> None:
+async def _serve(cluster: LocalCluster, run_processes: bool) -> None:
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,7 +1,7 @@
 """The emulated cluster, being retired: an API server this project wrote, its controllers and
 kubelet in one process. `local.py`'s `LocalCluster` (the real control plane built from its Go
-modules, with node agents) replaces it; what still runs here (`kvfleet demo`, the tests not yet
-moved, `kvfleet cluster up --emulated`) moves over and this module goes.
+modules, with node agents) replaces it; what still runs here (the tests not yet moved) moves
+over and this module goes.
 
     async with EmulatedCluster(EmulatedClusterConfig(...)) as cluster:
         print(cluster.url)            # kubectl --kubeconfig cluster.kubeconfig ...

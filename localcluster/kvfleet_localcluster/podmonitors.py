@@ -6,22 +6,31 @@ the endpoint's `replace` relabelings of pod labels applied — so the series car
 labels the rendered PodMonitor asks for, and a wrong PodMonitor shows up as missing labels.
 
 (Debian's Prometheus is built without Kubernetes service discovery, so it cannot watch the
-API server itself.) The CRD is the Prometheus Operator's, reduced to what the API needs.
+API server itself: `PodMonitorTargets` watches PodMonitors and pods through the API, as the
+Prometheus Operator does, and rewrites the file.) `monitoring_crds` is the hand-written CRD
+the emulated API server serves; the real control plane installs the Prometheus Operator's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.kinds import POD, is_ready, selects
-from kvfleet_localcluster.store import Store
+from kvfleet_localcluster.kubeapi import PODS, KubeClient, Resource
+from kvfleet_localcluster.reflector import Reflector
+
+if TYPE_CHECKING:
+    from kvfleet_localcluster.store import Store
 
 Json = dict[str, Any]
 PODMONITORS = ("monitoring.coreos.com", "podmonitors")
+PODMONITOR_RESOURCE = Resource("monitoring.coreos.com", "v1", "podmonitors")
 POD_LABEL_META = "__meta_kubernetes_pod_label_"
 
 
@@ -78,39 +87,84 @@ def _container_port(pod: Json, name: str) -> tuple[str, int] | None:
     return None
 
 
-def podmonitor_targets(store: Store) -> list[Json]:
+def targets_of(podmonitors: Iterable[Json], pods: Iterable[Json]) -> list[Json]:
     """file_sd target groups for every PodMonitor's running, ready pods."""
+    by_namespace: dict[str, list[Json]] = {}
+    for pod in pods:
+        by_namespace.setdefault(pod["metadata"].get("namespace", ""), []).append(pod)
     groups: list[Json] = []
-    for pm in store.peek(*PODMONITORS):
+    for pm in podmonitors:
         ns, spec = pm["metadata"]["namespace"], pm.get("spec") or {}
         selector = (spec.get("selector") or {}).get("matchLabels") or {}
-        for pod in store.peek(*POD.key, ns):
+        for pod in sorted(by_namespace.get(ns, []), key=lambda p: p["metadata"]["name"]):
             meta = pod["metadata"]
             labels = meta.get("labels") or {}
             ip = (pod.get("status") or {}).get("podIP")
             if not ip or not is_ready(pod) or not selects(selector, labels):
                 continue
-            discovered = {_meta_name(k): v for k, v in labels.items()}
-            for ep in spec.get("podMetricsEndpoints") or []:
-                port = _container_port(pod, ep.get("port", ""))
-                if port is None:
-                    continue
-                target = {
-                    "namespace": ns,
-                    "pod": meta["name"],
-                    "container": port[0],
-                    "endpoint": ep["port"],
-                    "job": f"{ns}/{pm['metadata']['name']}",
-                    "__metrics_path__": ep.get("path", "/metrics"),
-                }
-                for r in ep.get("relabelings") or []:
-                    if r.get("action", "replace") == "replace" and r.get("targetLabel"):
-                        values = [discovered.get(s, "") for s in r.get("sourceLabels") or []]
-                        target[r["targetLabel"]] = r.get("separator", ";").join(values)
-                groups.append({"targets": [f"{ip}:{port[1]}"], "labels": target})
+            groups += _pod_targets(pm, pod, ip)
     return groups
+
+
+def _pod_targets(pm: Json, pod: Json, ip: str) -> list[Json]:
+    ns, meta = pm["metadata"]["namespace"], pod["metadata"]
+    discovered = {_meta_name(k): v for k, v in (meta.get("labels") or {}).items()}
+    groups: list[Json] = []
+    for ep in (pm.get("spec") or {}).get("podMetricsEndpoints") or []:
+        port = _container_port(pod, ep.get("port", ""))
+        if port is None:
+            continue
+        target = {
+            "namespace": ns,
+            "pod": meta["name"],
+            "container": port[0],
+            "endpoint": ep["port"],
+            "job": f"{ns}/{pm['metadata']['name']}",
+            "__metrics_path__": ep.get("path", "/metrics"),
+        }
+        for r in ep.get("relabelings") or []:
+            if r.get("action", "replace") == "replace" and r.get("targetLabel"):
+                values = [discovered.get(s, "") for s in r.get("sourceLabels") or []]
+                target[r["targetLabel"]] = r.get("separator", ";").join(values)
+        groups.append({"targets": [f"{ip}:{port[1]}"], "labels": target})
+    return groups
+
+
+def podmonitor_targets(store: Store) -> list[Json]:
+    """The emulated API server's PodMonitors' targets (read from its store)."""
+    return targets_of(store.peek(*PODMONITORS), store.peek(*POD.key))
 
 
 def write_targets(store: Store, path: Path) -> None:
     """Rewrite the file_sd file atomically (Prometheus re-reads it on change)."""
     replace_file(path, json.dumps(podmonitor_targets(store), sort_keys=True))
+
+
+class PodMonitorTargets:
+    """The file_sd file of a cluster's PodMonitors, kept current from watches of PodMonitors
+    and pods through the API (any API server: `client` logs in as whoever may list both),
+    rewritten only when the targets change.
+
+        task = asyncio.create_task(PodMonitorTargets(client, path).run())
+    """
+
+    def __init__(self, client: KubeClient, path: Path) -> None:
+        self.path = path
+        self._written: str | None = None
+        self._podmonitors = Reflector(client, PODMONITOR_RESOURCE, self._write)
+        self._pods = Reflector(client, PODS, self._write)
+
+    def _write(self) -> None:
+        if not (self._podmonitors.synced.is_set() and self._pods.synced.is_set()):
+            return
+        text = json.dumps(
+            targets_of(self._podmonitors.items.values(), self._pods.items.values()),
+            sort_keys=True,
+        )
+        if text != self._written:
+            replace_file(self.path, text)
+            self._written = text
+
+    async def run(self) -> None:
+        """Watch until cancelled; the file exists (maybe empty) once both lists arrived."""
+        await asyncio.gather(self._podmonitors.run(), self._pods.run())

@@ -1,8 +1,10 @@
 """`kvfleet demo` (`make demo`): the autoscaler at work on the local cluster.
 
-The local cluster (pods as processes on 127.0.0.x, no GPU), the real operator, and one
-autoscaled InferenceService with a warm pool: 1..3 replicas in all, one a warm spare while
-fewer than 3 are active (warm replicas count inside maxReplicas), scaled on
+The local cluster (the real Kubernetes control plane built from its Go modules; two nodes
+whose agents run pods as processes on 127.x, no GPU), the real operator logged in with the
+cluster's kubeconfig as a user's would be, and one autoscaled InferenceService with a warm
+pool: 1..3 replicas in all, one a warm spare while fewer than 3 are active (warm replicas
+count inside maxReplicas), scaled on
 queue depth read from a real Prometheus (when installed: the PodMonitors the operator renders
 become its scrape targets) or from the pods directly. Budgets live in Redis (examples/redis.yaml,
 run as this machine's redis-server) when it is installed. Three tenants send bursty traffic
@@ -24,6 +26,7 @@ import logging
 import random
 import secrets
 import shutil
+import sys
 import threading
 import time
 from contextlib import AsyncExitStack, ExitStack
@@ -52,10 +55,12 @@ from kvfleet_bench.demo.cluster_view import (
 from kvfleet_bench.demo.live import live_view
 from kvfleet_bench.demo.timeline import Run, Sample, TenantStats, summary, write_report
 from kvfleet_gateway.keys import hash_key
-from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
-from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.podmonitors import write_targets
-from kvfleet_operator.crd import crd
+from kvfleet_localcluster.files import replace_file
+from kvfleet_localcluster.kubeapi import KubeClient
+from kvfleet_localcluster.kubelet import KubeletConfig, cancel_and_wait
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
+from kvfleet_localcluster.node_agent import NodeSpec
+from kvfleet_localcluster.podmonitors import PodMonitorTargets
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
@@ -68,6 +73,9 @@ ROOT = Path(__file__).resolve().parents[3]
 SUPPORT = "You are the support assistant of a GPU cloud. Answer briefly; cite the runbook. " * 6
 SEARCH = "Answer from these documents only. " + "kv cache radix prefix replica queue " * 60
 WORDS = "kv cache prefix replica queue token budget latency router tenant gpu batch".split()
+NODES = (NodeSpec("h100-1"), NodeSpec("h100-2"))
+"""The demo's cluster: two nodes of 8 H100s, room for its 3 replicas, Redis and the gateway
+(every node costs a Lease renewal and a watch; nothing here needs more)."""
 
 
 @dataclass(frozen=True)
@@ -166,16 +174,13 @@ def objects(config: DemoConfig, keys: dict[str, str], store: str | None) -> list
 
 
 def _path(obj: dict[str, Any]) -> str:
-    """The collection to POST an object to (the kinds this demo creates)."""
+    """The collection to POST a namespaced object to (the kinds this demo creates)."""
     group_version, kind = obj["apiVersion"], obj["kind"]
     base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    ns = obj["metadata"].get("namespace")
     plural = {"StatefulSet": "statefulsets", "InferenceService": "inferenceservices"}.get(
         kind, kind.lower() + "s"
     )
-    if kind in ("Namespace", "CustomResourceDefinition"):
-        return f"{base}/{plural}"
-    return f"{base}/namespaces/{ns}/{plural}"
+    return f"{base}/namespaces/{obj['metadata']['namespace']}/{plural}"
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -210,7 +215,7 @@ def _start_prometheus(stack: ExitStack, work: Path, sd_file: Path) -> str | None
 
 
 async def _scenario(
-    cluster: EmulatedCluster, config: DemoConfig, prometheus: str | None, live: Progress
+    cluster: LocalCluster, config: DemoConfig, prometheus: str | None, live: Progress
 ) -> tuple[Run, dict[str, TenantStats], str]:
     rng = random.Random(config.seed)
     keys = {t.name: "kvf-" + secrets.token_urlsafe(16) for t in tenants(config)}
@@ -224,9 +229,7 @@ async def _scenario(
         cluster.session() as api,
         aiohttp.ClientSession(timeout=scrape_timeout) as scraper,
     ):
-        url = cluster.url
-        await _create(api, url, crd())
-        await _create(api, url, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        url = cluster.url  # the CRDs and namespace NS: installed by the cluster at start
         store = None
         if shutil.which("redis-server"):
             for doc in yaml.safe_load_all((ROOT / "examples" / "redis.yaml").read_text()):
@@ -235,7 +238,7 @@ async def _scenario(
             store = f"redis://redis.{NS}.svc:6379/0"
         operator = _start_operator(cluster, prometheus)
         try:
-            # (In a thread: the API server it logs in to runs in this loop.)
+            # (In a thread: the node agents running its pods share this loop.)
             await asyncio.to_thread(operator.ready.wait, 20)
             for obj in objects(config, keys, store):
                 await _create(api, url, obj)
@@ -403,7 +406,7 @@ class _Operator:
         self.thread.join(20)
 
 
-def _start_operator(cluster: EmulatedCluster, prometheus: str | None) -> _Operator:
+def _start_operator(cluster: LocalCluster, prometheus: str | None) -> _Operator:
     credentials = Credentials(kubeconfig=str(cluster.kubeconfig))
     # Prometheus scrapes every second here: a 10 s rate window is four-plus scrapes, and lets
     # the fleet see a burst end within the demo's quiet phase.
@@ -414,33 +417,60 @@ def _start_operator(cluster: EmulatedCluster, prometheus: str | None) -> _Operat
     return _Operator(Controller(Kube(api_client(credentials)), config))
 
 
+def cluster_config(config: DemoConfig) -> LocalClusterConfig:
+    """The demo's local cluster: its CRDs and namespace installed at start (ready means a
+    pod can be created there), no LeaderWorkerSet controller (a single-node service)."""
+    work = config.out / "cluster"
+    return LocalClusterConfig(
+        kubeconfig=config.out / "kubeconfig",
+        namespace=NS,
+        crds_dir=ROOT / "crds",
+        lws=False,
+        nodes=NODES,
+        kubelet=KubeletConfig(
+            state_dir=work / "state", time_scale=0.1, engine_startup_delay_s=config.cold_start_s
+        ),
+    )
+
+
+async def _watch_podmonitors(astack: AsyncExitStack, cluster: LocalCluster, sd_file: Path) -> None:
+    """The Prometheus Operator's part: the PodMonitors' pods, watched through the API,
+    become Prometheus's file_sd targets."""
+    replace_file(sd_file, "[]")  # Prometheus starts on an empty file, not a missing one
+    client = KubeClient(
+        cluster.url, cluster.ca_pem, "kvfleet-demo/podmonitors", cluster.admin_token
+    )
+    astack.push_async_callback(client.close)
+    task = asyncio.create_task(PodMonitorTargets(client, sd_file).run())
+    astack.push_async_callback(cancel_and_wait, task)
+
+
+async def _cluster_facts(cluster: LocalCluster, ready_s: float) -> dict[str, Any]:
+    """What the demo ran on, as the API server itself reports it (its /version)."""
+    async with cluster.session() as api, api.get(f"{cluster.url}/version") as r:
+        version = await r.json()
+    return {
+        "kubernetes": f"Kubernetes {version['gitVersion']}",
+        "nodes": [f"{n.name}: {n.gpus}× {n.gpu_product}" for n in NODES],
+        "ready_s": round(ready_s, 1),
+    }
+
+
 async def _run(config: DemoConfig) -> dict[str, Any]:
     work = config.out / "cluster"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cluster_config = EmulatedClusterConfig(
-        kubeconfig=config.out / "kubeconfig",
-        kubelet=KubeletConfig(
-            state_dir=work / "state", time_scale=0.1, engine_startup_delay_s=config.cold_start_s
-        ),
-        resync_s=0.5,
-    )
-    async with AsyncExitStack() as astack, EmulatedCluster(cluster_config) as cluster:
+    started = time.monotonic()
+    async with LocalCluster(cluster_config(config)) as cluster, AsyncExitStack() as astack:
+        ran_on = await _cluster_facts(cluster, time.monotonic() - started)
+        print(f"local cluster: {ran_on['kubernetes']}, ready in {ran_on['ready_s']} s",
+              file=sys.stderr)  # fmt: skip
         stack = astack.enter_context(ExitStack())
-        sd_file = work / "targets.json"
-        store = cluster.api.store
         prometheus = None
         if shutil.which("prometheus"):
-            write_targets(store, sd_file)
+            sd_file = work / "targets.json"
+            await _watch_podmonitors(astack, cluster, sd_file)
             prometheus = _start_prometheus(stack, work, sd_file)
-
-            async def sync_targets() -> None:
-                while True:
-                    write_targets(store, sd_file)
-                    await asyncio.sleep(0.5)
-
-            syncer = asyncio.create_task(sync_targets())
-            astack.callback(syncer.cancel)
         if on_a_terminal():
             with live_view() as live:
                 tables = LiveTables(live, config.duration_s)
@@ -449,6 +479,7 @@ async def _run(config: DemoConfig) -> dict[str, Any]:
             lines = PlainLines(config.duration_s)
             run_, stats, src = await _scenario(cluster, config, prometheus, lines)
     doc = summary(run_, stats, src)
+    doc["cluster"] = ran_on
     doc["report"] = [str(p) for p in write_report(config.out, doc, run_)]
     return doc
 

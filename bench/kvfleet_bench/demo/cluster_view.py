@@ -122,7 +122,7 @@ async def refresh(
         events = (await r.json()).get("items") or []
     for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"])):
         uid = e["metadata"]["uid"]
-        if uid not in view.seen_events and e["reason"] in ("ScaledUp", "ScaledDown"):
+        if uid not in view.seen_events and e.get("reason") in ("ScaledUp", "ScaledDown"):
             run_.decisions.append(Decision(t, f"{e['reason']}: {e.get('message', '')}"))
         view.seen_events.add(uid)
     for p in view.engines():

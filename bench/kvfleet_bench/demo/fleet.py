@@ -153,8 +153,9 @@ def demo(
     simulated_fleet: bool,
     replicas: int,
 ) -> None:
-    """The autoscaler at work on the local cluster: the real operator, a warm pool, three
-    tenants' bursty traffic; a live view, then a summary and a PNG timeline in --out.
+    """The autoscaler at work on the local cluster (the real Kubernetes control plane, built
+    from its Go modules once): the real operator, a warm pool, three tenants' bursty traffic;
+    a live view, then a summary and a PNG timeline in --out.
 
     Exits 1, saying what failed, unless requests were served, a warm replica was promoted,
     the fleet scaled up and back down, and the token budget held."""
@@ -204,6 +205,8 @@ def demo(
             f"{name:13} {t['ok']}/{t['sent']} served, 429: {refused}; TTFT p50 "
             f"{t['ttft_p50_ms'] or 0:,} ms, p99 {t['ttft_p99_ms'] or 0:,} ms"
         )
+    ran_on = doc["cluster"]
+    click.echo(f"on {ran_on['kubernetes']} (local: {', '.join(ran_on['nodes'])})")
     click.echo(f"signals from {doc['metrics_source']}")
     for check, result in doc["checks"].items():
         mark = "ok  " if result["ok"] else "FAIL"
