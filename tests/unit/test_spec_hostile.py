@@ -57,6 +57,22 @@ def test_aliases_adapters_and_the_served_name_are_one_namespace() -> None:
     refused(taken, "spec.lora.adapters", "alias")
 
 
+# ---- paths inside a claim --------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["..", "../etc", "models/../../etc", "/a/..", "a/../b"])
+def test_a_pvc_path_cannot_climb_out_of_its_claim(path: str) -> None:
+    pvc = {"pvc": {"claimName": "weights", "path": path}}
+    refused(spec(model={"source": pvc}), "spec.model.source.pvc", "stay inside the claim", "..")
+    adapter = {"name": "up", "source": pvc}
+    refused(spec(lora={**LORA, "adapters": [adapter]}), "spec.lora.adapters[0].source.pvc",
+            "stay inside the claim")  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["models..v2/llama", "...", "./llama", "/", "a/b.c/"])
+def test_a_pvc_path_may_hold_dots_that_do_not_climb(path: str) -> None:
+    parsed = parse_spec(spec(model={"source": {"pvc": {"claimName": "weights", "path": path}}}))
+    assert parsed.model.source.pvc is not None and parsed.model.source.pvc.path == path
+
+
 # ---- prices ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("part", ["prompt", "cached", "output"])
 def test_a_negative_price_is_refused(part: str) -> None:
