@@ -10,13 +10,9 @@ estimate of the message text but a bound over *every byte the engine receives*:
   only add), so a template that renders each string of the fields it reads (`messages`,
   `tools`, `tool_choice`, `chat_template_kwargs`; `prompt` and `suffix`; `text`) at most once
   yields at most as many tokens as those fields' JSON has bytes, plus its own fixed text: a
-  template overhead, a per-message header, and what a template re-serializes larger than the
-  client sent it: tool schemas, rendered again as indented JSON (4 spaces a level, as Llama
-  3.1's template does; Qwen's compact `tojson` is smaller) after the engine has added the
-  fields a client left out (SGLang dumps each tool through its pydantic model: `description`,
-  `parameters`, `defer_loading` as nulls), plus a preamble; and an assistant's tool-call
-  arguments, which the engine parses (a JSON string becomes an object) and the template
-  renders with `tojson` (a space after every comma and colon: `[1,1]` becomes `[1, 1]`);
+  template overhead, a per-message header, and what a template renders larger than the
+  client sent it (`rerendering`: tool schemas again as indented JSON with the fields the
+  engine adds, plus a preamble; tool-call arguments re-serialized by `tojson`);
 * what cannot be bounded that way is refused: media parts (an image URL of 30 bytes becomes
   thousands of tokens), `input_embeds`, `n` > 1, and fields outside the allow-list.
 
@@ -53,6 +49,7 @@ from kvfleet_gateway.field_types import (
     check_object,
     check_types,
 )
+from kvfleet_gateway.rerendering import rerendered, tools_bytes
 
 Kind = Literal["chat", "completion", "generate"]
 FALLBACK_MAX_TOKENS = 1024
@@ -69,11 +66,6 @@ PER_MESSAGE_OVERHEAD = 8
 """Role header, separators and end-of-turn of one message."""
 TOOLS_OVERHEAD = 512
 """The instructions a template wraps tool schemas in."""
-PER_TOOL_OVERHEAD = 128
-"""The fields an engine adds to each tool before the template renders it (nulls for what the
-client left out), indented."""
-TOOL_INDENT = 4
-"""Spaces per level of the indented JSON a template renders tool schemas as."""
 PROMPT_OVERHEAD = 8
 """Begin-of-text and similar, for prompts that bypass the chat template."""
 _COMPACT = {"ensure_ascii": False, "separators": (",", ":")}
@@ -236,7 +228,7 @@ def _chat_messages(
     messages: Any, req: Requests
 ) -> tuple[str, int, int, tuple[tuple[str, str], ...] | None]:
     """Routing text, its estimate, the bytes the template renders beyond the messages' JSON
-    (message-level tools, tool-call arguments: `_rerendered`), and the messages as a plain
+    (message-level tools, tool-call arguments: `rerendering`), and the messages as a plain
     chat template sees them (None when any carries more than a role and text)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
@@ -267,7 +259,7 @@ def _chat_messages(
             content = "".join(texts)
         if content is not None and not isinstance(content, str):
             raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
-        tool_bytes += _rerendered(m)
+        tool_bytes += rerendered(m)
         content_chars += len(content or "")
         parts.append(f"{m['role']}: {content or ''}\n")
         if plain is not None and set(m) <= {"role", "content"} and isinstance(content, str):
@@ -275,44 +267,6 @@ def _chat_messages(
         else:
             plain = None
     return "".join(parts), _estimate(content_chars), tool_bytes, tuple(plain) if plain else None
-
-
-def _utf8(text: str) -> int:
-    """Bytes of `text`, a lone surrogate counted as its 3 (the body is refused for it when
-    it is encoded, a 400, not a crash while it is measured)."""
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _tools_bytes(tools: Any) -> int:
-    """Bytes of `tools` as a template renders them the second time: each tool as indented
-    JSON, with what the engine adds to it."""
-    items = tools if isinstance(tools, list) else [tools]
-    indented = sum(_utf8(json.dumps(t, ensure_ascii=False, indent=TOOL_INDENT)) for t in items)
-    return indented + PER_TOOL_OVERHEAD * len(items)
-
-
-def _rendered_arguments(arguments: Any) -> int:
-    """Bytes of tool-call `arguments` beyond their JSON in the body, once the engine has
-    parsed them (a string of JSON) and a template renders them with `tojson`."""
-    value = arguments
-    if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments)
-        except (ValueError, RecursionError):
-            return 0  # not JSON (to the engine's parser either): it refuses the request
-    rendered = _utf8(json.dumps(value, ensure_ascii=False))
-    return max(0, rendered - _utf8(json.dumps(arguments, **_COMPACT)))  # type: ignore[arg-type]
-
-
-def _rerendered(message: dict[str, Any]) -> int:
-    """What a template renders of `message` beyond its JSON in the body."""
-    extra = 0 if message.get("tools") is None else _tools_bytes(message["tools"])
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict) and "arguments" in function:
-            extra += _rendered_arguments(function["arguments"])
-    return extra
 
 
 def parse(
@@ -358,7 +312,7 @@ def parse(
     if kind == "chat":
         prompt, estimate, tool_bytes, plain = _chat_messages(body.get("messages"), req)
         if body.get("tools") is not None:
-            tool_bytes += _tools_bytes(body["tools"])
+            tool_bytes += tools_bytes(body["tools"])
         if plain is not None and not (TEMPLATE_FIELDS["chat"] - {"messages"}) & body.keys():
             engine_prompt = EnginePrompt(messages=plain)
         overhead = TEMPLATE_OVERHEAD + PER_MESSAGE_OVERHEAD * len(body["messages"])

@@ -18,17 +18,18 @@ through — and then the CR's `Ready` condition names the field.
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import functools
 import json
 import re
-import threading
 import types
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Literal, Union, get_args, get_origin
+
+from kvfleet_kernel.memo import MISSING as MISSING_ENTRY
+from kvfleet_kernel.memo import Memo
 
 Json = dict[str, Any]
 """A free-form Kubernetes object (affinity, a toleration): kept as given, not checked here."""
@@ -405,22 +406,15 @@ def parse(cls: type[T], data: Any, path: str = "") -> T:
         key = (cls, json.dumps(data, sort_keys=True), path)
     except (TypeError, ValueError):  # not a JSON document (a YAML date, say): no memo
         return _parse(cls, data, path)
-    with _MEMO_LOCK:  # handlers may parse on several threads
-        if key in _MEMO:
-            _MEMO.move_to_end(key)
-            return typing.cast(T, _MEMO[key])
-    parsed = _parse(cls, data, path)
-    with _MEMO_LOCK:
-        _MEMO[key] = parsed
-        if len(_MEMO) > MEMO_SIZE:
-            _MEMO.popitem(last=False)
-    return parsed
+    parsed = _DOCUMENTS.get(key)
+    if parsed is MISSING_ENTRY:
+        parsed = _parse(cls, data, path)
+        _DOCUMENTS.put(key, parsed)
+    return typing.cast(T, parsed)
 
 
-MEMO_SIZE = 256
-"""Documents remembered, least recently used first out."""
-_MEMO: collections.OrderedDict[tuple[type[Any], str, str], Any] = collections.OrderedDict()
-_MEMO_LOCK = threading.Lock()
+_DOCUMENTS = Memo(256)
+"""The documents parsed last, by their canonical JSON."""
 
 
 @functools.cache
