@@ -70,7 +70,6 @@ bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench gateway --litellm $(LITELLM)
 	$(BIN)/kvfleet bench reliability
 	$(BIN)/kvfleet bench spec
-	$(BIN)/kvfleet bench hostile-fields
 	$(BIN)/kvfleet bench cluster
 	$(BIN)/kvfleet bench routing
 	$(BIN)/kvfleet bench pd

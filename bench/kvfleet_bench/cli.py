@@ -113,7 +113,7 @@ def reliability_bench(out_dir: Path, requests: int, seeds: int) -> None:
             f"{r.reserved_left}; 5xx (not 503) {r.server_errors}; last refusal "
             f"{r.last_refusal_after_restart_s:.1f}s after Redis was back"
         )
-    click.echo(f"wrote {out_dir / 'reliability.md'}")
+    click.echo(f"wrote {out_dir / 'reliability.md'} (with the hostile fields and specs)")
 
 
 @bench.command("cluster")
@@ -415,16 +415,19 @@ def spec_bench(runs: int, as_json: bool) -> None:
 
 
 @bench.command("hostile-fields")
-@click.option("--out", "out_file", type=click.Path(path_type=Path),
-              default=Path("bench/results/hostile-fields.md"), show_default=True)  # fmt: skip
+@click.option("--out", "out_file", type=click.Path(path_type=Path), default=None,
+              help="Also write the report's section here (`kvfleet bench reliability` writes "
+                   "it into reliability.md).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on the last line.")
-def hostile_fields_bench(out_file: Path, as_json: bool) -> None:
-    """Issue 55's hostile request fields and specs, each fired once, with what it measures."""
+def hostile_fields_bench(out_file: Path | None, as_json: bool) -> None:
+    """Issue 55's hostile request fields and specs, each fired once, with what it measures
+    (the last section of `kvfleet bench reliability`'s report, on its own)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvfleet-fields-") as work:
         vectors = run_hostile_fields(Path(work), lambda m: click.echo(m, err=as_json))
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(fields_report(vectors, time.perf_counter() - started))
-    click.echo(f"wrote {out_file}", err=as_json)
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(fields_report(vectors, time.perf_counter() - started))
+        click.echo(f"wrote {out_file}", err=as_json)
     if as_json:
         click.echo(json.dumps(fields_json(vectors)))

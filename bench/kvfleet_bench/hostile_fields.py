@@ -1,5 +1,6 @@
-"""`kvfleet bench hostile-fields`: the hostile-tenant and hostile-spec vectors of issue 55,
-each fired once at the real thing with what it measures.
+"""The hostile-tenant and hostile-spec vectors of issue 55, each fired once at the real thing
+with what it measures: a section of `kvfleet bench reliability`'s report, and on their own
+(printed, or written where `--out` says) `kvfleet bench hostile-fields`.
 
 Gateway vectors go over HTTP with a valid key to a `kvfleet gateway` process (memory limits
 store) in front of one LoRA-enabled simulator process; the figures are read where they show:
@@ -238,7 +239,10 @@ def _spec_vectors() -> list[Vector]:
     cases = [("targetModules flag injection", '["q_proj", "--enable-custom-logit-processor"]',
               {"lora": {**lora, "targetModules": ["q_proj", "--enable-custom-logit-processor"]}}),
              ("env override", "engine.env KVFLEET_ENGINE_API_KEY",
-              {"engine": {"env": [{"name": "KVFLEET_ENGINE_API_KEY", "value": "x"}]}})]  # fmt: skip
+              {"engine": {"env": [{"name": "KVFLEET_ENGINE_API_KEY", "value": "x"}]}}),
+             ("pvc path out of its claim", 'model.source.pvc.path "../../etc"',
+              {"model": {"name": "llama",
+                         "source": {"pvc": {"claimName": "w", "path": "../../etc"}}}})]  # fmt: skip
     out = []
     for name, sent, extra in cases:
         try:
@@ -301,7 +305,8 @@ def report(vectors: list[Vector], seconds: float) -> str:
             f"{'yes' if v.held else '**no**'} |" for v in vectors]  # fmt: skip
     held = sum(v.held for v in vectors)
     return "\n".join([
-        "## Hostile fields (`kvfleet bench hostile-fields`)",
+        "## Hostile fields and specs (`kvfleet bench reliability`; alone: `kvfleet bench "
+        "hostile-fields`)",
         "",
         "Issue 55's vectors, each sent once with a valid key to a `kvfleet gateway` process "
         "over one simulated engine (LoRA on, 4 adapters, 2 per replica), or given to the "

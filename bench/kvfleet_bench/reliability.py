@@ -8,7 +8,8 @@ deep, governed fields, wrong keys and streams cut after their first chunk; Redis
 while they run and started again. Then it counts what a platform team would ask: statuses
 (never a 5xx other than the documented 503 while Redis is down), tokens billed against the
 budget, leases and reservations left in Redis, and how long after Redis came back a budgeted
-request was still refused.
+request was still refused. The same report carries the hostile-tenant run (`hostile`) and the
+hostile request fields and specs, each with the figure it moves (`hostile_fields`).
 """
 
 from __future__ import annotations
@@ -300,7 +301,10 @@ def report(runs: list[Run]) -> str:
 def run_reliability_bench(
     out_dir: Path, work: Path, seeds: int = 3, requests: int = 1000
 ) -> list[Run]:
-    from kvfleet_bench import hostile
+    """The three parts of the report, each run and written in `reliability.md`: abusive
+    requests over gateways with a Redis restart, a hostile tenant against an honest one, and
+    issue 55's hostile fields and specs (`hostile_fields`), once each."""
+    from kvfleet_bench import hostile, hostile_fields
 
     runs, hostile_runs = [], []
     for seed in range(seeds):
@@ -308,6 +312,11 @@ def run_reliability_bench(
         runs.append(asyncio.run(run_once(seed, work / f"seed-{seed}", requests)))
         (work / f"hostile-{seed}").mkdir(parents=True, exist_ok=True)
         hostile_runs.append(asyncio.run(hostile.run_hostile(seed, work / f"hostile-{seed}")))
+    (work / "fields").mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    vectors = hostile_fields.run_hostile_fields(work / "fields", lambda _: None)
+    fields = hostile_fields.report(vectors, time.perf_counter() - started)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "reliability.md").write_text(report(runs) + "\n" + hostile.report(hostile_runs))
+    parts = [report(runs), hostile.report(hostile_runs), fields]
+    (out_dir / "reliability.md").write_text("\n\n".join(p.strip("\n") for p in parts) + "\n")
     return runs

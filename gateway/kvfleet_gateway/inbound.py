@@ -10,8 +10,9 @@ estimate of the message text but a bound over *every byte the engine receives*:
   only add), so a template that renders each string of the fields it reads (`messages`,
   `tools`, `tool_choice`, `chat_template_kwargs`; `prompt` and `suffix`; `text`) at most once
   yields at most as many tokens as those fields' JSON has bytes, plus its own fixed text: a
-  template overhead, a per-message header, and for tools a preamble plus the tool schemas a
-  second time (they are re-rendered as indented JSON);
+  template overhead, a per-message header, and what a template renders larger than the
+  client sent it (`rerendering`: tool schemas again as indented JSON with the fields the
+  engine adds, plus a preamble; tool-call arguments re-serialized by `tojson`);
 * what cannot be bounded that way is refused: media parts (an image URL of 30 bytes becomes
   thousands of tokens), `input_embeds`, `n` > 1, and fields outside the allow-list.
 
@@ -48,6 +49,7 @@ from kvfleet_gateway.field_types import (
     check_object,
     check_types,
 )
+from kvfleet_gateway.rerendering import rerendered, tools_bytes
 
 Kind = Literal["chat", "completion", "generate"]
 FALLBACK_MAX_TOKENS = 1024
@@ -225,8 +227,9 @@ def _token_ids(value: Any) -> list[int] | None:
 def _chat_messages(
     messages: Any, req: Requests
 ) -> tuple[str, int, int, tuple[tuple[str, str], ...] | None]:
-    """Routing text, its estimate, the bytes of message-level tools, and the messages as a
-    plain chat template sees them (None when any carries more than a role and text)."""
+    """Routing text, its estimate, the bytes the template renders beyond the messages' JSON
+    (message-level tools, tool-call arguments: `rerendering`), and the messages as a plain
+    chat template sees them (None when any carries more than a role and text)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
     parts: list[str] = []
@@ -256,8 +259,7 @@ def _chat_messages(
             content = "".join(texts)
         if content is not None and not isinstance(content, str):
             raise bad_request(f"{where}.content must be a string or a list of parts", "messages")
-        if m.get("tools") is not None:
-            tool_bytes += len(_encode(m["tools"]))
+        tool_bytes += rerendered(m)
         content_chars += len(content or "")
         parts.append(f"{m['role']}: {content or ''}\n")
         if plain is not None and set(m) <= {"role", "content"} and isinstance(content, str):
@@ -310,7 +312,7 @@ def parse(
     if kind == "chat":
         prompt, estimate, tool_bytes, plain = _chat_messages(body.get("messages"), req)
         if body.get("tools") is not None:
-            tool_bytes += len(_encode(body["tools"]))
+            tool_bytes += tools_bytes(body["tools"])
         if plain is not None and not (TEMPLATE_FIELDS["chat"] - {"messages"}) & body.keys():
             engine_prompt = EnginePrompt(messages=plain)
         overhead = TEMPLATE_OVERHEAD + PER_MESSAGE_OVERHEAD * len(body["messages"])

@@ -14,12 +14,22 @@ URI_PATTERN = r"^(s3|gs|https?|oci)://[A-Za-z0-9._~:/?#@!&'()*+,;=%\[\]-]+$"
 """A URI of a scheme the engine image reads, in RFC 3986's characters but '$'."""
 TARGET_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 """A module name as SGLang matches it (q_proj, all): an identifier, never a flag."""
+PARENT_SEGMENT = "(^|/)[.][.](/|$)"
+"""A '..' path segment (RE2 and Python alike: no look-around), which climbs out of a mount."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class PvcSource:
     """Weights already on a PersistentVolumeClaim."""
 
+    RULES: ClassVar = (
+        Rule(
+            f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
+            "path must stay inside the claim: it may not have a '..' segment (the engine "
+            "is given the mount's directory joined with it, and '..' leaves the claim)",
+            field_path=".path",
+        ),
+    )
     claim_name: str = fld(
         doc="PVC holding the weights (mounted read-only).",
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",

@@ -27,6 +27,7 @@ def isvc(name: str, **spec: Any) -> dict[str, Any]:
 MODEL = {"name": "llama-3.1-8b", "source": {"huggingFace": "meta-llama/Llama-3.1-8B-Instruct"}}
 LORA = {"maxLoraRank": 16, "targetModules": ["q_proj"]}
 ADAPTER = {"name": "sql", "source": {"huggingFace": "org/sql"}}
+UP_AND_OUT = {"pvc": {"claimName": "m", "path": ".."}}
 HOSTILE = [
     # A name that would stand for another service's adapter on a shared gateway.
     (isvc("h1", model={**MODEL, "aliases": ["llama-3.1-8b:sql"]}), "spec.model.aliases[0]"),
@@ -51,6 +52,15 @@ HOSTILE = [
     ),
     (isvc("h7", engine={"extraArgs": ["--trust-remote-cod"]}), "spec.engine.extraArgs"),
     (isvc("h8", engine={"extraArgs": ["--lora-paths", "x=org/x"]}), "spec.engine.extraArgs"),
+    # A path that climbs out of the claim it is mounted from.
+    (
+        isvc("h10", model={**MODEL, "source": {"pvc": {"claimName": "m", "path": "a/../../x"}}}),
+        "spec.model.source.pvc.path: Invalid value",
+    ),
+    (
+        isvc("h11", lora={**LORA, "adapters": [{"name": "up", "source": UP_AND_OUT}]}),
+        "path must stay inside the claim",
+    ),
     # Uniqueness as a list-type map: the API server checks it in one pass.
     (
         isvc(

@@ -33,6 +33,28 @@ def test_simulated_fleet_demo_reports_a_summary() -> None:
     assert summary["requests"] > 0 and summary["ttft_p50"] > 0
 
 
+@pytest.mark.parametrize("duration", ["0.1", "0.5"])
+def test_a_simulated_fleet_too_short_to_finish_a_request_says_so(
+    tmp_path: Path, duration: str
+) -> None:
+    """`--duration 0.5` on one replica simulates 2 s, and no request (a prefill and 128
+    tokens) finished in them: the summary of nothing raised a ValueError, a traceback. A
+    short run now either shows its summary or says what to give instead, exit code 1."""
+    kvfleet = Path(sys.executable).parent / "kvfleet"
+    done = subprocess.run(
+        [str(kvfleet), "demo", "--simulated-fleet", "--duration", duration, "--replicas", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TERM": "dumb"},
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    if done.returncode == 0:
+        assert "the whole run" in done.stdout
+    else:
+        assert done.returncode == 1
+        assert "no request finished in the" in done.stderr
+        assert "give a longer --duration" in done.stderr
+
+
 @pytest.mark.parametrize("form", ["--stack", "--simulated-fleet"])
 def test_on_a_pipe_the_last_frame_ends_before_the_whole_runs_summary(
     tmp_path: Path, form: str

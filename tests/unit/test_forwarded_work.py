@@ -1,15 +1,19 @@
 """The request-field fuzz test (issue 55): over every generation endpoint, for any body the
 gateway accepts, the body it forwards (`ClientRequest.wire`, the bytes the proxy posts to the
-engine) asks the engine for no more work than was reserved and bounded — prompt tokens after
-the worst template, generated tokens, logprob alternatives, grammar bytes, token ids — and
-holds only fields of the endpoint's typed allow-list, each of its JSON type."""
+engine) asks the engine for no more work than was reserved and bounded — prompt tokens,
+generated tokens, logprob alternatives, grammar bytes, token ids — and holds only fields of
+the endpoint's typed allow-list, each of its JSON type.
+
+The prompt tokens are judged by a referee the gateway does not share: the forwarded body
+rendered by the test model's own chat template through `transformers` and counted by its
+`tokenizers` tokenizer, as SGLang's chat serving does (`tests.support.engine_prefill`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvfleet_gateway.allowlist import GOVERNED
@@ -22,7 +26,7 @@ from kvfleet_gateway.field_types import (
     TYPES,
 )
 from kvfleet_gateway.inbound import Kind, decode, parse
-from tests.unit.test_inbound_bound import TOKENIZER, worst_template
+from tests.support.engine_prefill import prefill_tokens
 
 VOCAB = 1_000
 BOUNDS = WorkBounds()
@@ -59,11 +63,42 @@ response_format = st.sampled_from(
         {"type": "regex"},
     ]
 )  # fmt: skip
+AMPLIFIER = "{% for i in range(3000) %}hello world {% endfor %}"
+"""52 bytes of template that render 6,000 words: what `chat_template` in the kwargs does."""
 template_kwargs = st.dictionaries(
     st.sampled_from([*CHAT_TEMPLATE_KWARGS, "chat_template", "tools", "documents", "x"]),
-    value | st.sampled_from(["{% for i in range(9) %}x{% endfor %}", True, "high"]),
+    value | st.sampled_from([AMPLIFIER, True, False, "high"]),
     max_size=3,
 )
+TINY_TOOL = {"type": "function", "function": {"name": "f"}}
+tools = st.sampled_from(
+    [
+        [TINY_TOOL],
+        [TINY_TOOL] * 300,  # each one dumped with its defaults, then indented
+        [{"type": "function", "function": {"name": "f", "description": "look it up",
+                                           "parameters": BIG_SCHEMA}}],
+    ]
+)  # fmt: skip
+arguments = st.sampled_from(
+    ['{"q": "x"}', json.dumps({"xs": [1] * 2_000}, separators=(",", ":")), '{"s": "\\u00e9"}']
+) | st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)
+"""A tool call's arguments: a JSON string the engine parses and the template re-serializes
+(with a space after each comma), or an object."""
+tool_call = st.fixed_dictionaries(
+    {"id": st.just("c1"), "type": st.just("function"),
+     "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "lookup"]),
+                                        "arguments": arguments})}
+)  # fmt: skip
+words = st.text(max_size=40) | st.sampled_from(["hello there", " word" * 50, "é" * 40])
+text_part = st.fixed_dictionaries({"type": st.just("text"), "text": words})
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "tool"]),
+     "content": words | st.lists(text_part, min_size=1, max_size=3)}
+) | st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": words | st.none()},
+    optional={"tool_calls": st.lists(tool_call, max_size=3)},
+)  # fmt: skip
+messages = st.lists(message, min_size=1, max_size=4)
 special: dict[str, st.SearchStrategy[Any]] = {
     "response_format": response_format,
     "chat_template_kwargs": template_kwargs,
@@ -73,9 +108,7 @@ special: dict[str, st.SearchStrategy[Any]] = {
     "logit_bias": st.dictionaries(st.integers(-1, VOCAB + 2).map(str), scalar, max_size=3),
     "regex": st.sampled_from(["a+", "(a|b)" * 5_000]),
     "json_schema": st.sampled_from(['{"type": "string"}', json.dumps(BIG_SCHEMA)]),
-    "tools": st.sampled_from([[{"type": "function", "function": {"name": "f"}}],
-                              [{"type": "function", "function": {"name": "f",
-                                                                 "parameters": BIG_SCHEMA}}]]),
+    "tools": tools,
     "stream_options": st.dictionaries(st.sampled_from(["include_usage", "x"]), value, max_size=2),
 }  # fmt: skip
 
@@ -108,9 +141,10 @@ def extras(names: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-MESSAGES = [{"role": "user", "content": "hello there"}]
 bodies: dict[Kind, st.SearchStrategy[dict[str, Any]]] = {
-    "chat": extras(sorted(TYPES["chat"])).map(lambda e: {**e, "model": "m", "messages": MESSAGES}),
+    "chat": st.tuples(extras(sorted(TYPES["chat"])), messages).map(
+        lambda t: {**t[0], "model": "m", "messages": t[1]}
+    ),
     "completion": extras(sorted(TYPES["completion"])).map(
         lambda e: {"prompt": "hello there", **e, "model": "m"}
     ),
@@ -138,24 +172,15 @@ def check_forwarded(
         assert sampling.get("min_new_tokens", 0) <= max_tokens
         assert set(sampling) <= set(SAMPLING_PARAM_TYPES)
         assert wire.get("top_logprobs_num", 0) <= BOUNDS.top_logprobs
-        prompt_tokens = (
-            len(wire["input_ids"]) if "input_ids" in wire else TOKENIZER.count(wire["text"])
-        )
     elif kind == "chat":
         assert wire["max_tokens"] == max_tokens and "max_completion_tokens" not in wire
         assert set(wire.get("chat_template_kwargs", {})) <= set(CHAT_TEMPLATE_KWARGS)
         assert wire.get("top_logprobs", 0) <= BOUNDS.top_logprobs
-        prompt_tokens = TOKENIZER.count(worst_template(wire)) + len(wire.get("input_ids", []))
     else:
         assert wire["max_tokens"] == max_tokens
         assert wire.get("logprobs", 0) <= BOUNDS.top_logprobs
-        p = wire["prompt"]
-        prompt_tokens = (
-            len(p)
-            if isinstance(p, list) and p and isinstance(p[0], int)
-            else (TOKENIZER.count(json.dumps(p, ensure_ascii=False) + wire.get("suffix", "")))
-        )
-    assert prompt_tokens <= reserved_prompt
+    prefill = prefill_tokens(kind, wire)  # None: the engine refuses the body
+    assert prefill is None or prefill <= reserved_prompt, (prefill, reserved_prompt)
     assert sampling.get("n", 1) == 1 and wire.get("best_of", 1) == 1
     assert sampling.get("min_tokens", 0) <= max_tokens
     for name in ("regex", "ebnf", "json_schema"):
@@ -185,8 +210,28 @@ def accepted_or_refused(kind: Kind, body: dict[str, Any]) -> None:
     assert refused is None or 400 <= refused.status < 500
 
 
+def _chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+LONG_ARGUMENTS = json.dumps({"xs": [1] * 2_000}, separators=(",", ":"))
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": LONG_ARGUMENTS}}
+    ],
+}
+
+
 @settings(max_examples=400, deadline=None)
 @given(bodies["chat"])
+# The vectors the fuzzing found, or that each once passed a gateway: a template replaced
+# through the kwargs, tools dumped and indented, tool-call arguments re-serialized.
+@example(_chat(chat_template_kwargs={"chat_template": AMPLIFIER}))
+@example(_chat(chat_template_kwargs={"enable_thinking": False}, reasoning_effort="high"))
+@example(_chat(tools=[TINY_TOOL] * 300))
+@example(_chat(messages=[{"role": "user", "content": "hi"}, CALLED]))
 def test_chat_forwards_no_more_than_it_reserved(body: dict[str, Any]) -> None:
     accepted_or_refused("chat", body)
 

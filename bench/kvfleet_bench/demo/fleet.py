@@ -20,7 +20,7 @@ from rich.table import Table
 from kvfleet_bench.demo.live import WINDOW_S, live_view
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig
-from kvfleet_sim.fleet.collector import percentile
+from kvfleet_sim.fleet.collector import NoRequestFinished, percentile
 from kvfleet_sim.fleet.des import FleetSimulator
 from kvfleet_sim.fleet.model import FleetConfig, Progress
 from kvfleet_sim.fleet.routing import fleet_policy
@@ -103,8 +103,18 @@ def run_demo(
             if ahead > 0:
                 time.sleep(ahead)  # pace the simulation so people can watch it
 
-        result = FleetSimulator(config, fleet_policy("kvfleet")).run(
-            workload, on_progress=show, progress_interval_s=0.5, time_limit_s=sim_total
+        try:
+            result = FleetSimulator(config, fleet_policy("kvfleet")).run(
+                workload, on_progress=show, progress_interval_s=0.5, time_limit_s=sim_total
+            )
+        except NoRequestFinished:
+            result = None
+    if result is None:
+        # A request takes over a simulated second (its prefill, then 128 tokens): a run
+        # shorter than that ends before any does, and has no TTFT or throughput to show.
+        raise click.ClickException(
+            f"no request finished in the {sim_total:.1f} s simulated (--duration {duration:g}"
+            f" at {speed:g}x real time): give a longer --duration (1 or more)"
         )
     s = result.summary
     click.echo(

@@ -64,6 +64,10 @@ class FleetSummary:
         return asdict(self)
 
 
+class NoRequestFinished(ValueError):
+    """The simulated time ended before any request did: there is nothing to summarize."""
+
+
 @dataclass
 class Collector:
     records: list[RequestRecord] = field(default_factory=list)
@@ -75,7 +79,7 @@ class Collector:
     def summary(self, busy_s: list[float], gpu_seconds: float, retractions: int) -> FleetSummary:
         rs = self.records
         if not rs:
-            raise ValueError("no request finished")
+            raise NoRequestFinished("no request finished")
         start = min(r.arrival for r in rs)
         end = max(r.finish for r in rs)
         duration = max(end - start, 1e-9)

@@ -1,9 +1,12 @@
 """Writes tiny-chat/: a small byte-level BPE tokenizer in Hugging Face's format, for tests.
 
 Nothing may be downloaded at run time, so the tests carry their own tokenizer: trained here
-with the `tokenizers` library on a few English sentences (vocabulary 2,000, Llama-3-style
-special tokens), with a `tokenizer_config.json` whose `chat_template` renders messages the way
-Llama 3's does (header, blank line, content, end of turn). A gateway and an engine that load
+with the `tokenizers` library on a few English sentences (a vocabulary of 2,000 at most,
+Llama-3-style special tokens), with a `tokenizer_config.json` whose `chat_template` renders
+messages the way Llama 3's does (header, blank line, content, end of turn), and what the
+families SGLang serves render beside them: tools as indented JSON after a preamble (Llama
+3.1), an assistant's tool calls, and the switches `reasoning_effort`, `enable_thinking`,
+`thinking`. A chat of plain messages renders as Llama 3's. A gateway and an engine that load
 these two files produce the same token ids for the same chat. Run it again only to change the
 tokenizer: `python tests/data/tokenizers/make_tiny_chat.py`.
 """
@@ -23,11 +26,27 @@ SPECIAL = [
     "<|eot_id|>",
 ]
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content']"
-    " + '<|eot_id|>' }}{% endfor %}"
+    "{{ bos_token }}"
+    # Tools, as Llama 3.1-style templates give them: a preamble, then each schema as
+    # indented JSON (what a request's tools cost in prompt tokens).
+    "{% if tools %}{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    '{{ \'You may call these functions. Answer a call as {"name": its name, '
+    '"parameters": an object of its arguments}.\\n\\n\' }}'
+    "{% for tool in tools %}{{ tool | tojson(indent=4) }}{{ '\\n\\n' }}{% endfor %}"
+    "{{ '<|eot_id|>' }}{% endif %}"
+    "{% if reasoning_effort is defined and reasoning_effort %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nReasoning: ' + reasoning_effort"
+    " + '<|eot_id|>' }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] }}"
+    "{% if message['tool_calls'] is defined %}{% for call in message['tool_calls'] %}"
+    "{{ '{\"name\": \"' + call['function']['name'] + '\", \"parameters\": '"
+    " + (call['function']['arguments'] | tojson) + '}' }}{% endfor %}{% endif %}"
+    "{{ '<|eot_id|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% if thinking is defined and thinking %}{{ '<think>\\n' }}{% endif %}{% endif %}"
 )
 CORPUS = """
 You are a helpful assistant for an online store. Answer questions about orders, returns,
