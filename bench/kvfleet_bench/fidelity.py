@@ -18,12 +18,13 @@ from kvfleet_bench.common import cpu_seconds, drive_streams
 from kvfleet_bench.fidelity_rows import ROWS, FidelityRow, load_model
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
-from kvfleet_sim.costmodel import PROFILES, RooflineCostModel, StepShape
+from kvfleet_sim.costmodel import StepShape
 from kvfleet_sim.fleet.des import FleetSimulator
 from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import fleet_policy
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+from kvfleet_sim.measured import build_cost_model, profiled_entry
 from kvfleet_sim.offline import run_offline
 from kvfleet_sim.procs import free_port, running_process, sim_serve_argv
 
@@ -35,8 +36,9 @@ def _config(row: FidelityRow) -> EngineConfig:
 
 
 def dominant_terms(config: EngineConfig, profile: str) -> tuple[str, str]:
-    """Which cost term dominates a typical prefill chunk and a typical decode step."""
-    cm = RooflineCostModel(derive_layout(config), PROFILES[profile])
+    """Which cost term dominates a typical prefill chunk and a typical decode step (under the
+    default truth: measured timings where profiled)."""
+    cm = build_cost_model(derive_layout(config), profile)
     pre = cm.step_cost(
         StepShape(
             prefill_tokens=8192,
@@ -48,16 +50,30 @@ def dominant_terms(config: EngineConfig, profile: str) -> tuple[str, str]:
     return pre.dominant(), dec.dominant()
 
 
+def _error(simulated: float | None, published: float | None) -> float | None:
+    return None if simulated is None or published is None else simulated / published - 1
+
+
 def fidelity(
     log: Callable[[str], None], table: Sequence[FidelityRow] = ROWS
 ) -> list[dict[str, Any]]:
-    """Simulate every row and score it against its published number (if any)."""
+    """Simulate every row under both cost models and score each against its published number.
+
+    `simulated` is the default truth: the measured-timing model where the (model, GPU, TP)
+    triple is profiled, the roofline elsewhere; `roofline` and `measured` are each model on
+    its own (`measured` is None where nothing was profiled)."""
     rows = []
     for row in table:
         config = _config(row)
-        result = run_offline(config, row.spec, row.profile)
+        roof = run_offline(config, row.spec, row.profile, truth="roofline").output_throughput
+        profiled = profiled_entry(derive_layout(config)) is not None
+        meas = (
+            run_offline(config, row.spec, row.profile, truth="measured").output_throughput
+            if profiled
+            else None
+        )
+        simulated = roof if meas is None else meas
         pre, dec = dominant_terms(config, row.profile)
-        err = None if row.published is None else result.output_throughput / row.published - 1
         rows.append(
             {
                 "name": row.name,
@@ -67,18 +83,21 @@ def fidelity(
                 "source": row.source,
                 "gpu": f"{row.tp}× {row.gpu}",
                 "profile": row.profile,
-                "simulated": result.output_throughput,
+                "truth": "measured" if profiled else "roofline",
+                "simulated": simulated,
+                "roofline": roof,
+                "measured": meas,
                 "published": row.published,
-                "error": err,
+                "error": _error(simulated, row.published),
+                "error_roofline": _error(roof, row.published),
+                "error_measured": _error(meas, row.published),
                 "prefill_dominant": pre,
                 "decode_dominant": dec,
-                "duration_s": result.duration_s,
             }
         )
-        log(
-            f"  {row.name} on {row.tp}× {row.gpu}: {result.output_throughput:,.0f} tok/s"
-            + ("" if err is None else f" (published {row.published:,.0f}, {err:+.1%})")
-        )
+        both = "" if meas is None else f", measured {meas:,.0f}"
+        err = "" if row.published is None else f" (published {row.published:,.0f})"
+        log(f"  {row.name} on {row.tp}× {row.gpu}: roofline {roof:,.0f}{both} tok/s{err}")
     return rows
 
 
@@ -172,6 +191,16 @@ def stream_cpu(streams: int, max_tokens: int, interval: int, workdir: Path) -> d
 BAND = 0.25
 """The error band the fit rows are tested at (tests/unit/test_fidelity.py); held-out rows are
 counted against the same band, set before any held-out row was simulated."""
+HELD_OUT_BAND_MEASURED = 0.15
+"""Held-out rows on a profiled triple (the measured-timing truth): vidur reports under 9%
+error against the engine it profiled (vLLM); the published rows come from other engines
+(TensorRT-LLM), so the band is wider. Measured: -7.7% (Llama-3.1-8B FP16 on A100)."""
+HELD_OUT_BAND_ROOFLINE = 0.65
+"""Held-out rows on the roofline: its worst measured error (+61%, vLLM's DeepSeek-R1, whose
+arrival rate is not published), rounded up. The band bounds a regression; it claims no
+accuracy — the median below and the table say how far off the roofline is."""
+HELD_OUT_MEDIAN_BAND = 0.20
+"""Median |error| over all held-out rows under the default truth (measured: 15%)."""
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -184,8 +213,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 5.5))
     xs = range(len(shown))
     labels = [f"{r['name']}\n{r['gpu']} · {r['engine']} ({r['kind']})" for r in shown]
-    ax.bar([x - 0.2 for x in xs], [r["simulated"] for r in shown], 0.4, label="kvfleet simulator")
-    ax.bar([x + 0.2 for x in xs], [r["published"] for r in shown], 0.4, label="published")
+    w = 0.27
+    ax.bar([x - w for x in xs], [r["roofline"] for r in shown], w, label="simulator: roofline")
+    measured = [(x, r) for x, r in zip(xs, shown, strict=True) if r["measured"] is not None]
+    ax.bar(
+        [x for x, _ in measured],
+        [r["measured"] for _, r in measured],
+        w,
+        label="simulator: measured GPU timings (profiled rows only)",
+    )
+    ax.bar([x + w for x in xs], [r["published"] for r in shown], w, label="published")
     for x, r in zip(xs, shown, strict=True):
         ax.annotate(
             f"{r['error']:+.0%}",
@@ -197,18 +234,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(list(xs), labels, rotation=35, ha="right", fontsize=6)
     ax.set_yscale("log")
     ax.set_ylabel("output tokens / s (log)")
-    ax.set_title("Simulated vs published throughput: fit rows, then held-out rows")
+    ax.set_title("Simulated vs published throughput (label: error of the default truth)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def held_out_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline: held-out error, median and worst, and how many rows fall in the band."""
-    held = [r for r in rows if r["kind"] == "held-out"]
-    errors = sorted(abs(r["error"]) for r in held)
-    worst = max(held, key=lambda r: abs(r["error"]))
+def held_out_summary(rows: list[dict[str, Any]], key: str = "error") -> dict[str, Any]:
+    """The headline: held-out error (under the default truth, or `key`: `error_roofline`,
+    `error_measured`), median and worst, and how many rows fall in the band."""
+    held = [r for r in rows if r["kind"] == "held-out" and r[key] is not None]
+    errors = sorted(abs(r[key]) for r in held)
+    worst = max(held, key=lambda r: abs(r[key]))
     mid = len(errors) // 2
     median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
     return {
@@ -216,20 +254,27 @@ def held_out_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "sources": len({r["source"] for r in held}),
         "median_abs_error": median,
         "worst": worst,
+        "worst_error": worst[key],
         "within_band": sum(e <= BAND for e in errors),
     }
 
 
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
 def _table(rows: list[dict[str, Any]], with_source: bool) -> list[str]:
-    head = "| workload | GPUs | engine (published) | simulated tok/s | published | error "
-    head += "| prefill bound by | decode bound by |"
-    lines = [head, "|---|---|---|---:|---:|---:|---|---|"]
+    head = "| workload | GPUs | engine (published) | truth | roofline tok/s | measured tok/s "
+    head += "| published | error (roofline) | error (measured) | prefill bound by "
+    head += "| decode bound by |"
+    lines = [head, "|---|---|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        pub = "—" if r["published"] is None else f"{r['published']:,.0f}"
-        err = "—" if r["error"] is None else f"{r['error']:+.1%}"
         lines.append(
-            f"| {r['name']} | {r['gpu']} | {r['engine']} | {r['simulated']:,.0f} | {pub} | "
-            f"{err} | {r['prefill_dominant']} | {r['decode_dominant']} |"
+            f"| {r['name']} | {r['gpu']} | {r['engine']} | {r['truth']} | "
+            f"{r['roofline']:,.0f} | {_num(r['measured'], ',.0f')} | "
+            f"{_num(r['published'], ',.0f')} | {_num(r['error_roofline'], '+.1%')} | "
+            f"{_num(r['error_measured'], '+.1%')} | {r['prefill_dominant']} | "
+            f"{r['decode_dominant']} |"
         )
     if with_source:
         lines += ["", "Sources:"]
@@ -238,18 +283,43 @@ def _table(rows: list[dict[str, Any]], with_source: bool) -> list[str]:
     return lines
 
 
+def _headline(summary: dict[str, Any], what: str) -> str:
+    worst = summary["worst"]
+    return (
+        f"{what}: median {summary['median_abs_error']:.0%}, worst {summary['worst_error']:+.0%} "
+        f"({worst['name']}, {worst['engine']}); {summary['within_band']} of {summary['rows']} "
+        f"within ±{BAND:.0%}"
+    )
+
+
 def fidelity_section(rows: list[dict[str, Any]]) -> list[str]:
     summary = held_out_summary(rows)
-    worst = summary["worst"]
+    roofline = held_out_summary(rows, "error_roofline")
+    measured = [r for r in rows if r["kind"] == "held-out" and r["measured"] is not None]
     of = {kind: [r for r in rows if r["kind"] == kind] for kind in ("fit", "held-out")}
-    return [
+    label = (
+        f"Held-out error under the default truth (nothing was fitted to these "
+        f"{summary['rows']} results from {summary['sources']} sources)"
+    )
+    lines = [
         "## Throughput against published GPU results",
         "",
-        f"**Held-out error (nothing was fitted to these {summary['rows']} results from "
-        f"{summary['sources']} sources): median {summary['median_abs_error']:.0%}, worst "
-        f"{worst['error']:+.0%}** ({worst['name']}, {worst['engine']}); "
-        f"{summary['within_band']} of {summary['rows']} within ±{BAND:.0%}. Every held-out "
-        "row runs the default `sglang` profile, the one every kvfleet benchmark runs.",
+        f"**{_headline(summary, label)}.**",
+        "",
+        "The default truth is the measured-timing cost model (vidur's per-operator GPU "
+        "timings, `kvfleet_sim/data/vidur/`) wherever the model, GPU and TP degree were "
+        "profiled, and the roofline elsewhere. "
+        f"{len(measured)} of {summary['rows']} held-out rows run on a profiled triple: "
+        + (
+            ", ".join(
+                f"{r['name']} on {r['gpu']}: roofline {r['error_roofline']:+.1%}, "
+                f"measured {r['error_measured']:+.1%}"
+                for r in measured
+            )
+            or "none"
+        )
+        + f". {_headline(roofline, 'The roofline alone on every held-out row')}. Every "
+        "held-out row runs the default `sglang` profile, the one every kvfleet benchmark runs.",
         "",
         "### Held-out rows",
         "",
@@ -265,9 +335,11 @@ def fidelity_section(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "![throughput](sim-fidelity.png)",
         "",
-        "Dominant terms: a prefill batch of 8 × 1,024 new tokens, and a decode step of 256 "
-        "requests at 1,024 tokens of context.",
+        "Dominant terms (default truth): a prefill batch of 8 × 1,024 new tokens, and a decode "
+        "step of 256 requests at 1,024 tokens of context; `measured` rows name the measured "
+        "model's largest term.",
     ]
+    return lines
 
 
 def report(

@@ -4,8 +4,10 @@ Three kinds of row:
 - **fit**: the simulator's engine profiles (`kvfleet_sim.costmodel.PROFILES`) were fitted to
   these numbers, so their error is in-sample and proves little;
 - **held-out**: published results no constant was fitted to, from other engines, models,
-  GPUs and sources; every one is simulated with the default `sglang` profile, the one every
-  kvfleet benchmark runs, so its error is what a reader of those benchmarks should expect;
+  GPUs and sources; every one is simulated with the default `sglang` profile and the default
+  truth (measured GPU timings where the triple is profiled, the roofline elsewhere), the ones
+  every kvfleet benchmark runs, so its error is what a reader of those benchmarks should
+  expect;
 - **prediction**: shapes with no published figure, shown for inspection.
 
 Model architectures not in the built-in catalogue are read from the `config.json` files under
@@ -275,6 +277,23 @@ PREDICTIONS = [
             "llama-3.1-8b",
             "h100",
             1,
+            OfflineSpec("random", 256, 1024, 1024),
+            {},
+        ),
+        # Profiled triples (vidur's A100 timings): both cost models side by side.
+        (
+            "Llama-3.1-8B, ShareGPT 1,000",
+            "llama-3.1-8b",
+            "a100-80g",
+            1,
+            OfflineSpec("sharegpt"),
+            {},
+        ),
+        (
+            "Llama-3.1-8B TP2, 1024/1024 ×256",
+            "llama-3.1-8b",
+            "a100-80g",
+            2,
             OfflineSpec("random", 256, 1024, 1024),
             {},
         ),

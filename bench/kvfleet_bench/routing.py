@@ -337,6 +337,17 @@ def plot(cells: list[Cell], path: Path) -> None:
     plt.close(fig)
 
 
+def _ms(seconds: float) -> str:
+    """A latency in ms; "—" where no request of the cell finished (all refused)."""
+    return "—" if math.isnan(seconds) else f"{seconds * 1000:.1f} ms"
+
+
+def _p99(c: Cell) -> str:
+    if math.isnan(c.ttft_p99):
+        return "—"
+    return f"{_ms(c.ttft_p99)} [{c.ttft_p99_min * 1000:.1f}–{c.ttft_p99_max * 1000:.1f}]"
+
+
 def report(
     cells: list[Cell],
     caps: dict[str, float],
@@ -374,8 +385,8 @@ def report(
             f"## {title}",
             "",
             "| load | policy | output tok/s | TTFT p50 | TTFT p90 | TTFT p99 | cache hit |"
-            " imbalance |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|",
+            " imbalance | refused |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for c in cells:
             if c.workload == w:
@@ -384,9 +395,8 @@ def report(
                 lines.append(
                     f"| {load} | {name} | {c.output_throughput:,.0f} "
                     f"[{c.output_throughput_min:,.0f}–{c.output_throughput_max:,.0f}] | "
-                    f"{c.ttft_p50 * 1000:.1f} ms | {c.ttft_p90 * 1000:.1f} ms | "
-                    f"{c.ttft_p99 * 1000:.1f} ms [{c.ttft_p99_min * 1000:.1f}–"
-                    f"{c.ttft_p99_max * 1000:.1f}] | {c.cache_hit_rate:.2f} | {c.imbalance:.2f} |"
+                    f"{_ms(c.ttft_p50)} | {_ms(c.ttft_p90)} | {_p99(c)} | "
+                    f"{c.cache_hit_rate:.2f} | {c.imbalance:.2f} | {c.refused} |"
                 )
         lines.append("")
     lines += [

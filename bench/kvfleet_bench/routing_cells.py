@@ -30,6 +30,8 @@ class Cell:
     ttft_p90_max: float = 0.0
     ttft_p99_min: float = 0.0
     ttft_p99_max: float = 0.0
+    refused: int = 0
+    """Requests the engines refused (400 or 503, as SGLang answers them): never run."""
 
     @staticmethod
     def of(workload: str, load: float, policy: str, s: FleetSummary) -> Cell:
@@ -37,7 +39,7 @@ class Cell:
             workload, load, policy, s.output_throughput, s.ttft_p50, s.ttft_p90, s.ttft_p99,
             s.cache_hit_rate, s.imbalance, s.requests, 1,
             s.output_throughput, s.output_throughput, s.ttft_p90, s.ttft_p90,
-            s.ttft_p99, s.ttft_p99,
+            s.ttft_p99, s.ttft_p99, s.refused,
         )  # fmt: skip
 
     @staticmethod
@@ -55,6 +57,7 @@ class Cell:
             min(c.output_throughput for c in runs), max(c.output_throughput for c in runs),
             min(c.ttft_p90 for c in runs), max(c.ttft_p90 for c in runs),
             min(c.ttft_p99 for c in runs), max(c.ttft_p99 for c in runs),
+            sum(c.refused for c in runs),
         )  # fmt: skip
 
 

@@ -29,19 +29,21 @@ def staged_cells(
         result = sim.run(Workload(wf.spec, wf.arrivals, vocab))
         for stage in wf.arrivals.stages:
             records = [r for r in result.records if stage.start_s <= r.arrival <= stage.end_s]
-            if not records:
+            refused = [r for r in result.refused if stage.start_s <= r.arrival <= stage.end_s]
+            if not records and not refused:
                 continue
             # Per stage, balance is judged on the tokens each replica served.
             served: dict[int, float] = defaultdict(float)
             for r in records:
                 served[r.replica] += r.prompt_tokens - r.cached_tokens + r.output_tokens
             busy = [served.get(i, 0.0) for i in range(config.replicas)]
-            s = Collector(records).summary(busy, 0.0, 0)
+            s = Collector(records, refused=refused).summary(busy, 0.0, 0)
             cell = Cell.of(wf.name, stage.rate, policy, s)
             cells.append(cell)
             log(
                 f"  {stage.rate:g} req/s {policy:19s} {cell.output_throughput:8,.0f} tok/s  "
                 f"TTFT p50 {cell.ttft_p50 * 1000:7.1f} ms p90 {cell.ttft_p90 * 1000:8.1f} ms  "
                 f"hit {cell.cache_hit_rate:.2f}"
+                + (f"  refused {cell.refused} ({s.refusal})" if cell.refused else "")
             )
     return cells

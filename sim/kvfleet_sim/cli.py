@@ -160,7 +160,7 @@ def serve(**kw: Any) -> None:
         level=kw.pop("log_level").upper(), format="%(asctime)s %(name)s %(message)s"
     )
     model_arg = kw["model"]
-    profile = kw.pop("profile")
+    profile, truth = kw.pop("profile"), kw.pop("cost_model")
     catalog = load_catalog(kw["catalog_file"])
     try:
         link = catalog.link(kw.pop("disaggregation_link"))
@@ -228,6 +228,7 @@ def serve(**kw: Any) -> None:
         stream_interval=kw.pop("stream_interval"),
         api_key=kw.pop("api_key"),
         profile=profile,
+        truth=truth,
         simulate_eos=not kw.pop("no_eos"),
         faults=faults,
         kv_events=kv_events,
@@ -291,7 +292,7 @@ def offline(**kw: Any) -> None:
     """Throughput, like sglang.bench_offline_throughput (all prompts at once) or
     bench_serving at a request rate."""
     as_json = kw.pop("as_json")
-    profile = kw.pop("profile")
+    profile, truth = kw.pop("profile"), kw.pop("cost_model")
     engine = build_engine_config(kw)
     spec = OfflineSpec(
         dataset=kw["dataset"],
@@ -303,7 +304,7 @@ def offline(**kw: Any) -> None:
         request_rate=kw["request_rate"],
     )
     try:
-        result = run_offline(engine, spec, profile)
+        result = run_offline(engine, spec, profile, truth)
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc
     table = Table(

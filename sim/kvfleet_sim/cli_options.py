@@ -20,6 +20,7 @@ from kvfleet_sim.config import (
 from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES
 from kvfleet_sim.hf_config import load_model_config
 from kvfleet_sim.lora import LoraConfig, parse_lora_path
+from kvfleet_sim.measured import DEFAULT_TRUTH, TRUTHS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,7 +118,15 @@ def engine_options(func: F) -> F:
             type=click.Choice(sorted(PROFILES)),
             default=DEFAULT_PROFILE,
             show_default=True,
-            help="Engine generation whose efficiency to model.",
+            help="Engine generation whose efficiency the roofline models.",
+        ),
+        click.option(
+            "--cost-model",
+            type=click.Choice(TRUTHS),
+            default=DEFAULT_TRUTH,
+            show_default=True,
+            help="Step times: measured GPU timings (vidur's) where the model, GPU and TP were"
+            " profiled, else the roofline (auto); or either alone.",
         ),
     ]
     for opt in reversed(opts):

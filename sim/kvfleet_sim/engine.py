@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvfleet_sim.config import EngineConfig, EngineLayout, derive_layout
-from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, CostModel, RooflineCostModel
+from kvfleet_sim.costmodel import DEFAULT_PROFILE, CostModel
 from kvfleet_sim.lora import MIX_COST
+from kvfleet_sim.measured import DEFAULT_TRUTH, build_cost_model
 from kvfleet_sim.request import Request
 from kvfleet_sim.scheduler import Batch, Scheduler, StepOutcome
 from kvfleet_sim.tokenizer import Tokenizer
@@ -106,13 +107,15 @@ class Engine:
         clock: Clock,
         *,
         profile: str = DEFAULT_PROFILE,
+        truth: str = DEFAULT_TRUTH,
         cost_model: CostModel | None = None,
         tokenizer: Tokenizer | None = None,
     ) -> None:
         self.config = config
         self.layout: EngineLayout = derive_layout(config)
         self.clock = clock
-        self.cost: CostModel = cost_model or RooflineCostModel(self.layout, PROFILES[profile])
+        # Measured GPU timings where the triple is profiled, else the profile's roofline.
+        self.cost: CostModel = cost_model or build_cost_model(self.layout, profile, truth)
         self.tokenizer = tokenizer or Tokenizer(config.model.vocab_size)
         self.scheduler = Scheduler(self.layout, self.tokenizer.generate_ids)
         self.counters = EngineCounters()

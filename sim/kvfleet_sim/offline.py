@@ -12,6 +12,7 @@ from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.datasets import random_lengths, random_token_ids, sharegpt_lengths
 from kvfleet_sim.engine import Engine, VirtualClock
+from kvfleet_sim.measured import DEFAULT_TRUTH
 from kvfleet_sim.request import Request
 
 Dataset = Literal["random", "sharegpt"]
@@ -50,7 +51,10 @@ class OfflineResult:
 
 
 def run_offline(
-    config: EngineConfig, spec: OfflineSpec, profile: str = DEFAULT_PROFILE
+    config: EngineConfig,
+    spec: OfflineSpec,
+    profile: str = DEFAULT_PROFILE,
+    truth: str = DEFAULT_TRUTH,
 ) -> OfflineResult:
     if spec.num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
@@ -64,7 +68,7 @@ def run_offline(
     else:
         raise ValueError(f"unknown dataset {spec.dataset!r}")
     clock = VirtualClock()
-    engine = Engine(config, clock, profile=profile)
+    engine = Engine(config, clock, profile=profile, truth=truth)
     vocab = config.model.vocab_size
     arrivals = _arrival_times(rng, len(lengths), spec.request_rate)
     # Random ids: no two prompts share a prefix, as with SGLang's random dataset.

@@ -280,7 +280,9 @@ def _auth_middleware(api_key: str) -> Any:
 def make_app(config: ServerConfig) -> web.Application:
     clock = RealClock(config.time_scale)
     tokenizer = HfTokenizer.load(config.tokenizer_path) if config.tokenizer_path else None
-    engine = Engine(config.engine, clock, profile=config.profile, tokenizer=tokenizer)
+    engine = Engine(
+        config.engine, clock, profile=config.profile, truth=config.truth, tokenizer=tokenizer
+    )
     state = SimState(
         config=config,
         engine=engine,

@@ -14,6 +14,7 @@ from kvfleet_sim.engine import Engine
 from kvfleet_sim.faults import FaultPlan, FaultState
 from kvfleet_sim.kv_events import KvEventsConfig, ZmqKvEventPublisher
 from kvfleet_sim.lora import LoraConfig, Registry
+from kvfleet_sim.measured import DEFAULT_TRUTH
 from kvfleet_sim.metrics import EngineMetrics
 from kvfleet_sim.multinode import DistConfig, Rendezvous
 from kvfleet_sim.realtime import RealtimeRunner
@@ -37,6 +38,8 @@ class ServerConfig:
     """`--stream-interval`: tokens per streamed chunk after the first."""
     api_key: str | None = None
     profile: str = DEFAULT_PROFILE
+    truth: str = DEFAULT_TRUTH
+    """`--cost-model`: measured GPU timings where profiled, else the roofline (`auto`)."""
     simulate_eos: bool = True
     """Requests without ignore_eos end naturally at a seeded, ShareGPT-like length."""
     faults: FaultPlan = field(default_factory=FaultPlan)

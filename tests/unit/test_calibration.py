@@ -2,7 +2,9 @@
 knows (the model's config.json and the GPU's datasheet, `routing/priors.py`) and learns the
 prefill rate and decode step the replicas actually show. Each case here starts at least 2×
 off the truth on both (set outright where the roofline prior happens to land close), and the
-truth is the simulator's cost model, which the policy never reads."""
+truth is the simulator's cost model, which the policy never reads: measured GPU timings
+(vidur's, `kvfleet_sim/measured.py`) where the model, GPU and TP were profiled — a truth of
+another form than the gateway's roofline prior — and a roofline of other constants elsewhere."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_gateway.routing.priors import LLAMA_3_1_8B, Priors, priors_for
 from kvfleet_sim.catalog import BUILTIN
 from kvfleet_sim.config import EngineConfig, derive_layout
-from kvfleet_sim.costmodel import DEFAULT_PROFILE, PROFILES, RooflineCostModel, StepShape
+from kvfleet_sim.costmodel import DEFAULT_PROFILE, StepShape
 from kvfleet_sim.fleet.model import FleetConfig
 from kvfleet_sim.fleet.routing import deployment_priors, routed_fleet
 from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
+from kvfleet_sim.measured import MeasuredCostModel, build_cost_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("operator/kvfleet_operator", "gateway/kvfleet_gateway", "cli/kvfleet_cli")
@@ -30,7 +33,7 @@ PRODUCT = ("operator/kvfleet_operator", "gateway/kvfleet_gateway", "cli/kvfleet_
 def truth(engine: EngineConfig) -> tuple[float, float]:
     """The simulated replica's prefill rate (2,048 uncached tokens alone) and decode step
     (16 requests of 1,500 tokens), from the cost model the policy is scored on."""
-    cost = RooflineCostModel(derive_layout(engine), PROFILES[DEFAULT_PROFILE])
+    cost = build_cost_model(derive_layout(engine), DEFAULT_PROFILE)
     n = 2048
     shape = StepShape(n, 1, StepShape.prefill_pairs(n, 0))
     return n / cost.step_time(shape), cost.step_time(
@@ -59,12 +62,20 @@ def step_of(policy: KvfleetPolicy, base: float, kv_read: float, scale: float) ->
         ("llama-3.1-70b", "h200", 4, 0.4),  # starts 2.5× too slow
         ("llama-3.1-8b", "h100", 1, 3.0),
         ("llama-3.1-8b", "h100", 1, 1 / 3),
+        # The measured truth: vidur's A100 timings, a step of another form than the prior's.
+        ("llama-3.1-8b", "a100-80g", 1, 3.0),
+        ("llama-3.1-8b", "a100-80g", 1, 1 / 3),
+        ("llama-3.1-8b", "a100-80g", 2, 3.0),
     ],
 )
 def test_the_policy_learns_what_the_replicas_show_from_priors_far_off(
     model: str, gpu: str, tp: int, off: float
 ) -> None:
     engine = EngineConfig.for_model(BUILTIN.model(model), BUILTIN.gpu(gpu), tp_size=tp)
+    measured = isinstance(
+        build_cost_model(derive_layout(engine), DEFAULT_PROFILE), MeasuredCostModel
+    )
+    assert measured == (gpu == "a100-80g")
     rate, step = truth(engine)
     # The roofline prior's split of a decode step (weights vs KV), scaled `off` × too fast or
     # slow: calibration learns one scale on the step (the split is physics, the level is not).
@@ -94,7 +105,12 @@ def test_the_policy_learns_what_the_replicas_show_from_priors_far_off(
 
 @pytest.mark.parametrize(
     ("model", "gpu", "tp"),
-    [("llama-3.1-70b", "h200", 4), ("llama-3.1-8b", "h100", 1), ("llama-3.1-8b", "l40s", 1)],
+    [
+        ("llama-3.1-70b", "h200", 4),
+        ("llama-3.1-8b", "h100", 1),
+        ("llama-3.1-8b", "l40s", 1),
+        ("llama-3.1-8b", "a100-80g", 1),
+    ],
 )
 def test_the_roofline_priors_are_the_right_order_of_magnitude(
     model: str, gpu: str, tp: int
@@ -149,7 +165,7 @@ def _cost_model_outputs() -> list[float]:
                 except ValueError:
                     continue  # does not fit
                 layout = derive_layout(engine)
-                cost = RooflineCostModel(layout, PROFILES[DEFAULT_PROFILE])
+                cost = build_cost_model(layout, DEFAULT_PROFILE)
                 idle = cost.step_time(StepShape(decode_seqs=1, decode_ctx_tokens=1))
                 per_kv = (step - idle) / 24_000
                 out += [rate, step, idle, per_kv]

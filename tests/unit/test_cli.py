@@ -359,3 +359,21 @@ def test_a_taken_port_is_one_line_naming_the_port_and_its_flag(tmp_path: Path) -
                 f" (or listen.{'port' if flag == '--port' else 'metricsPort'} in --config)"
             )
             assert "Traceback" not in said.output
+
+
+def test_sim_cost_model_flag_picks_the_truth() -> None:
+    """--cost-model: measured GPU timings where profiled (auto, the default), the roofline, or
+    measured alone, which an unprofiled pair refuses."""
+    runner = CliRunner()
+    base = ["sim", "offline", "--model", "llama-3.1-8b", "--num-prompts", "32", "--json"]
+
+    def tok_s(*extra: str) -> float:
+        r = runner.invoke(cli, [*base, *extra])
+        assert r.exit_code == 0, r.output
+        return float(json.loads(r.output.strip().splitlines()[-1])["output_throughput"])
+
+    auto = tok_s("--gpu", "a100-80g")
+    assert auto == tok_s("--gpu", "a100-80g", "--cost-model", "measured")
+    assert auto != tok_s("--gpu", "a100-80g", "--cost-model", "roofline")
+    r = runner.invoke(cli, [*base, "--gpu", "h100", "--cost-model", "measured"])
+    assert r.exit_code != 0 and "no measured GPU timings for llama-3.1-8b on h100" in r.output

@@ -148,3 +148,27 @@ def test_gateways_behind_a_service_each_see_their_own_share() -> None:
         return sim.run(w).summary.cache_hit_rate
 
     assert hit(4) < hit(1)
+
+
+def test_a_prompt_the_engine_cannot_hold_is_refused_and_counted_not_a_crash() -> None:
+    """Random prompts of 30k–120k tokens against Llama-3.1-70B at TP2 on H100 (a KV pool of
+    ~23k tokens): SGLang answers each one too long with 400 and its message; the fleet counts
+    them, runs the rest, and releases every refused request's in-flight bookkeeping."""
+    engine = EngineConfig(model=BUILTIN.model("llama-3.1-70b"), gpu=BUILTIN.gpu("h100"), tp_size=2)
+    spec = WorkloadSpec("random", 40, input_len=120_000, output_len=64, range_ratio=0.125)
+    sim = FleetSimulator(FleetConfig(engine, replicas=2), make_policy("least_load"))
+    result = sim.run(Workload(spec, RateTrace("poisson", 2.0), 128_256))
+    s = result.summary
+    longest = sim.replicas[0].engine.layout.max_req_input_len
+    too_long = [r for r in result.refused if r.prompt_tokens > longest]
+    assert s.refused == len(result.refused) == len(too_long) > 0
+    assert s.requests == len(result.records) > 0 and s.requests + s.refused == 40
+    assert all(r.prompt_tokens <= longest for r in result.records)
+    first = result.refused[0]
+    assert first.status == 400
+    assert first.message == (
+        f"Input length ({first.prompt_tokens} tokens) exceeds the maximum allowed length "
+        f"({longest} tokens). Use a shorter input."
+    )
+    assert s.refusal == f"400: {first.message}"
+    assert all(r.inflight_requests == 0 == r.inflight_tokens for r in sim.replicas)

@@ -122,3 +122,31 @@ def test_the_routing_bench_names_the_model_and_tp_it_simulates(tmp_path: Path) -
     assert any("on 2× qwen3-32b/h100 TP2" in line for line in lines), lines
     assert "2 replicas of qwen3-32b/h100 TP2" in (tmp_path / "routing.md").read_text()
     assert not any("llama" in line for line in lines), lines
+
+
+def test_a_workload_the_engines_refuse_still_reports_every_stage(tmp_path: Path) -> None:
+    """The routing bench on 30k–120k-token random prompts (mean 75k) against Llama-3.1-70B at
+    TP2: every prompt is longer than a replica's KV pool, so SGLang refuses each (400). The
+    bench counts the refusals in every cell and writes its report; it once died with
+    InputTooLongError and printed nothing."""
+    from kvfleet_bench.routing import run_routing_bench
+
+    file = tmp_path / "long.yaml"
+    file.write_text(
+        "data: {type: random, input_distribution: {min: 30000, max: 120000, mean: 75000},"
+        " output_distribution: {mean: 128}}\n"
+        "load: {type: poisson, stages: [{rate: 2, duration: 5}]}\n"
+    )
+    lines: list[str] = []
+    result = run_routing_bench(
+        tmp_path, lines.append, model="llama-3.1-70b", tp=2, replicas=2,
+        policies=["round_robin", "kvfleet"], live=False, workload_file=file, seeds=(1,),
+        event_pages=5_000,
+    )  # fmt: skip
+    cells = result["cells"]
+    assert {c["policy"] for c in cells} == {"round_robin", "kvfleet"}
+    assert all(c["requests"] == 0 and c["refused"] > 0 for c in cells)
+    assert any("refused" in line and "400: Input length (75000 tokens)" in line for line in lines)
+    text = (tmp_path / "routing.md").read_text()
+    assert "| refused |" in text
+    assert "| 2 req/s | **kvfleet** | 0 [0–0] | — | — | — | 0.00 | 0.00 | 10 |" in text

@@ -36,6 +36,17 @@ class RequestRecord:
         return (self.finish - self.first_token) / max(1, self.output_tokens - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class RefusedRecord:
+    """A request the engine refused at submission, with SGLang's status and message."""
+
+    arrival: float
+    prompt_tokens: int
+    status: int
+    message: str
+    tenant: str
+
+
 @dataclass(frozen=True)
 class FleetSummary:
     requests: int
@@ -59,6 +70,11 @@ class FleetSummary:
     gpu_seconds_per_request: float
     retractions: int
     aborted: int
+    refused: int = 0
+    """Requests the engine refused (400: longer than the context or the KV pool; 503: queue
+    full): answered with an error, never run; not in `requests`."""
+    refusal: str = ""
+    """The first refusal's status and message, as the client saw it."""
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -72,17 +88,22 @@ class NoRequestFinished(ValueError):
 class Collector:
     records: list[RequestRecord] = field(default_factory=list)
     aborted: int = 0
+    refused: list[RefusedRecord] = field(default_factory=list)
 
     def add(self, record: RequestRecord) -> None:
         self.records.append(record)
 
+    def refuse(self, record: RefusedRecord) -> None:
+        self.refused.append(record)
+
     def summary(self, busy_s: list[float], gpu_seconds: float, retractions: int) -> FleetSummary:
         rs = self.records
-        if not rs:
+        if not rs and not self.refused:
             raise NoRequestFinished("no request finished")
-        start = min(r.arrival for r in rs)
-        end = max(r.finish for r in rs)
+        start = min((r.arrival for r in rs), default=0.0)
+        end = max((r.finish for r in rs), default=0.0)
         duration = max(end - start, 1e-9)
+        first = self.refused[0] if self.refused else None
         ttft = [r.ttft for r in rs]
         tpot = [r.tpot for r in rs if r.output_tokens > 1]
         e2e = [r.finish - r.arrival for r in rs]
@@ -103,7 +124,9 @@ class Collector:
             cache_hit_rate=sum(r.cached_tokens for r in rs) / prompt if prompt else 0.0,
             imbalance=1 - (sum(busy_s) / len(busy_s)) / peak if peak > 0 else 0.0,
             gpu_seconds=gpu_seconds,
-            gpu_seconds_per_request=gpu_seconds / len(rs),
+            gpu_seconds_per_request=gpu_seconds / len(rs) if rs else math.nan,
             retractions=retractions,
             aborted=self.aborted,
+            refused=len(self.refused),
+            refusal="" if first is None else f"{first.status}: {first.message}",
         )

@@ -19,7 +19,7 @@ from kvfleet_gateway.routing.blocks import BLOCK_TOKENS, token_blocks
 from kvfleet_gateway.routing.kvfleet import KvfleetPolicy
 from kvfleet_operator.scaling.policy import shrink_order
 from kvfleet_sim.engine import Engine, Step, VirtualClock
-from kvfleet_sim.fleet.collector import Collector, RequestRecord
+from kvfleet_sim.fleet.collector import Collector, RefusedRecord, RequestRecord
 from kvfleet_sim.fleet.fair_gate import FleetGate
 from kvfleet_sim.fleet.kv_events import FleetKvEvents
 from kvfleet_sim.fleet.lora_fleet import FleetAdapters
@@ -35,6 +35,7 @@ from kvfleet_sim.fleet.model import (
 from kvfleet_sim.fleet.routing import signals_of
 from kvfleet_sim.fleet.workloads import Arrival, Workload
 from kvfleet_sim.request import Request
+from kvfleet_sim.scheduler import InputTooLongError, QueueFullError
 
 STEP_END, READY, PROMOTED, SCRAPE, SCALE, ARRIVAL, PROGRESS, SUBMIT = range(8)
 
@@ -216,17 +217,50 @@ class FleetSimulator:
         delay = 0.0
         if self.adapters is not None and arrival.adapter is not None:
             delay = self.adapters.place(key, arrival.adapter)
-        if delay > 0:  # the gateway loads the adapter there first, then sends the request
-            self._push(now + delay, SUBMIT, (rep, req))
-        else:
-            rep.engine.submit(req)
         rep.inflight_requests += 1
         rep.inflight_tokens += req.prompt_len + req.max_new_tokens
         if own is not None:
             counts = own.setdefault(key, [0, 0])
             counts[0] += 1
             counts[1] += req.prompt_len + req.max_new_tokens
+        if delay > 0:  # the gateway loads the adapter there first, then sends the request
+            self._push(now + delay, SUBMIT, (rep, req))
+        else:
+            self._submit(rep, req)
+
+    def _submit(self, rep: Replica, req: Request) -> None:
+        """Hand a request to its engine, which refuses what SGLang refuses (an input longer
+        than the context or the KV pool: 400; a full queue: 503). A refusal is the client's
+        answer, counted, and the request's in-flight bookkeeping is released."""
+        try:
+            rep.engine.submit(req)
+        except (InputTooLongError, QueueFullError) as exc:
+            arrival, route, key, gw = self._release(rep, req, 0)
+            self._policy(gw).on_finished(route, key)
+            status = 400 if isinstance(exc, InputTooLongError) else 503
+            refused = RefusedRecord(
+                req.arrival_time, req.prompt_len, status, str(exc), arrival.tenant
+            )
+            self.collector.refuse(refused)
         self._kick(rep)
+
+    def _release(
+        self, rep: Replica, req: Request, output_tokens: int
+    ) -> tuple[Arrival, RouteRequest, str, int]:
+        """A request is over (finished or refused): its in-flight bookkeeping is released."""
+        arrival, route, key, gw = self._placed.pop(req.rid)
+        if self._gateways:
+            counts = self._gw_inflight[gw][key]
+            counts[0] -= 1
+            counts[1] -= req.prompt_len + req.max_new_tokens
+        rep.inflight_requests -= 1
+        rep.inflight_tokens -= req.prompt_len + req.max_new_tokens
+        if self.adapters is not None and arrival.adapter is not None:
+            self.adapters.ended(key, arrival.adapter)
+        self._outstanding -= 1
+        if self.gate is not None:
+            self.gate.finished(arrival.tenant, output_tokens, self.clock.t)
+        return arrival, route, key, gw
 
     def _candidates(self) -> list[Candidate]:
         """The routable replicas as the (one) gateway knows them."""
@@ -263,20 +297,9 @@ class FleetSimulator:
             _, route, key, gw = self._placed[req.rid]
             self._policy(gw).on_first_token(route, key)
         for req in outcome.finished:
-            arrival, route, key, gw = self._placed.pop(req.rid)
-            if self._gateways:
-                counts = self._gw_inflight[gw][key]
-                counts[0] -= 1
-                counts[1] -= req.prompt_len + req.max_new_tokens
+            arrival, route, key, gw = self._release(rep, req, req.output_len)
             assert req.first_token_time is not None
             assert req.finish_time is not None
-            rep.inflight_requests -= 1
-            rep.inflight_tokens -= req.prompt_len + req.max_new_tokens
-            if self.adapters is not None and arrival.adapter is not None:
-                self.adapters.ended(key, arrival.adapter)
-            self._outstanding -= 1
-            if self.gate is not None:
-                self.gate.finished(arrival.tenant, req.output_len, self.clock.t)
             self.collector.add(
                 RequestRecord(
                     arrival=req.arrival_time,
@@ -446,8 +469,7 @@ class FleetSimulator:
                 self._on_promoted(payload)
             elif kind == SUBMIT:
                 rep, req = payload
-                rep.engine.submit(req)
-                self._kick(rep)
+                self._submit(rep, req)
             elif kind == SCRAPE and periodic_alive:
                 for rep in self._live():
                     rep.load, rep.scraped_at = rep.engine.load(), t
@@ -473,6 +495,7 @@ class FleetSimulator:
             summary=self.collector.summary(busy, gpu_seconds, retractions),
             records=self.collector.records,
             replica_busy_s=busy,
+            refused=self.collector.refused,
             replica_count_trace=self._trace,
             roles_trace=self.roles_trace,
         )

@@ -10,7 +10,7 @@ from typing import Protocol
 from kvfleet_sim.config import EngineConfig
 from kvfleet_sim.costmodel import DEFAULT_PROFILE
 from kvfleet_sim.engine import Engine, EngineLoad
-from kvfleet_sim.fleet.collector import FleetSummary, RequestRecord
+from kvfleet_sim.fleet.collector import FleetSummary, RefusedRecord, RequestRecord
 from kvfleet_sim.fleet.routing import ReplicaView
 
 
@@ -121,6 +121,8 @@ class FleetResult:
     summary: FleetSummary
     records: list[RequestRecord]
     replica_busy_s: list[float]
+    refused: list[RefusedRecord] = field(default_factory=list)
+    """Requests the engines refused at submission (see `FleetSummary.refused`)."""
     replica_count_trace: list[tuple[float, int]] = field(default_factory=list)
     roles_trace: list[tuple[float, int, int, int]] = field(default_factory=list)
     """(time, active, warm, starting) whenever the fleet changed."""
