@@ -258,7 +258,8 @@ def initial_size(cell: Cell, rate_at: Callable[[float], float]) -> int:
     into live traffic sizes it, at the measured capacity (the oracle at its headroom). No
     policy can add a replica sooner than one cold start: a start sized on the first seconds
     alone cost every reactive policy the same first minutes on a trace file whose rate rises
-    in them (all of them read 90.39% within the SLO on the Azure sample), whatever its policy."""
+    in them (all of them read 90.39% within the SLO on the synthetic chat trace), whatever
+    its policy."""
     first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
     headroom = cell.headroom if cell.policy == "oracle" else 1.0
     return max(1, math.ceil(first * headroom / cell.capacity - 1e-9))

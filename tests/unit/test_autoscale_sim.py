@@ -25,7 +25,9 @@ from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
 ENGINE = EngineConfig(model=BUILTIN.model("llama-3.1-8b"), gpu=BUILTIN.gpu("h100"))
-SAMPLE = Path(__file__).resolve().parents[2] / "bench/kvfleet_bench/data/azure-sample.csv"
+SAMPLE = (
+    Path(__file__).resolve().parents[2] / "bench/kvfleet_bench/data/azure-llm-2023-code-15min.csv"
+)
 
 
 def spike() -> Workload:
@@ -109,7 +111,7 @@ def test_azure_trace_file_replays_with_scales(tmp_path: Path) -> None:
 def test_rate_scale_copies_share_prefixes_within_a_copy_not_across() -> None:
     """`rate_scale` 2 sends each row twice: two populations replaying the trace. Rows that
     share a prefix block share it within each copy, while a row's two copies share none (a
-    row sent eight times at once, every block shared, made the scaled Mooncake sample
+    row sent eight times at once, every block shared, made the scaled synthetic repositories trace
     mostly prefix-cache hits: one replica served what kvfleet planned four for)."""
     rows = [TraceRow(0.0, 1024, 8, (1, 2)), TraceRow(1.0, 1024, 8, (1, 3))]
     copies = list(TraceFileWorkload(rows, 50_000, rate_scale=2.0))
