@@ -74,8 +74,10 @@ bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench routing
 	$(BIN)/kvfleet bench pd
 	$(BIN)/kvfleet bench fairness
-	$(BIN)/kvfleet bench autoscale --trace-file bench/kvfleet_bench/data/azure-sample.csv \
-		--trace-file bench/kvfleet_bench/data/mooncake-sample.jsonl --rate-scale 8
+	$(BIN)/kvfleet bench autoscale --seeds 11,12,13 \
+		--trace-file bench/kvfleet_bench/data/azure-llm-2023-code-15min.csv \
+		--trace-file bench/kvfleet_bench/data/azure-llm-2023-conv-15min.csv \
+		--trace-file bench/kvfleet_bench/data/mooncake-fast25-conversation-10min.jsonl --rate-scale 8
 
 crds: setup  ## regenerate crds/ from the spec model, and the Helm chart's copies
 	$(BIN)/kvfleet crds --out crds

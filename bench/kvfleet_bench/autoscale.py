@@ -11,9 +11,10 @@ with a 180 s cold start, a 5 s promotion, decisions every 15 s and the SLO TTFT 
   `slo.ttftSeconds: 2`, `warmPool: auto` over a floor of one spare. It learns the capacity
   of a replica from the run itself; nothing in it comes from this simulator.
 - **keda** (waiting + running per replica) is swept over thresholds, **hpa** (GPU
-  utilization, HPA's defaults) runs as shipped; each also with a static warm floor
-  (`minReplicas` + 1, the spare kvfleet keeps). The sweep runs on the first seed; the point
-  with the best SLO attainment at no more GPU-hours than kvfleet runs on every seed.
+  utilization) over its target (`HPA_TARGETS`, bracketing its shipped 80%); each also with a
+  static warm floor (`minReplicas` + 1, the spare kvfleet keeps). The sweep runs on the
+  first seed; the point with the best SLO attainment at no more GPU-hours than kvfleet runs
+  on every seed.
 - **static** (step and flash): the smallest fixed fleet that keeps 99% within the SLO —
   the price a policy that cannot see the surge coming pays to meet it.
 - **oracle** knows every arrival (`scalers.OracleScaler`) and plans at the headroom that
@@ -78,7 +79,9 @@ PLANNED = ("oracle", "static")
 STATIC_REFERENCE = ("step", "flash")
 """Traces whose surge no causal policy sees coming: a fleet kept at the peak size all along
 runs beside them, as the price of meeting the surge without foresight."""
-KEDA_THRESHOLDS = (20, 30, 40, 50, 60)
+HPA_TARGETS = (0.5, 0.6, 0.7, 0.8, 0.9)
+"""HPA's utilization targets swept (`hpa@T`; plain `hpa` is its usual 0.8)."""
+KEDA_THRESHOLDS = (10, 20, 30, 40, 50, 60)
 """Waiting + running requests per replica (one replica runs ~57 at its SLO capacity)."""
 HEADROOMS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5)
 """The oracle's and the static fleet's planned capacity per unit of rate, tried from 1."""
@@ -236,6 +239,8 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
         return KvfleetScaler(config), True
     if name == "hpa":
         return hpa_util(minimum, MAX_REPLICAS), False
+    if name.startswith("hpa@"):
+        return hpa_util(minimum, MAX_REPLICAS, float(name[4:])), False
     if name.startswith("keda@"):
         return keda_load(minimum, MAX_REPLICAS, float(name[5:])), False
     if name == "static":
@@ -258,7 +263,8 @@ def initial_size(cell: Cell, rate_at: Callable[[float], float]) -> int:
     into live traffic sizes it, at the measured capacity (the oracle at its headroom). No
     policy can add a replica sooner than one cold start: a start sized on the first seconds
     alone cost every reactive policy the same first minutes on a trace file whose rate rises
-    in them (all of them read 90.39% within the SLO on the Azure sample), whatever its policy."""
+    in them (all of them read 90.39% within the SLO on the synthetic chat trace), whatever
+    its policy."""
     first = max(rate_at(float(t)) for t in range(0, int(COLD_START_S) + 16, 5))
     headroom = cell.headroom if cell.policy == "oracle" else 1.0
     return max(1, math.ceil(first * headroom / cell.capacity - 1e-9))
@@ -480,7 +486,12 @@ def run_autoscale_bench(
 def _baselines(names: Sequence[str], trace: str) -> list[str]:
     out: list[str] = []
     for n in names:
-        out += [f"keda@{t}" for t in deployment(trace).keda_thresholds] if n == "keda" else [n]
+        if n == "keda":
+            out += [f"keda@{t}" for t in deployment(trace).keda_thresholds]
+        elif n == "hpa":
+            out += [f"hpa@{t:g}" for t in HPA_TARGETS]
+        else:
+            out.append(n)
     return out
 
 

@@ -255,6 +255,24 @@ def routing_bench(
         click.echo(cells_json(result))
 
 
+@bench.command("cut-trace")
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--start-s", type=float, default=0.0, show_default=True,
+              help="Window start, seconds after the file's first request.")  # fmt: skip
+@click.option("--duration-s", type=float, default=900.0, show_default=True)
+def cut_trace_command(source: Path, out: Path, start_s: float, duration_s: float) -> None:
+    """Cut a window of a full public trace (Azure LLM inference CSV or Mooncake JSONL),
+    its lines verbatim: how the bench's trace samples were made."""
+    from kvfleet_bench.trace_cut import cut_trace
+
+    try:
+        n = cut_trace(source, out, start_s, duration_s)
+    except TraceFileError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(f"wrote {n} requests to {out}")
+
+
 @bench.command("routing-tuning")
 @click.option("--num-requests", type=int, default=1000, show_default=True)
 @click.option(

@@ -27,6 +27,8 @@ class Terms:
     a tick."""
     serving: int
     """Active replicas (at least 1: what per-replica numbers divide by)."""
+    forecast_backed: bool = True
+    """Whether the forecast may order capacity (`policy.forecast_backed`)."""
 
 
 def explain(config: ScalingConfig, state: State, terms: Terms, need: float, raw: int,
@@ -38,6 +40,8 @@ def explain(config: ScalingConfig, state: State, terms: Terms, need: float, raw:
         if terms.forecast_rate is not None and per
         else "no demand forecast yet"
     )
+    if terms.forecast_rate is not None and per and not terms.forecast_backed:
+        demand += ", not acted on: the load seen is no evidence the fleet falls behind"
     said = {
         "kv": f"KV usage {terms.mean_kv or 0:.2f} over target {config.target_kv_cache_usage:g}",
         "queue": f"queue {per_q:.1f}/replica over target {config.target_queue_depth:g}",

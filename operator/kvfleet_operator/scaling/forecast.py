@@ -91,6 +91,8 @@ class Forecast:
             return 1.0
         noise = max(0.0, self.level) / self.step * TREND_NOISE / self.step**2
         square = self.trend * self.trend
+        if square <= 0.0:  # a trend so small its square underflows: nothing to extrapolate
+            return 1.0
         return max(0.0, square - noise) / square
 
     def ahead(self, horizon_s: float) -> float | None:
@@ -190,16 +192,27 @@ class Capacity:
         cut = _boundary(judged)
         served = [r for r, ok in judged[:cut] if ok]
         failed = [r for r, ok in judged[cut:] if not ok]
+        shown = max(served, default=0.0)
         if self.ceiling:
-            plan = max(max(served, default=0.0) * EXPLORE, self.ceiling)
-            return min(plan, MARGIN * failed[0]) if failed else plan
-        if not served:
+            plan = max(shown * EXPLORE, self.ceiling)
+        elif not served:
             # Nothing served well under the cut. A failing rate alone bounds nothing usable:
             # a tick's rate lags the queue it saw (a burst's first seconds), so it can read
             # far lower than what the fleet fell behind at.
             return None
-        plan = max(served) * EXPLORE
-        return min(plan, MARGIN * failed[0]) if failed else plan
+        else:
+            plan = shown * EXPLORE
+        # Under a rate that failed, but never under one a replica has served while keeping
+        # up: that much it demonstrably does.
+        return max(shown, min(plan, MARGIN * failed[0])) if failed else plan
+
+    @property
+    def bounded(self) -> bool:
+        """Whether `per_replica` rests on a limit — the gateways' roofline of a replica (the
+        model's config, the GPU's peaks, the engine's KV pool and batch slots) or a rate the
+        fleet fell behind at — rather than on the rates it happened to serve, which are a
+        floor of what it can: a forecast divided by a floor orders replicas for a trickle."""
+        return bool(self.ceiling) or any(s.kept_up is False for s in self.samples)
 
 
 def _boundary(judged: list[tuple[float, bool]]) -> int:

@@ -32,11 +32,15 @@ How it decides, HPA-style but on the two signals that matter for LLM serving:
   linear trend, `forecast.py`), over what one replica serves — learned online from the
   ticks the fleet kept up with and those it did not (`forecast.Capacity`), never a
   constant: capacity is ordered before a ramp arrives, and a scale-down waits for the
-  forecast too.
+  forecast too. Only when backed (`forecast_backed`): the capacity rests on a limit (the
+  gateways' roofline or a rate that failed), and the rate seen now already loads the fleet.
+  Otherwise scaling up waits for evidence the fleet falls behind (queue, KV, slots, an
+  objective breached under load): a trickle extrapolated over a cold start is none.
 - **The SLO.** With `slo.ttftSeconds`, a TTFT over it adds a replica (unless capacity is
-  already starting): the symptom the other terms missed. With `slo.itlSeconds`, so does an
-  inter-token latency over it: a decode batch so large that every step is slow (the KV
-  cache may still have room), which only more replicas — smaller batches — shorten.
+  already starting, or the fleet is idle): the symptom the other terms missed. With
+  `slo.itlSeconds`, so does an inter-token latency over it: a decode batch so large that
+  every step is slow (the KV cache may still have room), which only more replicas —
+  smaller batches — shorten.
 - **Missing data, per direction.** An active replica without a fresh scrape counts as
   saturated (its KV full) for scale-up, and blocks scale-down; the decision names it. A
   reader failure, or silence from every replica (a scrape problem, not load), holds the size.
@@ -74,6 +78,10 @@ DRAINING = 0.8
 QUEUE_WAIT_SHARE = 0.5
 """The share of the TTFT objective a queue's wait may take before it counts as a backlog
 (the rest is the prefill itself)."""
+FORECAST_BACKING = 0.5
+"""The share of the active replicas' capacity the observed arrival rate must use before the
+forecast may order replicas ahead of it: a ramp that has not yet loaded the fleet this far
+is a few requests extrapolated over a cold start, not evidence."""
 FLAP_MEMORY_S: float = 3600  # an hour
 """How long a flap (down, then back up within two down windows) keeps its size as a floor."""
 
@@ -131,7 +139,7 @@ def warm_target(config: ScalingConfig, state: State, active: int, falling: bool 
     per = state.capacity.per_replica
     if config.warm_auto and falling:
         want = 0
-    if config.warm_auto and per:
+    if config.warm_auto and per and state.capacity.bounded:
         ahead = state.forecast.ahead(forecast_horizon(config, state)) or 0.0
         slack = max(0.0, active * per - ahead)
         want = max(want, math.ceil((state.forecast.risk() - slack) / per - 1e-9))
@@ -243,12 +251,15 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
     horizon = forecast_horizon(config, state)
     ahead = state.forecast.ahead(horizon)
     per = state.capacity.per_replica
-    need_f = ahead / per if ahead is not None and per else 0.0
+    backed = forecast_backed(state, fleet.active)
+    need_f = ahead / per if backed and ahead is not None and per else 0.0
     level = state.forecast.level or 0.0
     need_f_down = max(ahead or 0.0, level) / per if per else 0.0
-    # An objective breached while nothing is starting: one more replica (what is starting
-    # will answer it otherwise).
-    one_more = float(current + 1) if fleet.starting == 0 and current > 0 else 0.0
+    # An objective breached while nothing is starting and the fleet is busy: one more
+    # replica (what is starting will answer it otherwise; an idle fleet's slow request —
+    # a long prompt, a cold path — is not one more replicas shorten).
+    busy = queue + running >= max(1, fleet.active)
+    one_more = float(current + 1) if fleet.starting == 0 and current > 0 and busy else 0.0
     if backlog_draining:
         one_more = 0.0  # the latencies of a backlog being served, not of what comes now
     over = _breaches(config, signals)
@@ -258,7 +269,21 @@ def _terms(config: ScalingConfig, state: State, fleet: Fleet, signals: Signals, 
           "itl": need_itl}  # fmt: skip
     down = max(kv_down / target, need_q, slots, need_f_down, need_slo, need_itl)
     mean_kv = sum(kv) / len(kv) if kv else None
-    return Terms(up, down, queue, running, mean_kv, from_zero, ahead, horizon, max(1, fleet.active))
+    return Terms(up, down, queue, running, mean_kv, from_zero, ahead, horizon,
+                 max(1, fleet.active), backed)  # fmt: skip
+
+
+def forecast_backed(state: State, active: int) -> bool:
+    """Whether the forecast may order capacity ahead of demand: the capacity it divides by
+    rests on a limit (`Capacity.bounded`: the roofline the deployment's model, GPU and engine
+    limits give, or a rate the fleet fell behind at), and the arrival rate observed now
+    already uses `FORECAST_BACKING` of the active replicas' capacity. Otherwise scaling up
+    waits for evidence that the fleet falls behind: a queue, KV or slots past their
+    targets, an objective breached under load."""
+    per, level = state.capacity.per_replica, state.forecast.level
+    if not per or level is None or not state.capacity.bounded:
+        return False
+    return level >= FORECAST_BACKING * max(1, active) * per
 
 
 def decide(

@@ -117,11 +117,13 @@ class HpaScaler:
         return Target(self.current)
 
 
-def hpa_util(min_replicas: int, max_replicas: int) -> HpaScaler:
+def hpa_util(min_replicas: int, max_replicas: int, target: float = 0.8) -> HpaScaler:
+    """HPA on GPU utilization (the share of replicas busy), at `target` (HPA's usual 80%)."""
+
     def utilization(view: FleetView) -> float:
         return sum(view.busy) / len(view.busy) if view.busy else 0.0
 
-    return HpaScaler(utilization, 0.8, min_replicas, max_replicas)
+    return HpaScaler(utilization, target, min_replicas, max_replicas)
 
 
 def keda_queue(min_replicas: int, max_replicas: int, per_replica: float = 4.0) -> HpaScaler:

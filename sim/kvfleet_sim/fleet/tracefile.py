@@ -47,7 +47,7 @@ class TraceRow:
 MOONCAKE_BLOCK = 512
 
 
-def _timestamp(text: str) -> float:
+def azure_timestamp(text: str) -> float:
     # Seven fractional digits (100 ns ticks): datetime takes at most six.
     head, _, frac = text.strip().partition(".")
     return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}").timestamp()
@@ -70,7 +70,7 @@ def read_trace(path: Path, max_prompt_tokens: int | None = None) -> list[TraceRo
         start: float | None = None
         for line, row in enumerate(reader, start=2):
             try:
-                t = _timestamp(row["TIMESTAMP"])
+                t = azure_timestamp(row["TIMESTAMP"])
                 prompt, output = int(row["ContextTokens"]), int(row["GeneratedTokens"])
             except (TypeError, ValueError) as exc:
                 raise TraceFileError(f"{path}:{line}: {exc}") from None
