@@ -294,7 +294,14 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
 
 
 # The shared test-support layer's fixtures (tests/support/).
-from tests.support.cluster import local_cluster, operator_factory  # noqa: E402, F401
+from tests.support.cluster import (  # noqa: E402, F401
+    local_cluster,
+    operator_cluster,
+    operator_factory,
+    process_cluster,
+    worker_clusters,
+)
+from tests.support.emulated import emulated_operator_cluster  # noqa: E402, F401
 
 SERIAL = frozenset(
     {
@@ -328,12 +335,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
             item.add_marker(pytest.mark.serial)
-
-
-@pytest.fixture
-async def operator_cluster(tmp_path: Path) -> AsyncIterator[Any]:
-    """A local cluster whose pods run as processes, with the real operator logged in."""
-    from tests.support.cluster import cluster_with_operator
-
-    async with cluster_with_operator(tmp_path) as local:
-        yield local

@@ -26,7 +26,8 @@ from kvfleet_operator.login import Credentials
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import require_binary
-from tests.support.cluster import Env, OperatorThread, cluster_config
+from tests.support.cluster import Env, OperatorThread
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.objects import NS, condition, isvc
 from tests.support.waiting import until
 

@@ -24,9 +24,9 @@ from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_localcluster.podmonitors import podmonitor_crd
 from kvfleet_operator.status import pod_ready
 from tests.conftest import kubectl_binary
-from tests.integration.test_kubectl import kubectl
 from tests.support.argocd import health
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.kubectl import kubectl
 from tests.support.leaderworkerset import write_crd
 from tests.support.objects import ROOT
 from tests.support.waiting import until

@@ -54,12 +54,12 @@ def keys_secret(text: str) -> dict[str, Any]:
 
 
 async def test_a_keys_typo_is_named_in_the_condition_and_marked_in_the_listing(
-    operator_cluster: LocalCluster,
+    emulated_operator_cluster: LocalCluster,
 ) -> None:
     """The gateway refuses the Secret and crash-loops; the service said GatewayUnavailable
     and Degraded=False. Now Degraded=True, InvalidKeys, naming the field; `kvfleet keys
     list` marks the entry; once the Secret is fixed the service serves."""
-    k = client(operator_cluster)
+    k = client(emulated_operator_cluster)
     path = f"/api/v1/namespaces/{NS}/secrets"
     await asyncio.to_thread(k.request, "POST", path, keys_secret(TYPO_KEYS))
     spec = isvc("llama", replicas=1, gateway={"apiKeysSecret": "team-keys"})
@@ -70,11 +70,11 @@ async def test_a_keys_typo_is_named_in_the_condition_and_marked_in_the_listing(
     said = condition(body, "Degraded")["message"]
     assert said == "secret team-keys keys.yaml: tenants[0].limits.requestPerMinute: unknown field"
     assert condition(body, "Ready")["reason"] == "InvalidKeys"
-    code, out, err = await kvfleet(operator_cluster, "keys", "list", "--service", "llama")
+    code, out, err = await kvfleet(emulated_operator_cluster, "keys", "list", "--service", "llama")
     assert code == 0, err
     assert "INVALID limits.requestPerMinute: unknown field" in out, out
     assert "a gateway refuses this file (team-a)" in err, err
-    code, out, err = await kvfleet(operator_cluster, "describe", "llama")
+    code, out, err = await kvfleet(emulated_operator_cluster, "describe", "llama")
     assert code == 0 and "InvalidKeys" in out and "requestPerMinute" in out, (out, err)
     fixed = TYPO_KEYS.replace("requestPerMinute", "requestsPerMinute")
     await asyncio.to_thread(k.request, "PUT", f"{path}/team-keys", keys_secret(fixed))
@@ -88,16 +88,16 @@ async def test_a_keys_typo_is_named_in_the_condition_and_marked_in_the_listing(
 
 
 async def test_an_engine_that_exits_at_start_says_why_in_the_condition(
-    operator_cluster: LocalCluster,
+    emulated_operator_cluster: LocalCluster,
 ) -> None:
     """An unknown model: the engine exits at once, again and again. The Degraded condition
     carries the container's last termination message (its log's tail, which the engine
     container asks for with FallbackToLogsOnError), and `kvfleet describe` shows it."""
-    k = client(operator_cluster)
+    k = client(emulated_operator_cluster)
     model = {"name": "nope-7b", "source": {"huggingFace": "nope/nope-7b"}}
     await asyncio.to_thread(k.create, isvc("nope", replicas=1, model=model))
     body = await until(lambda: degraded_because(k, "nope", "ReplicasFailing"), 60, "Degraded=True")
     said = condition(body, "Degraded")["message"]
     assert "exit code 2" in said and "unknown model 'nope/nope-7b'" in said, said
-    code, out, err = await kvfleet(operator_cluster, "describe", "nope")
+    code, out, err = await kvfleet(emulated_operator_cluster, "describe", "nope")
     assert code == 0 and "unknown model 'nope/nope-7b'" in out, (out, err)
