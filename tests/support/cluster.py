@@ -52,18 +52,19 @@ def cluster_config(
     nodes: bool = True,
     lws: bool = False,
     namespace: str = "ai",
+    monitoring: bool = False,
     **kubelet: Any,
 ) -> LocalClusterConfig:
     """A local cluster of a test: `crds/` applied unless `crds` is False, `namespace` in its
     kubeconfig, the default nodes (`nodes` False: none, pods stay Pending) whose pods turn
     Ready after 50 ms without processes unless `run_processes=True`, the API server's audit
-    log in `tmp/audit.log`. No Prometheus Operator (its CRDs): a test that wants PodMonitors
-    installs them as a user would; no LeaderWorkerSet unless `lws`."""
+    log in `tmp/audit.log`. No Prometheus Operator CRDs unless `monitoring`, no
+    LeaderWorkerSet unless `lws`."""
     require_control_plane()
     return LocalClusterConfig(
         kubeconfig=tmp / "kubeconfig",
         crds_dir=ROOT / "crds" if crds else None,
-        monitoring_crds=False,
+        monitoring_crds=monitoring,
         lws=lws,
         namespace=namespace,
         controllers=nodes,

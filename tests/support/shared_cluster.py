@@ -125,11 +125,11 @@ class WorkerClusters:
 
 class AuditLog:
     """The API server's audit log (JSON lines) from a mark on: `AuditLog(path)` marks its
-    current end; `events()` are those written since."""
+    current end (`from_start`: its beginning); `events()` are those written since."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, from_start: bool = False) -> None:
         self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
+        self.offset = path.stat().st_size if path.exists() and not from_start else 0
 
     def events(self) -> list[dict[str, Any]]:
         with self.path.open("rb") as f:
