@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
+from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from tests.support.cluster import OperatorThread
@@ -57,3 +59,15 @@ async def emulated_operator_cluster(tmp_path: Path) -> AsyncIterator[EmulatedClu
     """An emulated cluster whose pods run as processes, with the real operator logged in."""
     async with emulated_cluster_with_operator(tmp_path) as local:
         yield local
+
+
+@dataclasses.dataclass
+class EmulatedEnv:
+    """An emulated cluster and a client logged in with its kubeconfig."""
+
+    cluster: EmulatedCluster
+    kube: Kube
+
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(kubeconfig=str(self.cluster.kubeconfig))
