@@ -294,7 +294,14 @@ async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None
 
 
 # The shared test-support layer's fixtures (tests/support/).
-from tests.support.cluster import local_cluster, operator_factory  # noqa: E402, F401
+from tests.support.cluster import (  # noqa: E402, F401
+    local_cluster,
+    operator_cluster,
+    operator_factory,
+    process_cluster,
+    worker_clusters,
+)
+from tests.support.emulated import emulated_operator_cluster  # noqa: E402, F401
 
 SERIAL = frozenset(
     {
@@ -319,21 +326,25 @@ SERIAL = frozenset(
 )
 
 
+def _time_the_test_not_the_shared_cluster(item: pytest.Item) -> None:
+    """A test on a worker's shared cluster: its timeout bounds the test, not its fixtures.
+    The first such test of a worker starts the cluster in its setup (bounded on its own,
+    `shared_cluster.START_TIMEOUT_S`), which on a busy machine took most of a 120 s limit."""
+    if "worker_clusters" not in getattr(item, "fixturenames", ()):
+        return
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else None
+    limit = limit if limit is not None else float(item.config.getini("timeout") or 0)
+    item.add_marker(pytest.mark.timeout(limit, func_only=True), append=False)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`make test` runs the integration tests marked `serial` one at a time, the rest on two
     workers (they wait on processes and sockets more than they compute)."""
     for item in items:
         if "integration" not in item.path.parts:  # unit tests share one pool with the rest
             continue
+        _time_the_test_not_the_shared_cluster(item)
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
             item.add_marker(pytest.mark.serial)
-
-
-@pytest.fixture
-async def operator_cluster(tmp_path: Path) -> AsyncIterator[Any]:
-    """A local cluster whose pods run as processes, with the real operator logged in."""
-    from tests.support.cluster import cluster_with_operator
-
-    async with cluster_with_operator(tmp_path) as local:
-        yield local

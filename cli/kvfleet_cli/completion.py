@@ -22,12 +22,14 @@ NO_FILE_COMPLETION = 4
 
 def isvc_names(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
     """InferenceService names in the namespace of `--kubeconfig/--context/-n`, if any."""
+    # Imported before the clock starts: the limit bounds the cluster's answer, and loading
+    # the Kubernetes client alone can take a second on a busy machine.
+    from kvfleet_cli.admin import Cluster
+    from kvfleet_operator.kube import ISVC
+
     names: list[str] = []
 
     def read() -> None:
-        from kvfleet_cli.admin import Cluster
-        from kvfleet_operator.kube import ISVC
-
         params = ctx.params
         try:
             cluster = Cluster.connect(

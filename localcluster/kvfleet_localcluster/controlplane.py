@@ -78,7 +78,11 @@ class ControlPlaneConfig:
     etcd_fsync: bool = False
     startup_timeout_s: float = 120.0
     apiserver_args: tuple[str, ...] = ()
-    """Extra kube-apiserver flags (feature gates, audit)."""
+    """Extra kube-apiserver flags (feature gates)."""
+    audit_log: Path | None = None
+    """Write the API server's audit log here (JSON lines, `args.AUDIT_POLICY`): who asked
+    for what and the answer's code, for every request but the control plane's own; None:
+    no audit log."""
     binaries: Binaries | None = None
     """None: `ensure_built()` (a no-op once built)."""
 
@@ -349,7 +353,7 @@ class ControlPlane:
                 f,
                 ports,
                 self.config.service_cluster_ip_range,
-                self.config.apiserver_args,
+                (*self.config.apiserver_args, *self._audit_flags()),
             ),
         )
         await self._wait("kube-apiserver /readyz", self._apiserver_ready)
@@ -385,6 +389,13 @@ class ControlPlane:
         self._mark("default ServiceAccount", started)
         self.startup_s = time.monotonic() - started
         log.info("control plane %s ready in %.1f s: %s", self.url, self.startup_s, self.phases)
+
+    def _audit_flags(self) -> tuple[str, ...]:
+        if self.config.audit_log is None:
+            return ()
+        policy = self.state_dir / "audit-policy.yaml"
+        replace_file(policy, yaml.safe_dump(args.AUDIT_POLICY))
+        return args.audit(policy, self.config.audit_log.resolve())
 
     def _mark(self, phase: str, started: float) -> None:
         self.phases[phase] = round(time.monotonic() - started, 2)

@@ -117,6 +117,37 @@ def apiserver(
     ]
 
 
+CONTROL_PLANE_USERS = (
+    "system:kube-controller-manager",
+    "system:kube-scheduler",
+    "system:apiserver",
+)
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        # The control plane's own traffic (node agents, controllers, the scheduler) is most
+        # of all requests and says nothing about the clients under test.
+        {"level": "None", "userGroups": ["system:nodes", "system:serviceaccounts:kube-system"]},
+        {"level": "None", "users": [*CONTROL_PLANE_USERS]},
+        {"level": "Metadata"},
+    ],
+}
+"""What the audit log records: who asked for what, and the answer's code (not the bodies)."""
+
+
+def audit(policy: Path, log: Path) -> tuple[str, ...]:
+    """Flags of an audit log written as JSON lines, each event as soon as it happens."""
+    return (
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",
+        "--audit-log-maxsize=0",
+    )
+
+
 def _delegated(files: Files, component: str, port: int) -> list[str]:
     """Flags the controller manager and the scheduler share: their API credentials, their
     own /healthz on a loopback port, no leader election (one of each)."""

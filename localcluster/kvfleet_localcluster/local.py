@@ -57,6 +57,8 @@ class LocalClusterConfig:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     controllers: bool = True
     """False: the control plane alone (no node: pods stay Pending)."""
+    audit_log: Path | None = None
+    """The API server's audit log (`ControlPlaneConfig.audit_log`); None: none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kubeconfig", self.kubeconfig.resolve())
@@ -84,6 +86,7 @@ class LocalCluster:
                 monitoring_crds=config.monitoring_crds,
                 crds_dir=config.crds_dir,
                 apiserver_args=KUBELET_ADDRESS_FLAGS,
+                audit_log=config.audit_log,
             )
         )
         self.nodes: ClusterNodes | None = None

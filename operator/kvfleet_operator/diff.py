@@ -46,6 +46,21 @@ Kubernetes' OpenAPI, keyed by these fields): another manager's items beside ours
 env var or sidecar, a mesh's volume) are theirs, not drift. Every other list is atomic."""
 
 
+ATOMIC_MAPS = frozenset({"nodeSelector", "selector"})
+"""Maps the API server replaces whole (`mapType: atomic`: a pod's nodeSelector, a Service's
+selector): a key another writer added beside ours is drift the next apply removes, not
+another manager's entry to leave alone. (A LabelSelector, also under `selector`, is a struct
+of maps, compared as any other.)"""
+
+
+def _atomic_map(want: Any, field: str) -> bool:
+    return (
+        field in ATOMIC_MAPS
+        and isinstance(want, dict)
+        and all(isinstance(v, str) for v in want.values())
+    )
+
+
 def _item_key(item: Any, keys: tuple[str, ...]) -> tuple[str, Any] | None:
     if isinstance(item, dict):
         for key in keys:
@@ -66,7 +81,9 @@ def _covers_map_list(have: list[Any], want: list[Any], keys: tuple[str, ...]) ->
 def covers(have: Any, want: Any, field: str = "") -> bool:
     """True when `have` holds everything `want` says (dicts: a superset; keyed lists — see
     `MAP_LIST_KEYS` — each wanted item present and covered; other lists: same length,
-    element by element). `field` is the name `want` is found under."""
+    element by element; `ATOMIC_MAPS`: equal). `field` is the name `want` is found under."""
+    if _atomic_map(want, field):
+        return isinstance(have, dict) and have == want
     if isinstance(want, dict):
         return isinstance(have, dict) and all(
             k in have and covers(have[k], v, k) for k, v in want.items()
@@ -145,6 +162,22 @@ def upgraded_managed_fields(live: Json, manager: str) -> list[Json] | None:
     }
     rest = [e for e in managed if e is not applied and not _is_own(e, manager, "Update")]
     return [*rest, merged]
+
+
+def adopted_managed_fields(live: Json, manager: str) -> list[Json]:
+    """`live`'s managedFields with every manager's entry for the object itself folded into
+    one Apply entry of `manager`: an adopted object becomes wholly the operator's, so its
+    next apply drops what it does not render (a user's unnamed Service port beside the
+    operator's named ones made every apply a 422). Subresource entries (status) stay."""
+    managed = _managed(live)
+    whole = [e for e in managed if not e.get("subresource")]
+    fields: Json = {}
+    for e in whole:
+        fields = _union(fields, e.get("fieldsV1") or {})
+    base = whole[-1] if whole else {"apiVersion": live.get("apiVersion")}
+    merged = {**base, "manager": manager, "operation": "Apply", "fieldsType": "FieldsV1",
+              "fieldsV1": fields}  # fmt: skip
+    return [*(e for e in managed if e.get("subresource")), merged]
 
 
 def _union(a: Json, b: Json) -> Json:

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet_kernel.schema import ConfigError, Json
 from kvfleet_operator.diff import (
+    adopted_managed_fields,
     field_owners,
     needs_apply,
     own_resize,
@@ -274,16 +275,21 @@ ADOPT_ANNOTATION = "kvfleet.dev/adopt"
 """On an existing object: the name of the InferenceService allowed to take it over."""
 
 
+def controlled_by(live: Json, owner_uid: str) -> bool:
+    """Whether `live`'s controller reference is the InferenceService `owner_uid`."""
+    refs = (live.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") == owner_uid for ref in refs)
+
+
 def may_manage(live: Json, owner_uid: str, owner_name: str) -> bool:
     """Whether the operator may change `live` for the InferenceService `owner_uid`: it is
     that service's (its controller reference), or its owner asked for a takeover. Anything
     else — a user's Service, another controller's Deployment — is never patched, so a name
     clash cannot redirect it or have it garbage-collected with the InferenceService."""
-    meta = live.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("uid") == owner_uid:
-            return True
-    return (meta.get("annotations") or {}).get(ADOPT_ANNOTATION) == owner_name
+    if controlled_by(live, owner_uid):
+        return True
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ADOPT_ANNOTATION) == owner_name
 
 
 def _apply(
@@ -310,7 +316,10 @@ def _apply(
             f"{ref['name']} to let the operator take it over)"
         )
         return None
-    if live is not None and (upgraded := upgraded_managed_fields(live, kube.field_manager)):
+    if live is not None and not controlled_by(live, ref["uid"]):
+        # Adopted (the annotation): every field becomes the operator's, as if it had made it.
+        live = _take_over_updates(kube, live, adopted_managed_fields(live, kube.field_manager))
+    elif live is not None and (upgraded := upgraded_managed_fields(live, kube.field_manager)):
         live = _take_over_updates(kube, live, upgraded)
     if not needs_apply(desired, live, kube.field_manager):
         return live

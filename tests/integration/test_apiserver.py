@@ -12,7 +12,7 @@ import pytest
 
 from kvfleet_localcluster.apiserver import ClusterAPI
 from kvfleet_localcluster.emulated import EmulatedCluster
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
 
 POD = {
     "apiVersion": "v1",

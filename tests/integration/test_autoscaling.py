@@ -26,7 +26,9 @@ from kvfleet_operator.login import Credentials
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import require_binary
-from tests.support.cluster import Env, OperatorThread, cluster_config
+from tests.support.cluster import OperatorThread
+from tests.support.emulated import EmulatedEnv
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.objects import NS, condition, isvc
 from tests.support.waiting import until
 
@@ -50,7 +52,7 @@ RATE_WINDOW_S = 15
 
 @dataclass
 class Stack:
-    env: Env
+    env: EmulatedEnv
     operator: OperatorThread | None = None
 
     def start_operator(self, prometheus: str | None = None) -> OperatorThread:
@@ -97,7 +99,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         from kvfleet_operator.kube import Kube
         from kvfleet_operator.login import api_client
 
-        env = Env(cluster, Kube(api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))))
+        env = EmulatedEnv(
+            cluster, Kube(api_client(Credentials(kubeconfig=str(cluster.kubeconfig))))
+        )
         s = Stack(env)
         try:
             yield s

@@ -18,8 +18,8 @@ import yaml
 
 from kvfleet_localcluster.emulated import EmulatedCluster
 from tests.conftest import kubectl_binary, require_binary
-from tests.integration.test_kubectl import kubectl, kubectl_error, run_kubectl
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.kubectl import kubectl, kubectl_error, run_kubectl
 from tests.support.objects import ROOT, isvc
 from tests.support.waiting import until
 

@@ -22,7 +22,8 @@ import pytest_asyncio
 from kvfleet_localcluster.controlplane import ControlPlane, ControlPlaneConfig, ControlPlaneError
 from kvfleet_localcluster.controlplane_build import Binaries, ensure_built
 from kvfleet_localcluster.controlplane_gomod import KUBERNETES_VERSION
-from tests.conftest import kubectl_binary, require_binary
+from tests.conftest import require_binary
+from tests.support.kubectl import get_json, kubectl, run_kubectl
 from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,30 +55,8 @@ async def cp(
         yield plane
 
 
-async def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(), "--kubeconfig", str(cp.kubeconfig),
-        "--cache-dir", str(cp.state_dir / "kube-cache"), *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await proc.communicate(stdin.encode() if stdin else None)
-    return int(proc.returncode or 0), out.decode(), err.decode()
-
-
-async def kubectl_ok(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    code, out, err = await kubectl(cp, *args, stdin=stdin)
-    assert code == 0, f"kubectl {' '.join(args)}: {err}"
-    return out
-
-
-async def get_json(cp: ControlPlane, *args: str) -> Any:
-    return json.loads(await kubectl_ok(cp, "get", *args, "-o", "json"))
-
-
 async def test_kubectl_sees_the_built_release(cp: ControlPlane) -> None:
-    code, out, err = await kubectl(cp, "version", "-o", "json")
+    code, out, err = await run_kubectl(cp.kubeconfig, "version", "-o", "json")
     assert code == 0, err
     assert json.loads(out)["serverVersion"]["gitVersion"] == KUBERNETES_VERSION
     assert "version difference" not in err  # kubectl 1.37 against 1.37: no skew warning
@@ -95,7 +74,7 @@ async def test_openapi_v3_serves_the_builtin_groups_and_installed_crds(cp: Contr
     }
 
     async def missing() -> set[str]:
-        paths = json.loads(await kubectl_ok(cp, "get", "--raw", "/openapi/v3"))["paths"]
+        paths = json.loads(await kubectl(cp.kubeconfig, "get", "--raw", "/openapi/v3"))["paths"]
         return groups - set(paths)
 
     # A CRD's schema reaches /openapi/v3 a moment after the CRD is Established.
@@ -110,9 +89,8 @@ async def test_the_repository_crds_are_accepted_by_the_real_server(cp: ControlPl
     refused both CRDs of the emulator's day: a fieldPath outside the schema, `\\-` in a CEL
     string, a default failing its own rule, a rule 5.8x over the cost budget.)"""
     for crd in sorted((ROOT / "crds").glob("kvfleet.dev_*.yaml")):
-        await kubectl_ok(cp, "apply", "--server-side", "-f", str(crd))
-    await kubectl_ok(
-        cp, "wait", "--for=condition=Established", "--timeout=60s",
+        await kubectl(cp.kubeconfig, "apply", "--server-side", "-f", str(crd))
+    await kubectl(cp.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
         "crd/inferenceservices.kvfleet.dev", "crd/inferencegateways.kvfleet.dev",
     )  # fmt: skip
 
@@ -131,19 +109,19 @@ spec:
 
 
 async def test_the_controller_manager_makes_replicasets_and_pods(cp: ControlPlane) -> None:
-    await kubectl_ok(cp, "apply", "--server-side", "-f", "-", stdin=DEPLOYMENT)
+    await kubectl(cp.kubeconfig, "apply", "--server-side", "-f", "-", stdin=DEPLOYMENT)
 
     async def two_pending_pods() -> list[Any]:
-        pods = (await get_json(cp, "pods", "-n", "demo", "-l", "app=web"))["items"]
+        pods = (await get_json(cp.kubeconfig, "pods", "-n", "demo", "-l", "app=web"))["items"]
         return pods if len(pods) == 2 else []
 
     pods = await until(two_pending_pods, 60, "two pods of the Deployment")
     (owner,) = {ref["name"] for p in pods for ref in p["metadata"]["ownerReferences"]}
-    rs = await get_json(cp, "replicaset", owner, "-n", "demo")
+    rs = await get_json(cp.kubeconfig, "replicaset", owner, "-n", "demo")
     assert rs["metadata"]["ownerReferences"][0]["name"] == "web"
     assert {p["status"]["phase"] for p in pods} == {"Pending"}  # no node agent runs them
     # The ServiceAccount controller gave the namespace its `default` account.
-    await get_json(cp, "serviceaccount", "default", "-n", "demo")
+    await get_json(cp.kubeconfig, "serviceaccount", "default", "-n", "demo")
 
 
 NODE = {
@@ -173,17 +151,12 @@ async def test_the_scheduler_refuses_a_pod_asking_for_more_gpus_than_a_node_has(
 ) -> None:
     node_kubeconfig = cp.node_kubeconfig("gpu-node-1")
     # The node registers itself, as a node agent does: the Node authorizer admits it.
-    proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(), "--kubeconfig", str(node_kubeconfig), "create", "-f", "-",
-        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await proc.communicate(json.dumps(NODE).encode())
-    assert proc.returncode == 0, err.decode()
-    await kubectl_ok(cp, "apply", "--server-side", "-f", "-", stdin=GREEDY_POD)
+    await kubectl(node_kubeconfig, "create", "-f", "-", stdin=json.dumps(NODE))
+    await kubectl(cp.kubeconfig, "apply", "--server-side", "-f", "-", stdin=GREEDY_POD)
 
     async def failed_scheduling() -> list[Any]:
         events = await get_json(
-            cp, "events", "-n", "demo", "--field-selector", "involvedObject.name=greedy"
+            cp.kubeconfig, "events", "-n", "demo", "--field-selector", "involvedObject.name=greedy"
         )
         return [e for e in events["items"] if e["reason"] == "FailedScheduling"]
 
@@ -206,22 +179,24 @@ spec:
 
 
 async def test_the_leaderworkerset_controller_and_its_webhooks_run(cp: ControlPlane) -> None:
-    out = await kubectl_ok(cp, "apply", "--server-side", "-f", "-", stdin=LWS)
+    out = await kubectl(cp.kubeconfig, "apply", "--server-side", "-f", "-", stdin=LWS)
     assert "serverside-applied" in out
-    lws = await get_json(cp, "leaderworkerset", "multi", "-n", "demo")
+    lws = await get_json(cp.kubeconfig, "leaderworkerset", "multi", "-n", "demo")
     # The mutating webhook defaulted the spec (the CRD has no defaults for these).
     assert lws["spec"]["rolloutStrategy"]["type"] == "RollingUpdate"
     assert lws["spec"]["networkConfig"]["subdomainPolicy"] == "Shared"
 
     async def worker_pod() -> Any:
-        code, out, _ = await kubectl(cp, "get", "pod", "multi-0-1", "-n", "demo", "-o", "json")
+        code, out, _ = await run_kubectl(
+            cp.kubeconfig, "get", "pod", "multi-0-1", "-n", "demo", "-o", "json"
+        )
         return json.loads(out) if code == 0 else None
 
     # Leader StatefulSet (LWS controller) -> leader pod (StatefulSet controller, labelled by the
     # Pod webhook) -> worker StatefulSet `multi-0` (LWS pod controller) -> worker pod.
     pod = await until(worker_pod, 90, "the worker pod multi-0-1")
     assert pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "1"
-    leader = await get_json(cp, "pod", "multi-0", "-n", "demo")
+    leader = await get_json(cp.kubeconfig, "pod", "multi-0", "-n", "demo")
     assert leader["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] == "0"
 
 
@@ -278,13 +253,19 @@ async def test_no_component_outlives_its_owner_killed_by_sigkill(binaries: Binar
 
 async def test_a_service_account_token_logs_in_as_its_account(cp: ControlPlane) -> None:
     async def default_account() -> bool:
-        code, _, _ = await kubectl(cp, "get", "serviceaccount", "default", "-n", "demo")
+        code, _, _ = await run_kubectl(
+            cp.kubeconfig, "get", "serviceaccount", "default", "-n", "demo"
+        )
         return code == 0
 
     await until(default_account, 30, "the ServiceAccount controller's default account")
     token = await cp.service_account_token("demo", "default", seconds=600)
-    whoami = json.loads(await kubectl_ok(cp, "auth", "whoami", "-o", "json", "--token", token))
+    whoami = json.loads(
+        await kubectl(cp.kubeconfig, "auth", "whoami", "-o", "json", "--token", token)
+    )
     assert whoami["status"]["userInfo"]["username"] == "system:serviceaccount:demo:default"
     # RBAC is on: the account may not list Secrets until a Role grants it.
-    code, _, err = await kubectl(cp, "get", "secrets", "-n", "demo", "--token", token)
+    code, _, err = await run_kubectl(
+        cp.kubeconfig, "get", "secrets", "-n", "demo", "--token", token
+    )
     assert code != 0 and "forbidden" in err.lower()

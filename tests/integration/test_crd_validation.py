@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from kvfleet_localcluster.emulated import EmulatedCluster
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.objects import isvc as make_isvc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import openai
 from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import cluster_with_operator
+from tests.support.emulated import emulated_cluster_with_operator as cluster_with_operator
+from tests.support.kubectl import kubectl
 from tests.support.metrics import scraped_sync
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
@@ -68,9 +68,9 @@ async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str
 
 
 async def test_a_disaggregated_service_serves_through_both_pools(
-    operator_cluster: EmulatedCluster,
+    emulated_operator_cluster: EmulatedCluster,
 ) -> None:
-    kc = operator_cluster.kubeconfig
+    kc = emulated_operator_cluster.kubeconfig
     for name in (
         "api-keys-secret.yaml",
         "hf-token-secret.yaml",

@@ -12,7 +12,7 @@ from kvfleet_gateway.config import KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
 from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_sim.procs import free_port
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.gateway import gateway_config
 from tests.support.objects import ENGINE_SELECTOR
 from tests.support.objects import engine_pod as pod

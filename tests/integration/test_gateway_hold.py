@@ -27,7 +27,7 @@ from kvfleet_gateway.config import (
 from kvfleet_gateway.keys import hash_key
 from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_sim.procs import free_port
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
 from tests.support.objects import ENGINE_SELECTOR, NS, engine_pod
 from tests.support.waiting import until

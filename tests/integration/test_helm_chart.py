@@ -16,7 +16,7 @@ import yaml
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.crd import crd_yaml, stale_chart_files
 from tests.conftest import dev_binary, kubectl_binary
-from tests.support.cluster import real_cluster_config
+from tests.support.cluster import cluster_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvfleet"
@@ -198,7 +198,7 @@ def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:
 async def test_helm_install_prints_no_warning(tmp_path: Path) -> None:
     """`helm install` of the chart on a fresh cluster — the real API server — as the README
     types it: deployed, and not a word about symbolic links (it printed six)."""
-    async with LocalCluster(real_cluster_config(tmp_path, crds=False, nodes=False)) as cluster:
+    async with LocalCluster(cluster_config(tmp_path, crds=False, nodes=False)) as cluster:
         proc = await asyncio.create_subprocess_exec(
             dev_binary("helm"), "install", "kvfleet", str(CHART), "--namespace",
             "kvfleet-system", "--create-namespace", "--kubeconfig", str(cluster.kubeconfig),

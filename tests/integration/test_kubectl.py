@@ -3,7 +3,6 @@ validation on, get (selectors, -o yaml, server-side tables with the CRD's printe
 describe, explain, scale, label, delete — for built-in kinds and for InferenceServices."""
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +12,7 @@ import yaml
 
 from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from tests.conftest import kubectl_binary
+from tests.support.kubectl import kubectl, kubectl_error, run_kubectl
 from tests.support.objects import isvc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,35 +40,6 @@ async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
     )
     async with EmulatedCluster(config) as cluster:
         yield cluster.kubeconfig
-
-
-async def run_kubectl(
-    kubeconfig: Path, *args: str, stdin: str | None, env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
-    # Its own discovery cache: ~/.kube/cache outlives a run and is keyed by host:port only.
-    cache = kubeconfig.parent / "kube-cache"
-    proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache), *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    out, err = await proc.communicate(stdin.encode() if stdin else None)
-    return int(proc.returncode or 0), out.decode(), err.decode()
-
-
-async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    code, out, err = await run_kubectl(kubeconfig, *args, stdin=stdin)
-    assert code == 0, err
-    assert "could also match" not in err, err  # no ambiguous short names
-    return out
-
-
-async def kubectl_error(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    code, _, err = await run_kubectl(kubeconfig, *args, stdin=stdin)
-    assert code != 0
-    return err
 
 
 async def until_lines(kubeconfig: Path, n: int, *args: str) -> str:

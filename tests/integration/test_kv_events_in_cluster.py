@@ -19,7 +19,7 @@ from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_localcluster.kubelet import node_dir
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
+from tests.support.kubectl import kubectl
 from tests.support.objects import claim
 from tests.support.waiting import until
 
@@ -57,12 +57,14 @@ def service() -> dict[str, Any]:
 
 
 async def test_the_gateway_routes_on_the_engines_kv_events(
-    operator_cluster: EmulatedCluster,
+    emulated_operator_cluster: EmulatedCluster,
 ) -> None:
-    kc = operator_cluster.kubeconfig
+    kc = emulated_operator_cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models")))
     # The model on the claim, as a real cluster's would hold it: config and tokenizer files.
-    model = node_dir(operator_cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
+    model = (
+        node_dir(emulated_operator_cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
+    )
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
     for f in TOKENIZER.glob("*.json"):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,8 +21,9 @@ from kvfleet_localcluster.node_agent import NodeSpec
 from kvfleet_operator.render import owner_of
 from kvfleet_operator.render.engine import model_cache_pvc
 from tests.conftest import kubectl_binary, require_binary
-from tests.integration.test_kubectl import kubectl, run_kubectl
+from tests.support.kubectl import get_json, kubectl, run_kubectl
 from tests.support.objects import ROOT
+from tests.support.waiting import until
 
 # One cluster for the module: each test works on objects of its own.
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(1800)]
@@ -79,37 +79,24 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
         yield local
 
 
-async def wait_for(check: object, what: str, timeout_s: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.3)
-    pytest.fail(f"timed out: {what}")
-
-
-async def get_json(kubeconfig: Path, *args: str) -> dict[str, object]:
-    return dict(json.loads(await kubectl(kubeconfig, *args, "-o", "json")))
-
-
 async def test_nodes_register_ready_with_their_gpus(cluster: LocalCluster) -> None:
     kc = cluster.kubeconfig
     version = json.loads(await kubectl(kc, "version", "-o", "json"))
     assert version["serverVersion"]["gitVersion"] == "v1.37.2"
 
     async def ready() -> bool:
-        nodes = (await get_json(kc, "get", "nodes"))["items"]
+        nodes = (await get_json(kc, "nodes"))["items"]
         return len(nodes) == 2 and all(  # type: ignore[arg-type]
             any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
             for n in nodes  # type: ignore[union-attr]
         )
 
-    await wait_for(ready, "both nodes Ready")
-    a100 = await get_json(kc, "get", "node", "gpu-a100")
+    await until(ready, 60, "both nodes Ready", interval=0.3)
+    a100 = await get_json(kc, "node", "gpu-a100")
     assert a100["status"]["allocatable"]["nvidia.com/gpu"] == "1"  # type: ignore[index]
     labels = a100["metadata"]["labels"]  # type: ignore[index]
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
-    lease = await get_json(kc, "get", "lease", "-n", "kube-node-lease", "gpu-h100")
+    lease = await get_json(kc, "lease", "-n", "kube-node-lease", "gpu-h100")
     assert lease["spec"]["holderIdentity"] == "gpu-h100"  # type: ignore[index]
 
 
@@ -119,7 +106,7 @@ async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_
     kc = cluster.kubeconfig
     await kubectl(kc, "apply", "-f", "-", stdin=HELLO)
     await kubectl(kc, "rollout", "status", "deployment/hello", "--timeout=90s")
-    pods = (await get_json(kc, "get", "pods", "-l", "app=hello"))["items"]
+    pods = (await get_json(kc, "pods", "-l", "app=hello"))["items"]
     assert len(pods) == 2  # type: ignore[arg-type]
     for pod in pods:  # type: ignore[union-attr]
         assert pod["spec"]["nodeName"] in ("gpu-h100", "gpu-a100")
@@ -132,7 +119,7 @@ async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_
         )  # type: ignore[index]
         return code == 0 and "hello from" in out
 
-    await wait_for(logged, "the pod's output through kubectl logs")
+    await until(logged, 60, "the pod's output through kubectl logs", interval=0.3)
     code, _, err = await run_kubectl(
         kc, "exec", f"pod/{pods[0]['metadata']['name']}", "--", "ls", stdin=None
     )  # type: ignore[index]
@@ -141,9 +128,14 @@ async def test_a_deployment_runs_as_processes_and_its_logs_come_through_the_api_
     await kubectl(kc, "delete", "deployment", "hello", "--wait=false")
 
     async def gone() -> bool:
-        return not (await get_json(kc, "get", "pods", "-l", "app=hello"))["items"]
+        return not (await get_json(kc, "pods", "-l", "app=hello"))["items"]
 
-    await wait_for(gone, "the deployment's pods deleted by the garbage collector and the node")
+    await until(
+        gone,
+        60,
+        "the deployment's pods deleted by the garbage collector and the node",
+        interval=0.3,
+    )
 
 
 async def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
@@ -153,16 +145,14 @@ async def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
     await kubectl(kc, "apply", "-f", "-", stdin=GREEDY)
 
     async def refused() -> bool:
-        events = await get_json(
-            kc, "get", "events", "--field-selector", "involvedObject.name=greedy"
-        )
+        events = await get_json(kc, "events", "--field-selector", "involvedObject.name=greedy")
         return any(
             e["reason"] == "FailedScheduling" and "Insufficient nvidia.com/gpu" in e["message"]
             for e in events["items"]  # type: ignore[union-attr]
         )
 
-    await wait_for(refused, "the scheduler's FailedScheduling event")
-    pod = await get_json(kc, "get", "pod", "greedy")
+    await until(refused, 60, "the scheduler's FailedScheduling event", interval=0.3)
+    pod = await get_json(kc, "pod", "greedy")
     assert pod["status"]["phase"] == "Pending"  # type: ignore[index]
     assert "nodeName" not in pod["spec"]  # type: ignore[operator]
 
@@ -240,9 +230,7 @@ async def test_a_claim_of_a_class_that_does_not_exist_stays_pending(
     nfs = cache["metadata"]["name"]  # llama-8b-model-cache
 
     async def refused() -> bool:
-        events = await get_json(
-            kc, "get", "events", "--field-selector", f"involvedObject.name={nfs}"
-        )
+        events = await get_json(kc, "events", "--field-selector", f"involvedObject.name={nfs}")
         return any(
             e["reason"] == "ProvisioningFailed"
             and 'storageclass.storage.k8s.io "nfs-rwx" not found' in e["message"]
@@ -251,16 +239,16 @@ async def test_a_claim_of_a_class_that_does_not_exist_stays_pending(
 
     async def bound() -> bool:
         phases = [
-            (await get_json(kc, "get", "pvc", n))["status"].get("phase")  # type: ignore[union-attr]
+            (await get_json(kc, "pvc", n))["status"].get("phase")  # type: ignore[union-attr]
             for n in ("none", "own")
         ]
         return phases == ["Bound", "Bound"]
 
-    await wait_for(refused, "the PV controller's ProvisioningFailed event")
-    await wait_for(bound, "the claims of no class and of the cluster's class Bound")
+    await until(refused, 60, "the PV controller's ProvisioningFailed event", interval=0.3)
+    await until(bound, 60, "the claims of no class and of the cluster's class Bound", interval=0.3)
     await asyncio.sleep(2)  # past the others' binding, nothing provisioned it
-    pending = await get_json(kc, "get", "pvc", nfs)
+    pending = await get_json(kc, "pvc", nfs)
     assert pending["status"]["phase"] == "Pending"  # type: ignore[index]
-    volumes = (await get_json(kc, "get", "pv"))["items"]
+    volumes = (await get_json(kc, "pv"))["items"]
     claimed = sorted(v["spec"]["claimRef"]["name"] for v in volumes)  # type: ignore[index]
     assert claimed == ["none", "own"], claimed

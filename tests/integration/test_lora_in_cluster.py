@@ -15,7 +15,7 @@ import openai
 
 from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
+from tests.support.kubectl import kubectl
 from tests.support.objects import EXAMPLES
 
 SELECTOR = "app.kubernetes.io/instance=llama-8b-lora,app.kubernetes.io/component"
@@ -35,9 +35,9 @@ async def _held(pod: dict[str, Any], key: str) -> set[str]:
 
 
 async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
-    operator_cluster: EmulatedCluster,
+    emulated_operator_cluster: EmulatedCluster,
 ) -> None:
-    kc = operator_cluster.kubeconfig
+    kc = emulated_operator_cluster.kubeconfig
     for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):
         await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))

@@ -19,9 +19,10 @@ from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.login import Credentials
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import OperatorThread, cluster_config
+from tests.support.cluster import OperatorThread
+from tests.support.emulated import emulated_cluster_config as cluster_config
 from tests.support.gateway import upstream_errors
+from tests.support.kubectl import kubectl
 from tests.support.leaderworkerset import write_crd
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until

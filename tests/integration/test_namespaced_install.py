@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from kvfleet_localcluster.emulated import EmulatedCluster
-from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import cluster_config
+from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.kubectl import kubectl
 from tests.support.objects import ROOT, isvc
 
 OPERATOR = "system:serviceaccount:kvfleet-system:kvfleet-operator"

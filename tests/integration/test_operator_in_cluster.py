@@ -20,15 +20,14 @@ import openai
 import pytest
 import yaml
 
-from kvfleet_localcluster.emulated import EmulatedCluster
-from kvfleet_localcluster.podmonitors import podmonitor_crd
+from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.status import pod_ready
 from tests.conftest import kubectl_binary
-from tests.integration.test_kubectl import kubectl
 from tests.support.argocd import health
-from tests.support.cluster import cluster_config
-from tests.support.leaderworkerset import write_crd
+from tests.support.cluster import AUDIT_LOG, cluster_config
+from tests.support.kubectl import kubectl
 from tests.support.objects import ROOT
+from tests.support.shared_cluster import AuditLog
 from tests.support.waiting import until
 
 OPERATOR = "system:serviceaccount:kvfleet-system:kvfleet-operator"
@@ -48,14 +47,18 @@ CHILD_KINDS = (
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[EmulatedCluster]:
-    # No CRD preloaded: the manifests install it, as on a fresh cluster.
-    config = cluster_config(tmp_path, crds=False, run_processes=True, time_scale=0.05)
-    async with EmulatedCluster(config) as local:
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """A cluster of this test's own (the operator is installed cluster-wide): no kvfleet CRD
+    (the manifests install it, as on a fresh cluster), the LeaderWorkerSet controller and
+    the Prometheus Operator's CRDs (the multi-node example and PodMonitors need them)."""
+    config = cluster_config(
+        tmp_path, crds=False, lws=True, monitoring=True, run_processes=True, time_scale=0.05
+    )
+    async with LocalCluster(config) as local:
         yield local
 
 
-async def run(cluster: EmulatedCluster, *argv: str) -> tuple[int, str, str]:
+async def run(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
@@ -68,7 +71,7 @@ async def run(cluster: EmulatedCluster, *argv: str) -> tuple[int, str, str]:
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
-async def admin_cli(cluster: EmulatedCluster) -> None:
+async def admin_cli(cluster: LocalCluster) -> None:
     kvfleet = str(Path(sys.executable).parent / "kvfleet")
     code, out, err = await run(cluster, kvfleet, "get")  # the kubeconfig's namespace: ai
     assert code == 0, err
@@ -121,7 +124,7 @@ async def admin_cli(cluster: EmulatedCluster) -> None:
     assert code == 1 and "NotFound" in err and "-n NAMESPACE" in err, err
 
 
-async def top_on_a_pipe(cluster: EmulatedCluster, kvfleet: str) -> None:
+async def top_on_a_pipe(cluster: LocalCluster, kvfleet: str) -> None:
     """`kvfleet top` with stdout a pipe prints a whole frame each interval, as it reads it
     (it printed nothing until it was stopped)."""
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
@@ -141,7 +144,7 @@ async def top_on_a_pipe(cluster: EmulatedCluster, kvfleet: str) -> None:
     assert frames == 2
 
 
-async def operator_metrics(cluster: EmulatedCluster) -> None:
+async def operator_metrics(cluster: LocalCluster) -> None:
     """The operator pod's own /metrics (port 8081, as manifests/ declare it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -163,7 +166,7 @@ async def operator_metrics(cluster: EmulatedCluster) -> None:
     assert ("kvfleet_operator_reconcile_duration_seconds_count", ()) in values
 
 
-async def key_management(cluster: EmulatedCluster, gateway: str) -> None:
+async def key_management(cluster: LocalCluster, gateway: str) -> None:
     """`kvfleet keys` changes the Secret; the running gateway follows without a restart."""
     kvfleet = str(Path(sys.executable).parent / "kvfleet")
     code, out, err = await run(cluster, kvfleet, "keys", "list", "--service", "mistral")
@@ -222,7 +225,7 @@ def _example_services() -> dict[str, str]:
     }
 
 
-async def every_example_serves(cluster: EmulatedCluster) -> None:
+async def every_example_serves(cluster: LocalCluster) -> None:
     """Each InferenceService of examples/ becomes Ready (the autoscaled one only once its
     gateways reach the Redis of examples/redis.yaml by its Service name) and answers a chat
     through its own gateway pod, with the sample key of examples/api-keys-secret.yaml and
@@ -317,18 +320,13 @@ async def a_missing_secret_is_named(k: Any) -> None:
 @pytest.mark.xdist_group("whole-cluster")
 @pytest.mark.timeout(360)
 async def test_the_operator_runs_from_the_manifests_under_its_service_account(
-    cluster: EmulatedCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     kc = cluster.kubeconfig
 
     async def k(*args: str, stdin: str | None = None) -> str:
         return await kubectl(kc, *args, stdin=stdin)
 
-    await k("apply", "-f", "-", stdin=yaml.safe_dump(podmonitor_crd()))
-    # LeaderWorkerSet, as its install guide has it (the multi-node example needs it).
-    await k("apply", "--server-side", "-f", str(write_crd(tmp_path)))
-    await k("wait", "--for=condition=Established",
-            "crd/leaderworkersets.leaderworkerset.x-k8s.io", "--timeout=30s")  # fmt: skip
     await k("apply", "-k", str(ROOT / "manifests"))
     out = await k(
         "rollout", "status", "deployment/kvfleet-operator", "-n", "kvfleet-system", "--timeout=60s"
@@ -449,12 +447,22 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
     await until(one_node, 60, "deepseek-v3's LeaderWorkerSet replaced by a Deployment")
 
     # Every request of the operator pod was its service account's, and RBAC allowed each.
-    records = [r for r in cluster.api.audit if r.user == OPERATOR]
+    # (The API server's own audit log.)
+    records = [
+        e
+        for e in AuditLog(tmp_path / AUDIT_LOG, from_start=True).iter_complete()
+        if e["user"]["username"] == OPERATOR and e.get("objectRef")
+    ]
     assert records, "the operator pod made no request as its service account"
-    used = {
-        (r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource, r.verb)
-        for r in records
-    }
+    denied = [e for e in records if e["responseStatus"]["code"] == 403]
+    assert not denied, [(e["verb"], e["requestURI"]) for e in denied]
+    used = set()
+    for e in records:
+        ref = e["objectRef"]
+        resource = (
+            f"{ref['resource']}/{ref['subresource']}" if ref.get("subresource") else ref["resource"]
+        )
+        used.add((ref.get("apiGroup", ""), resource, e["verb"]))
     owned = json.loads(
         await k(
             "get",

@@ -18,8 +18,8 @@ import pytest
 from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.render.common import IG_LABEL
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
 from tests.integration.test_operator_in_cluster import run
+from tests.support.kubectl import kubectl
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
@@ -52,9 +52,9 @@ async def ask(client: openai.AsyncOpenAI, model: str, max_tokens: int = 3) -> An
 
 
 async def test_one_gateway_serves_two_models_and_an_adapter(
-    operator_cluster: EmulatedCluster,
+    emulated_operator_cluster: EmulatedCluster,
 ) -> None:
-    kc = operator_cluster.kubeconfig
+    kc = emulated_operator_cluster.kubeconfig
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "shared-gateway" / "00-keys.yaml"))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "hf-token-secret.yaml"))
     await kubectl(kc, "apply", "-f", str(EXAMPLES / "shared-gateway"))
@@ -82,7 +82,7 @@ async def test_one_gateway_serves_two_models_and_an_adapter(
         with pytest.raises(openai.PermissionDeniedError, match="'qwen3-32b' is not available"):
             await ask(support, "qwen3-32b")
         await _a_cost_budget_runs_out_at_the_models_price(
-            operator_cluster, support, pod["metadata"]["name"]
+            emulated_operator_cluster, support, pod["metadata"]["name"]
         )
     finally:
         await research.close()

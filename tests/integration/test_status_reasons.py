@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.kube import ISVC, Kube
-from kvfleet_operator.login import Credentials, api_client
-from tests.support.objects import NS, condition, isvc
+from tests.support.cluster import Env
+from tests.support.objects import condition, isvc
 from tests.support.waiting import until
 
 KVFLEET = str(Path(sys.executable).parent / "kvfleet")
@@ -24,11 +23,7 @@ TYPO_KEYS = (
 )
 
 
-def client(cluster: LocalCluster) -> Kube:
-    return Kube(api_client(Credentials(kubeconfig=str(cluster.kubeconfig))), "kvfleet-tests")
-
-
-async def kvfleet(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
+async def kvfleet(cluster: Env, *argv: str) -> tuple[int, str, str]:
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     proc = await asyncio.create_subprocess_exec(
         KVFLEET, *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -37,14 +32,14 @@ async def kvfleet(cluster: LocalCluster, *argv: str) -> tuple[int, str, str]:
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
-def degraded_because(k: Kube, name: str, reason: str) -> dict[str, Any] | None:
-    body = k.get(ISVC, NS, name) or {}
+def degraded_because(k: Kube, ns: str, name: str, reason: str) -> dict[str, Any] | None:
+    body = k.get(ISVC, ns, name) or {}
     cond = condition(body, "Degraded")
     return body if (cond.get("status"), cond.get("reason")) == ("True", reason) else None
 
 
-def keys_secret(text: str) -> dict[str, Any]:
-    meta = {"name": "team-keys", "namespace": NS}
+def keys_secret(ns: str, text: str) -> dict[str, Any]:
+    meta = {"name": "team-keys", "namespace": ns}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -54,18 +49,18 @@ def keys_secret(text: str) -> dict[str, Any]:
 
 
 async def test_a_keys_typo_is_named_in_the_condition_and_marked_in_the_listing(
-    operator_cluster: LocalCluster,
+    operator_cluster: Env,
 ) -> None:
     """The gateway refuses the Secret and crash-loops; the service said GatewayUnavailable
     and Degraded=False. Now Degraded=True, InvalidKeys, naming the field; `kvfleet keys
     list` marks the entry; once the Secret is fixed the service serves."""
-    k = client(operator_cluster)
-    path = f"/api/v1/namespaces/{NS}/secrets"
-    await asyncio.to_thread(k.request, "POST", path, keys_secret(TYPO_KEYS))
-    spec = isvc("llama", replicas=1, gateway={"apiKeysSecret": "team-keys"})
+    k, ns = operator_cluster.kube, operator_cluster.ns
+    path = f"/api/v1/namespaces/{ns}/secrets"
+    await asyncio.to_thread(k.request, "POST", path, keys_secret(ns, TYPO_KEYS))
+    spec = isvc("llama", ns, replicas=1, gateway={"apiKeysSecret": "team-keys"})
     await asyncio.to_thread(k.create, spec)
     body = await until(
-        lambda: degraded_because(k, "llama", "InvalidKeys"), 60, "Degraded=True, InvalidKeys"
+        lambda: degraded_because(k, ns, "llama", "InvalidKeys"), 60, "Degraded=True, InvalidKeys"
     )
     said = condition(body, "Degraded")["message"]
     assert said == "secret team-keys keys.yaml: tenants[0].limits.requestPerMinute: unknown field"
@@ -77,26 +72,28 @@ async def test_a_keys_typo_is_named_in_the_condition_and_marked_in_the_listing(
     code, out, err = await kvfleet(operator_cluster, "describe", "llama")
     assert code == 0 and "InvalidKeys" in out and "requestPerMinute" in out, (out, err)
     fixed = TYPO_KEYS.replace("requestPerMinute", "requestsPerMinute")
-    await asyncio.to_thread(k.request, "PUT", f"{path}/team-keys", keys_secret(fixed))
+    await asyncio.to_thread(k.request, "PUT", f"{path}/team-keys", keys_secret(ns, fixed))
     await until(
-        lambda: condition(k.get(ISVC, NS, "llama") or {}, "Ready").get("status") == "True",
+        lambda: condition(k.get(ISVC, ns, "llama") or {}, "Ready").get("status") == "True",
         90,
         "Ready=True once the keys are fixed",
     )
-    body = await asyncio.to_thread(k.get, ISVC, NS, "llama")
+    body = await asyncio.to_thread(k.get, ISVC, ns, "llama")
     assert condition(body or {}, "Degraded")["status"] == "False"
 
 
 async def test_an_engine_that_exits_at_start_says_why_in_the_condition(
-    operator_cluster: LocalCluster,
+    operator_cluster: Env,
 ) -> None:
     """An unknown model: the engine exits at once, again and again. The Degraded condition
     carries the container's last termination message (its log's tail, which the engine
     container asks for with FallbackToLogsOnError), and `kvfleet describe` shows it."""
-    k = client(operator_cluster)
+    k, ns = operator_cluster.kube, operator_cluster.ns
     model = {"name": "nope-7b", "source": {"huggingFace": "nope/nope-7b"}}
-    await asyncio.to_thread(k.create, isvc("nope", replicas=1, model=model))
-    body = await until(lambda: degraded_because(k, "nope", "ReplicasFailing"), 60, "Degraded=True")
+    await asyncio.to_thread(k.create, isvc("nope", ns, replicas=1, model=model))
+    body = await until(
+        lambda: degraded_because(k, ns, "nope", "ReplicasFailing"), 60, "Degraded=True"
+    )
     said = condition(body, "Degraded")["message"]
     assert "exit code 2" in said and "unknown model 'nope/nope-7b'" in said, said
     code, out, err = await kvfleet(operator_cluster, "describe", "nope")

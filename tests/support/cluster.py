@@ -1,8 +1,12 @@
 """The local cluster and the real operator, as tests use them.
 
-`local_cluster` is the stand-in's own `EmulatedCluster` (the one `kvfleet cluster up` runs), with
-the CRDs of `crds/` and no pod processes (pods turn Ready after a short delay); it writes a
-kubeconfig, and the operator logs in with it exactly as a user's would (`Credentials`).
+Every cluster runs the real control plane (built from its Go modules; a test is skipped
+without Go here, and fails in CI). Each test worker shares one cluster of each kind between
+its tests (`shared_cluster.py`): `local_cluster` gives a test a namespace of its own on the
+cluster whose pods turn Ready without processes, `process_cluster` one on the cluster whose
+pods run as processes. The operator under test watches only its test's namespace, so tests
+on one control plane never see each other's objects. A test that changes cluster-scoped
+things (CRDs, a cluster-wide operator) starts a cluster of its own (`cluster_config`).
 """
 
 from __future__ import annotations
@@ -12,24 +16,26 @@ import contextlib
 import dataclasses
 import functools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvfleet_localcluster.controlplane_build import ensure_built
-from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
 from kvfleet_localcluster.kubelet import KubeletConfig
-from kvfleet_localcluster.local import LocalClusterConfig
+from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
 from kvfleet_operator.kube import Kube
 from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from tests.conftest import require_binary
 from tests.support.objects import ROOT
+from tests.support.shared_cluster import AuditLog, ClusterThread, WorkerClusters
 
 TEST_AGENT = "kvfleet-test"
+"""User agent of the tests' own client: its requests are not the operator's."""
+AUDIT_LOG = "audit.log"
 
 
 @functools.cache
@@ -40,76 +46,114 @@ def require_control_plane() -> None:
     ensure_built(progress=False)
 
 
-"""User agent of the tests' own client: its requests are not the operator's."""
-
-
 def cluster_config(
-    tmp: Path, controllers: bool = True, crds: bool = True, **kubelet: Any
-) -> EmulatedClusterConfig:
-    """The local cluster of a test: `crds/` applied, namespace `ai` in its kubeconfig, pods
-    Ready after 50 ms without processes (override with `run_processes=True`); `controllers`
-    False: the API server alone; `crds` False: no CRD installed. No Prometheus Operator
-    (its CRDs): a test that wants PodMonitors installs them as a user would."""
-    return EmulatedClusterConfig(
-        kubeconfig=tmp / "kubeconfig",
-        crds_dir=ROOT / "crds" if crds else None,
-        monitoring_crds=False,
-        namespace="ai",
-        resync_s=0.2,
-        controllers=controllers,
-        kubelet=KubeletConfig(
-            **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
-        ),
-    )
-
-
-def real_cluster_config(
-    tmp: Path, crds: bool = True, nodes: bool = True, lws: bool = False, **kubelet: Any
+    tmp: Path,
+    crds: bool = True,
+    nodes: bool = True,
+    lws: bool = False,
+    namespace: str = "ai",
+    monitoring: bool = False,
+    **kubelet: Any,
 ) -> LocalClusterConfig:
-    """The local cluster on the real control plane (built from its Go modules; skipped without
-    Go here, a failure in CI): `crds/` applied unless `crds` is False, namespace `ai` in its
-    kubeconfig, one node agent (`nodes` False: none, pods stay Pending) whose pods turn Ready
-    after 50 ms without processes unless `run_processes=True`."""
+    """A local cluster of a test: `crds/` applied unless `crds` is False, `namespace` in its
+    kubeconfig, the default nodes (`nodes` False: none, pods stay Pending) whose pods turn
+    Ready after 50 ms without processes unless `run_processes=True`, the API server's audit
+    log in `tmp/audit.log`. No Prometheus Operator CRDs unless `monitoring`, no
+    LeaderWorkerSet unless `lws`."""
     require_control_plane()
     return LocalClusterConfig(
         kubeconfig=tmp / "kubeconfig",
         crds_dir=ROOT / "crds" if crds else None,
-        monitoring_crds=False,
+        monitoring_crds=monitoring,
         lws=lws,
-        namespace="ai",
+        namespace=namespace,
         controllers=nodes,
+        audit_log=tmp / AUDIT_LOG,
         kubelet=KubeletConfig(
             **{"run_processes": False, "ready_delay_s": 0.05, "state_dir": tmp / "state", **kubelet}
         ),
     )
 
 
+SHARED_KINDS: dict[str, Callable[[Path], LocalClusterConfig]] = {
+    "ready": lambda tmp: cluster_config(tmp, namespace="default"),
+    "processes": lambda tmp: cluster_config(
+        tmp, namespace="default", run_processes=True, time_scale=0.05
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def worker_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerClusters]:
+    """This worker's shared clusters, each started by the first test that asks for it."""
+    clusters = WorkerClusters(tmp_path_factory.mktemp("shared-clusters"), SHARED_KINDS)
+    yield clusters
+    clusters.close()
+
+
 @dataclasses.dataclass
 class Env:
-    cluster: EmulatedCluster
+    """A test's namespace on a shared cluster."""
+
+    shared: ClusterThread
+    ns: str
+    kubeconfig: Path
+    """The admin's kubeconfig, its context's namespace `ns`."""
     kube: Kube
-    """The test's own client, logged in with the cluster's kubeconfig."""
+    """The test's own client, logged in with that kubeconfig."""
 
     @property
-    def api(self) -> Any:
-        return self.cluster.api
+    def cluster(self) -> LocalCluster:
+        return self.shared.cluster
 
     @property
     def credentials(self) -> Credentials:
-        return Credentials(kubeconfig=str(self.cluster.kubeconfig))
+        return Credentials(kubeconfig=str(self.kubeconfig))
+
+    def audit(self) -> AuditLog:
+        """The API server's audit log from now on."""
+        return AuditLog(self.kubeconfig.parent.parent / AUDIT_LOG)
+
+
+@contextlib.asynccontextmanager
+async def namespace_env(
+    clusters: WorkerClusters, kind: str, request: pytest.FixtureRequest
+) -> AsyncIterator[Env]:
+    shared = await asyncio.to_thread(clusters.get, kind)
+    ns = await asyncio.to_thread(shared.create_namespace, request.node.name)
+    kubeconfig = shared.namespace_kubeconfig(ns)
+    client = api_client(Credentials(kubeconfig=str(kubeconfig)))
+    client.user_agent = TEST_AGENT
+    try:
+        yield Env(shared, ns, kubeconfig, Kube(client, field_manager="kvfleet-tests"))
+    finally:
+        await asyncio.to_thread(shared.delete_namespace, ns)
 
 
 @pytest.fixture
-async def local_cluster(tmp_path: Path) -> AsyncIterator[Env]:
-    async with EmulatedCluster(cluster_config(tmp_path)) as cluster:
-        client = api_client(Credentials(kubeconfig=str(cluster.kubeconfig)))
-        client.user_agent = TEST_AGENT
-        yield Env(cluster, Kube(client, field_manager="kvfleet-tests"))
+async def local_cluster(
+    worker_clusters: WorkerClusters, request: pytest.FixtureRequest
+) -> AsyncIterator[Env]:
+    """A namespace of this test's own on the worker's cluster whose pods turn Ready (after
+    50 ms) without processes."""
+    async with namespace_env(worker_clusters, "ready", request) as env:
+        yield env
+
+
+@pytest.fixture
+async def process_cluster(
+    worker_clusters: WorkerClusters, request: pytest.FixtureRequest
+) -> AsyncIterator[Env]:
+    """A namespace of this test's own on the worker's cluster whose pods run as processes
+    (probes, restarts and grace periods at 0.05 of a real kubelet's timing)."""
+    async with namespace_env(worker_clusters, "processes", request) as env:
+        yield env
 
 
 class OperatorThread:
     """The real operator (`handlers.run`) in its own thread and event loop, logged in with
-    the given credentials; `close()` stops it."""
+    the given credentials, watching `namespaces` (empty: the whole cluster); `close()`
+    stops it."""
 
     def __init__(
         self,
@@ -118,6 +162,7 @@ class OperatorThread:
         autoscaler: AutoscalerConfig | None = None,
         liveness_endpoint: str | None = None,
         stall_s: float = OperatorConfig.stall_s,
+        namespaces: tuple[str, ...] = (),
     ) -> None:
         config = OperatorConfig(
             credentials=credentials,
@@ -125,6 +170,7 @@ class OperatorThread:
             autoscaler=autoscaler or AutoscalerConfig(),
             liveness_endpoint=liveness_endpoint,
             stall_s=stall_s,
+            namespaces=namespaces,
         )
         self.kube = Kube(api_client(credentials))
         self.controller = Controller(self.kube, config)
@@ -146,19 +192,24 @@ class OperatorThread:
         assert not self.thread.is_alive(), "the operator did not stop"
 
 
+async def start_operator(env: Env, **kw: Any) -> OperatorThread:
+    """The operator, watching `env`'s namespace only, once kopf's watches are up."""
+    op = OperatorThread(env.credentials, namespaces=(env.ns,), **kw)
+    assert await asyncio.to_thread(op.ready.wait, 10), "the operator did not start"
+    return op
+
+
 OperatorFactory = Callable[[], Awaitable[OperatorThread]]
 
 
 @pytest.fixture
 async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]:
-    """Start operators against `local_cluster`; all are stopped at teardown (the API server
-    runs in this loop: wait for the operator's thread without blocking it)."""
+    """Start operators on `local_cluster`'s namespace; all are stopped at teardown."""
     started: list[OperatorThread] = []
 
     async def start() -> OperatorThread:
-        op = OperatorThread(local_cluster.credentials)
+        op = await start_operator(local_cluster)
         started.append(op)
-        assert await asyncio.to_thread(op.ready.wait, 10), "the operator did not start"
         return op
 
     yield start
@@ -167,16 +218,19 @@ async def operator_factory(local_cluster: Env) -> AsyncIterator[OperatorFactory]
 
 
 @contextlib.asynccontextmanager
-async def cluster_with_operator(
-    tmp: Path, autoscaler: AutoscalerConfig | None = None
-) -> AsyncIterator[EmulatedCluster]:
-    """Pods as processes, and the real operator logged in with the cluster's kubeconfig."""
-    config = cluster_config(tmp, run_processes=True, time_scale=0.05)
-    async with EmulatedCluster(config) as local:
-        credentials = Credentials(kubeconfig=str(local.kubeconfig))
-        operator = OperatorThread(credentials, resync_s=1.0, autoscaler=autoscaler)
-        try:
-            assert await asyncio.to_thread(operator.ready.wait, 10), "the operator did not start"
-            yield local
-        finally:
-            await asyncio.to_thread(operator.close)
+async def operator_on(
+    env: Env, autoscaler: AutoscalerConfig | None = None
+) -> AsyncIterator[OperatorThread]:
+    """The real operator on `env`'s namespace (resync every second) while inside."""
+    op = await start_operator(env, resync_s=1.0, autoscaler=autoscaler)
+    try:
+        yield op
+    finally:
+        await asyncio.to_thread(op.close)
+
+
+@pytest.fixture
+async def operator_cluster(process_cluster: Env) -> AsyncIterator[Env]:
+    """A namespace whose pods run as processes, with the real operator watching it."""
+    async with operator_on(process_cluster):
+        yield process_cluster

@@ -339,6 +339,29 @@ def test_an_apply_is_due_only_when_a_rendered_field_differs_or_we_own_a_dropped_
     dropped["spec"]["selector"] = {}
     assert needs_apply(dropped, live, "op")
     assert covers({"cpu": 4}, {"cpu": "4"})
+    # The selector is an atomic map: a key another writer added beside ours goes with the
+    # next apply (a real API server replaces it whole), so it is drift, not theirs.
+    extra = copy.deepcopy(live)
+    extra["spec"]["selector"]["team"] = "web"
+    assert needs_apply(want, extra, "op")
+
+
+def test_a_node_selector_key_beside_ours_is_drift() -> None:
+    """A pod's nodeSelector is replaced whole by an apply (`mapType: atomic`): a key an
+    earlier writer left there (an old operator's merge patch) is removed by applying, so
+    its presence makes an apply due (it was ignored as another manager's key, and stayed)."""
+    selector = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    pod_spec = {"template": {"spec": {"nodeSelector": selector}}}
+    want = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+            "spec": pod_spec}  # fmt: skip
+    ours = {"manager": "op", "operation": "Apply",
+            "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:nodeSelector": {}}}}}}  # fmt: skip
+    live = {"metadata": {"name": "d", "managedFields": [ours]}, "spec": copy.deepcopy(pod_spec)}
+    assert not needs_apply(want, live, "op")
+    live["spec"]["template"]["spec"]["nodeSelector"]["pool"] = "retired"
+    assert needs_apply(want, live, "op")
+    # A LabelSelector under `selector` is a struct, not an atomic map: compared as before.
+    assert covers({"matchLabels": {"a": "1"}, "matchExpressions": []}, {"matchLabels": {"a": "1"}})
 
 
 def test_a_resize_of_our_own_is_told_apart_from_drift() -> None:
