@@ -19,8 +19,8 @@ import yaml
 
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import real_cluster_config
+from tests.support.cluster import cluster_config
+from tests.support.kubectl import kubectl
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
@@ -34,7 +34,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     # What `kvfleet cluster up` runs: its nodes, LWS, the Prometheus Operator's CRDs, no CRD
     # of kvfleet's (the manifests install it), pods as processes at its default time scale.
     config = dataclasses.replace(
-        real_cluster_config(tmp_path, crds=False, lws=True, run_processes=True, time_scale=0.1),
+        cluster_config(tmp_path, crds=False, lws=True, run_processes=True, time_scale=0.1),
         monitoring_crds=True,
     )
     async with LocalCluster(config) as local:

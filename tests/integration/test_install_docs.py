@@ -21,8 +21,8 @@ import pytest
 
 from kvfleet_localcluster.local import LocalCluster
 from tests.conftest import dev_binary, kubectl_binary
-from tests.integration.test_kubectl import kubectl
-from tests.support.cluster import real_cluster_config
+from tests.support.cluster import cluster_config
+from tests.support.kubectl import kubectl
 from tests.support.objects import ROOT
 
 PAGE = ROOT / "docs" / "install.md"
@@ -60,7 +60,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     # As `kvfleet cluster up` runs it: its nodes, LWS, the Prometheus Operator's CRDs, and no
     # kvfleet CRD (the chart installs it).
     config = dataclasses.replace(
-        real_cluster_config(tmp_path, crds=False, lws=True, run_processes=True, time_scale=0.1),
+        cluster_config(tmp_path, crds=False, lws=True, run_processes=True, time_scale=0.1),
         monitoring_crds=True,
         namespace="default",
     )

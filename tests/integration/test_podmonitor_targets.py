@@ -17,7 +17,7 @@ from kvfleet_localcluster.kubeapi import PODS, KubeClient
 from kvfleet_localcluster.kubelet import cancel_and_wait
 from kvfleet_localcluster.local import LocalCluster
 from kvfleet_localcluster.podmonitors import PODMONITOR_RESOURCE, PodMonitorTargets
-from tests.support.cluster import real_cluster_config
+from tests.support.cluster import cluster_config
 
 PODMONITOR = {
     "apiVersion": "monitoring.coreos.com/v1",
@@ -60,7 +60,7 @@ async def until(check: Any, what: str, timeout_s: float = 60.0) -> Any:
 
 @pytest.mark.timeout(240)
 async def test_the_podmonitors_ready_pods_become_file_sd_targets(tmp_path: Path) -> None:
-    config = dataclasses.replace(real_cluster_config(tmp_path), monitoring_crds=True)
+    config = dataclasses.replace(cluster_config(tmp_path), monitoring_crds=True)
     sd_file = tmp_path / "targets.json"
 
     def targets() -> list[dict[str, Any]]:
