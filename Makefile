@@ -34,11 +34,11 @@ lint: setup  ## ruff, mypy --strict, import-linter
 
 test: lint  ## the whole suite (what .ci/run calls)
 	@# Unit tests are CPU-bound and share nothing: two workers. Integration tests wait on
-	@# processes and sockets: three workers on two cores (measured 167 s against 195 s with
-	@# two), except those marked serial (latency bounds, the README's fixed ports), which run
-	@# alone afterwards. (One pool for unit and integration tests was measured 50 s slower:
-	@# the in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
-	@# (xdist_group): side by side each took up to three and a half minutes.
+	@# processes and sockets: three workers on two cores (faster than two when measured),
+	@# except those marked serial (latency bounds, the README's fixed ports), which run alone
+	@# afterwards. (One pool for unit and integration tests was measured slower: the
+	@# in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
+	@# (xdist_group): side by side each took minutes. `.ci/run` prints each stage's time.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration
