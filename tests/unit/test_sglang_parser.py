@@ -27,6 +27,8 @@ from kvfleet_sim.config import KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULE_POLICIES
 from kvfleet_sim.disaggregation import TRANSFER_BACKENDS
 from tests.conftest import IN_CI
 
+# Importing SGLang imports torch and its CUDA libraries: over a minute on a busy machine.
+pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
