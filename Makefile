@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PACKAGES := kernel/kvfleet_kernel operator/kvfleet_operator gateway/kvfleet_gateway cli/kvfleet_cli sim/kvfleet_sim localcluster/kvfleet_localcluster bench/kvfleet_bench
 
-.PHONY: help setup test lint unit integration demo bench crds docs clean controlplane
+.PHONY: help setup test lint unit integration demo bench crds docs clean controlplane sglang
 .DEFAULT_GOAL := help
 
 help:  ## this list of targets
@@ -34,15 +34,24 @@ lint: setup  ## ruff, mypy --strict, import-linter
 
 test: lint  ## the whole suite (what .ci/run calls)
 	@# Unit tests are CPU-bound and share nothing: two workers. Integration tests wait on
-	@# processes and sockets: three workers on two cores (measured 167 s against 195 s with
-	@# two), except those marked serial (latency bounds, the README's fixed ports), which run
-	@# alone afterwards. (One pool for unit and integration tests was measured 50 s slower:
-	@# the in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
-	@# (xdist_group): side by side each took up to three and a half minutes. The real control
-	@# plane's two (every example Ready, the install page run) share another.
+	@# processes and sockets: three workers on two cores (faster than two when measured),
+	@# except those marked serial (latency bounds, the README's fixed ports), which run alone
+	@# afterwards. (One pool for unit and integration tests was measured slower: the
+	@# in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
+	@# (xdist_group): side by side each took minutes; the real
+	@# control plane's two (every example Ready, the install page run) share another. `.ci/run` prints each stage's time.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration
+
+# SGLang's own server-argument parser, which tests/unit/test_sglang_parser.py runs on the
+# rendered engine command lines and on every hand-kept table of SGLang flags: SGLang without
+# its dependency tree, plus what its import chain needs (.ci/sglang-parser.txt), at the
+# release the operator renders for.
+SGLANG_VERSION := $(shell sed -n 's/^ENGINE_IMAGE = "lmsysorg\/sglang:v\(.*\)"/\1/p' operator/kvfleet_operator/spec.py)
+sglang: setup  ## SGLang's argument parser in .venv (torch and its CUDA libraries: several GB)
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r .ci/sglang-parser.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps sglang==$(SGLANG_VERSION)
 
 controlplane: setup  ## build the real Kubernetes control plane from its Go modules (cached)
 	$(BIN)/kvfleet cluster build

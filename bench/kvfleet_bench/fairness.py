@@ -46,6 +46,14 @@ FLOOD_FACTOR = 5.0
 STEADY, FLOOD = ("steady-a", "steady-b"), "flood"
 INPUT_LEN, OUTPUT_LEN = 512, 128
 MODES = ("alone", "fifo", "fair")
+RATE_LIMITS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+"""The baseline a platform would reach for instead of a fair queue: each tenant limited to this
+multiple of its fair share (a third of the fleet's capacity), excess refused at arrival, the
+engines queueing the rest first come first served. Swept from half to three times the share
+(three times lets the flood saturate the fleet again): the best and the cheapest settings
+both lie inside."""
+LIMIT_BURST_S = 1.0
+"""The token bucket holds this many seconds of a tenant's limit (a short burst passes)."""
 SWEPT_RESERVES = (0, 2, 4)
 """Reserves the fair queue also runs with (besides `RESERVE`): what a larger or no reserve
 buys the steady tenants and costs the fleet."""
@@ -84,6 +92,34 @@ def capacity(seed: int) -> float:
     records = serve(flood, None)
     done = [r for r in records if WINDOW_S / 4 <= r.finish < WINDOW_S]
     return len(done) / (WINDOW_S * 3 / 4)
+
+
+def rate_limited(arrivals: list[Arrival], rate: float) -> tuple[list[Arrival], int]:
+    """One tenant's arrivals through a token bucket of `rate` requests per second holding
+    `LIMIT_BURST_S` of them: those admitted, and how many were refused."""
+    capacity = max(1.0, rate * LIMIT_BURST_S)
+    tokens, last, kept = capacity, 0.0, []
+    for a in arrivals:
+        tokens = min(capacity, tokens + (a.time - last) * rate)
+        last = a.time
+        if tokens >= 1.0:
+            tokens -= 1.0
+            kept.append(a)
+    return kept, len(arrivals) - len(kept)
+
+
+def _limit_point(factor: float, cap: float, streams: dict[str, list[Arrival]],
+                 seed: int) -> dict[str, Any]:  # fmt: skip
+    """Per-tenant rate limits at `factor` × the fair share, FIFO behind them: the worse steady
+    tenant's TTFT p99, each tenant's refusals and the fleet's output."""
+    limited = {t: rate_limited(a, factor * cap / 3) for t, a in streams.items()}
+    records = serve(_merge(*(kept for kept, _ in limited.values())), None)
+    cells = cells_of("limits", records, seed, None)
+    steady = [c for c in cells if c["tenant"] in STEADY]
+    return {"factor": factor,
+            "steady_ttft_p99": max(c["ttft_p99"] for c in steady),
+            "refused": {t: n for t, (_, n) in limited.items()},
+            "output_throughput": round(sum(c["output_throughput"] for c in cells), 1)}  # fmt: skip
 
 
 def _merge(*streams: list[Arrival]) -> list[Arrival]:
@@ -130,8 +166,9 @@ def run_seed(seed: int) -> dict[str, Any]:
     for reserve in SWEPT_RESERVES:
         gate = fair_gate(reserve)
         sweep.append(_sweep_point(reserve, cells_of("fair", serve(everyone, gate), seed, gate)))
+    limits = [_limit_point(f, cap, streams, seed) for f in RATE_LIMITS]
     return {"seed": seed, "capacity": cap, "rates": rates, "cells": cells,
-            "sweep": sorted(sweep, key=lambda p: p["reserve"]),
+            "sweep": sorted(sweep, key=lambda p: p["reserve"]), "limits": limits,
             "service": {"fifo": _service(fifo), "fair": _service(fair)}}  # fmt: skip
 
 
@@ -174,4 +211,6 @@ def dump_json(runs: list[dict[str, Any]]) -> str:
     keys = ("tenant", "mode", "ttft_p99", "output_throughput", "seed")
     return json.dumps({"cells": [{k: c[k] for k in keys} for r in runs for c in r["cells"]],
                        "reserve_sweep": [{**p, "seed": r["seed"]}
-                                         for r in runs for p in r["sweep"]]})  # fmt: skip
+                                         for r in runs for p in r["sweep"]],
+                       "rate_limits": [{**p, "seed": r["seed"]}
+                                       for r in runs for p in r["limits"]]})  # fmt: skip

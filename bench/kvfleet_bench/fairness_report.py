@@ -8,6 +8,7 @@ from typing import Any
 from kvfleet_bench.fairness import (
     FLOOD,
     FLOOD_FACTOR,
+    LIMIT_BURST_S,
     REPLICAS,
     RESERVE,
     SLOTS,
@@ -95,7 +96,7 @@ def write_report(out_dir: Path, runs: list[dict[str, Any]]) -> list[dict[str, An
                 f"{_ms(c['ttft_p50'])} | {_ms(c['ttft_p99'])} | {c['output_throughput']:,.0f} | "
                 f"{c['served']:,} | {c['shed']:,} | {c['waited']:.1%} | {_ms(c['wait_p99'])} |"
             )
-    lines += ["", *_sweep_table(runs), "", _why(runs, checks), "",
+    lines += ["", *_sweep_table(runs), "", *limits_table(runs), "", _why(runs, checks), "",
               "![each tenant's service over time](fairness.png)", ""]  # fmt: skip
     (out_dir / "fairness.md").write_text("\n".join(lines))
     _plot(out_dir / "fairness.png", runs[0])
@@ -142,6 +143,58 @@ def _sweep_table(runs: list[dict[str, Any]]) -> list[str]:
                 f"{_over_alone(pt, r):.2f}× | "
                 f"{pt['steady_waited']:.1%} | {pt['output_throughput']:,.0f} | "
                 f"{-_output_lost(pt, r):+.1%} |"
+            )
+    return lines
+
+
+def _limit_worst(runs: list[dict[str, Any]], factor: float) -> tuple[float, float]:
+    """At one rate limit, over the seeds: the worst steady TTFT p99 over alone, and the
+    largest share of FIFO's output lost."""
+    points = [(pt, r) for r in runs for pt in r["limits"] if pt["factor"] == factor]
+    return (max(_over_alone(pt, r) for pt, r in points),
+            max(_output_lost(pt, r) for pt, r in points))  # fmt: skip
+
+
+def limits_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Per-tenant rate limits at their best, by a rule chosen before the numbers: the best
+    steady tail at any limit, and the cheapest limit (least of FIFO's output lost) meeting the
+    TTFT goal on every seed; the fair queue's figures beside them."""
+    factors = sorted({pt["factor"] for r in runs for pt in r["limits"]})
+    worst = {f: _limit_worst(runs, f) for f in factors}
+    best = min(factors, key=lambda f: worst[f])
+    meeting = [f for f in factors if worst[f][0] <= TTFT_RATIO]
+    fair = max(_cell(r, "fair", t)["ttft_p99"] / _cell(r, "alone", t)["ttft_p99"]
+               for r in runs for t in STEADY)  # fmt: skip
+    fair_lost = max(1 - _total(r, "fair") / _total(r, "fifo") for r in runs)
+    if meeting:
+        cheap = min(meeting, key=lambda f: worst[f][1])
+        cheapest = (f"the cheapest meeting the TTFT goal ({TTFT_RATIO:g}× alone) on every seed: "
+                    f"{cheap:g}× the share, {worst[cheap][0]:.2f}× alone at {worst[cheap][1]:.1%}"
+                    " of FIFO's output lost")  # fmt: skip
+    else:
+        cheapest = f"no limit meets the TTFT goal ({TTFT_RATIO:g}× alone) on every seed"
+    lines = [
+        "## Per-tenant rate limits sized to fair share",
+        "",
+        "The baseline a platform reaches for instead of a fair queue: every tenant limited to a "
+        "multiple of its fair share (a third of the measured capacity; a token bucket holding "
+        f"{LIMIT_BURST_S:g} s of it), excess refused at arrival (429), the engines queueing the "
+        "rest first come first served. Swept over the multiple; each point's worst seed: "
+        f"**best** at {best:g}× the share, steady TTFT p99 {worst[best][0]:.2f}× alone at "
+        f"{worst[best][1]:.1%} of FIFO's output lost; **{cheapest}**. The fair queue: "
+        f"{fair:.2f}× alone at {fair_lost:.1%} lost.",
+        "",
+        "| seed | limit (× fair share) | steady TTFT p99 | p99 / alone | refused (flood) | "
+        "refused (steady) | output tok/s | vs FIFO |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        for pt in r["limits"]:
+            steady_refused = sum(pt["refused"][t] for t in STEADY)
+            lines.append(
+                f"| {r['seed']} | {pt['factor']:g} | {_ms(pt['steady_ttft_p99'])} | "
+                f"{_over_alone(pt, r):.2f}× | {pt['refused'][FLOOD]:,} | {steady_refused:,} | "
+                f"{pt['output_throughput']:,.0f} | {0.0 - _output_lost(pt, r) + 0.0:+.1%} |"
             )
     return lines
 

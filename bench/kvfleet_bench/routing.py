@@ -313,6 +313,8 @@ def plot(cells: list[Cell], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(c.workload for c in cells))
+    if not workloads:  # only the LoRA cell ran (`--workloads lora`): its report has no plot
+        return
     policies = list(dict.fromkeys(c.policy for c in cells))
     fig, axes = plt.subplots(2, len(workloads), figsize=(4 * len(workloads), 7), squeeze=False)
     for i, w in enumerate(workloads):

@@ -28,7 +28,9 @@ from kvfleet_sim.fleet.traces import RateTrace
 from kvfleet_sim.fleet.workload_file import load_workload_file
 from kvfleet_sim.fleet.workloads import Workload, WorkloadSpec
 
-WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0)
+WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+"""Doubling steps past the default on both sides: the best must lie inside the grid, not at its
+edge (else the grid says only that the optimum is further out)."""
 LOADS = (0.8, 0.95)
 SEEDS = (11, 12, 13)
 WORKLOAD_FILE = Path(__file__).parent / "data" / "inference-perf-shared-prefix.yaml"
@@ -57,6 +59,14 @@ def _p99(config: FleetConfig, spec: WorkloadSpec, rate: float, w: float) -> floa
 def _capacity(config: FleetConfig, spec: WorkloadSpec) -> float:
     flood = 4000.0 if spec.kind == "multi-turn" else 1000.0
     return float(_run(config, spec, flood, "round_robin", 0.0).request_throughput)
+
+
+def bracket_note(weights: Sequence[float], chosen: float) -> str:
+    """Whether the grid brackets its best: a best at the grid's edge says only that the
+    optimum lies further out."""
+    if min(weights) < chosen < max(weights):
+        return f"inside the grid ({min(weights):g}–{max(weights):g}), which brackets it."
+    return f"at the grid's edge ({min(weights):g}–{max(weights):g}): the optimum may lie beyond."
 
 
 def sweep_miss_weight(
@@ -88,7 +98,8 @@ def sweep_miss_weight(
         "",
         "Produced by `kvfleet bench routing-tuning`. " + (__doc__ or "").split("\n\n")[1].strip(),
         "",
-        f"Default `missWeight`: {KvfleetTuning().miss_weight:g}; best here: {chosen:g}.",
+        f"Default `missWeight`: {KvfleetTuning().miss_weight:g}; best here: {chosen:g}; "
+        + bracket_note(weights, chosen),
         "",
         "| missWeight | mean TTFT p99 ÷ best | worst cell ÷ best |",
         "|---:|---:|---:|",

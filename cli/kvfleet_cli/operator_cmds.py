@@ -59,7 +59,7 @@ def sglang_rejections(args: list[str]) -> str | None:
     import io
 
     try:
-        from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+        from sglang.srt.server_args import ServerArgs
     except ImportError as exc:
         raise click.ClickException("--check needs SGLang: pip install 'kvfleet[sglang]'") from exc
     parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)

@@ -15,7 +15,6 @@ MANAGED_FLAGS = (
     "host",
     "port",
     "tp-size",
-    "tp",
     "enable-metrics",
     "mem-fraction-static",
     "context-length",

@@ -6,8 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvfleet_bench.fairness import _merge, dump_json, fair_gate, serve, tenant_arrivals
-from kvfleet_bench.fairness_report import _sweep_table, _why_ttft, goals
+from kvfleet_bench.fairness import (
+    _merge,
+    dump_json,
+    fair_gate,
+    rate_limited,
+    serve,
+    tenant_arrivals,
+)
+from kvfleet_bench.fairness_report import _sweep_table, _why_ttft, goals, limits_table
 
 
 def _p99(xs: list[float]) -> float:
@@ -64,6 +71,7 @@ def _swept(seed: int) -> dict[str, Any]:
         {"reserve": 4, "steady_ttft_p50": 0.02, "steady_ttft_p99": 0.036, "steady_waited": 0.0,
          "output_throughput": 7200.0},
     ]  # fmt: skip
+    run["limits"] = []
     return run
 
 
@@ -88,3 +96,31 @@ def test_the_json_line_keeps_its_contract() -> None:
     assert {c["mode"] for c in out["cells"]} == {"alone", "fair", "fifo"}
     assert {c["seed"] for c in out["cells"]} == {1, 2}
     assert [(p["seed"], p["reserve"]) for p in out["reserve_sweep"]][:3] == [(1, 0), (1, 2), (1, 4)]
+
+
+def test_a_rate_limit_refuses_past_its_bucket() -> None:
+    """10 req/s for 10 s through a 5 req/s bucket holding a second of it: about half pass."""
+    arrivals = [a for a in tenant_arrivals("flood", 10.0, seed=1, salt=0) if a.time < 10.0]
+    kept, refused = rate_limited(arrivals, 5.0)
+    assert len(kept) + refused == len(arrivals)
+    assert 45 <= len(kept) <= 56, (len(kept), len(arrivals))
+    assert rate_limited(arrivals, 100.0) == (arrivals, 0)
+
+
+def _limits(factor: float, p99: float, output: float) -> dict[str, Any]:
+    return {"factor": factor, "steady_ttft_p99": p99, "output_throughput": output,
+            "refused": {"steady-a": 0, "steady-b": 0, "flood": 100}}  # fmt: skip
+
+
+def test_rate_limits_report_their_best_and_their_cheapest_meeting_the_goal() -> None:
+    """Alone 30 ms, FIFO 8,000 tok/s: the best tail is at 0.5× (1.00× alone, 50% lost); the
+    cheapest within 1.2× alone is 1× (1.10×, 25% lost), not 2× (2.00×, 0% lost)."""
+    run = _swept(1)
+    run["limits"] = [_limits(0.5, 0.030, 4000.0), _limits(1.0, 0.033, 6000.0),
+                     _limits(2.0, 0.060, 8000.0)]  # fmt: skip
+    text = "\n".join(limits_table([run]))
+    assert "**best** at 0.5× the share, steady TTFT p99 1.00× alone at 50.0%" in text, text
+    assert "cheapest meeting the TTFT goal (1.2× alone) on every seed: 1× the share, 1.10×" in text
+    assert "| 1 | 2 | 60 ms | 2.00× | 100 | 0 | 8,000 | +0.0% |" in text, text
+    run["limits"] = [_limits(2.0, 0.060, 8000.0)]
+    assert "no limit meets the TTFT goal" in "\n".join(limits_table([run]))

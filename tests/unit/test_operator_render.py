@@ -477,15 +477,6 @@ def test_render_command_prints_yaml_and_rejects_bad_specs(tmp_path: Path) -> Non
     assert "spec.engine.tensorParallel: 3 is not one of 1, 2, 4, 8" in result.stderr
 
 
-def test_render_check_with_sglangs_own_parser() -> None:
-    pytest.importorskip(
-        "sglang.srt.server_args", reason="the kvfleet[sglang] extra is not installed"
-    )
-    for path in EXAMPLES:
-        result = CliRunner().invoke(cli, ["render", "--check", "-f", str(path)])
-        assert result.exit_code == 0, result.stderr
-
-
 def test_the_example_redis_persists_every_write_it_takes() -> None:
     """Budgets live in it: a restart must keep them (append-only file on a volume, and no
     eviction of budget keys under memory pressure)."""

@@ -13,6 +13,7 @@ engine's scheduler then charges its GPU copy-in, the adapters-per-batch bound an
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_gateway.lora import affinity, eviction, queue_of
@@ -31,8 +32,12 @@ class FleetAdapters:
     """Replica → its adapters, least recently used first."""
     in_use: Counter[tuple[str, str]] = field(default_factory=Counter)
     loads: int = 0
+    chooser: Callable[[str, list[Candidate]], list[Candidate]] | None = None
+    """Another router's adapter-aware filter, instead of the gateway's (a baseline's)."""
 
     def offer(self, adapter: str, candidates: list[Candidate]) -> list[Candidate]:
+        if self.chooser is not None:
+            return self.chooser(adapter, candidates)
         if not self.aware:
             return candidates
         held = [adapter in self.held.get(c.key, ()) for c in candidates]
@@ -56,6 +61,10 @@ class FleetAdapters:
         held[adapter] = None
         self.loads += 1
         return self.load_s
+
+    def in_use_on(self, replica: str) -> set[str]:
+        """The adapters of the requests `replica` has in flight."""
+        return {a for (r, a), n in self.in_use.items() if r == replica and n > 0}
 
     def ended(self, replica: str, adapter: str) -> None:
         key = (replica, adapter)
