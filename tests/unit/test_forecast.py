@@ -276,16 +276,18 @@ def test_describe_shows_a_missing_warm_spare_and_why() -> None:
     assert "Warm spares: 0 of 1: demand falls clearly" in describe(falling, [], [], [], now)
 
 
-def test_the_forecast_has_a_capacity_after_one_kept_up_tick_as_the_readme_says() -> None:
-    """The README: the forecast term acts from the first tick the fleet kept up at a
-    measurable rate, or from a gateway's roofline once `MIN_MIX_SAMPLES` requests finished
-    there, whichever comes first (not after 20 requests in any case)."""
+def test_the_forecast_acts_only_when_backed_as_the_readme_says() -> None:
+    """The README: the forecast orders replicas ahead of demand only when its capacity rests
+    on a limit (a gateway's roofline, exported once `MIN_MIX_SAMPLES` requests finished there,
+    or a rate the fleet fell behind at) and the arrival rate already uses half
+    (`FORECAST_BACKING`) of the active replicas' capacity."""
     from kvfleet_gateway.routing.kvfleet import MIN_MIX_SAMPLES
-    from kvfleet_operator.scaling.forecast import MIN_RATE
+    from kvfleet_operator.scaling.policy import FORECAST_BACKING
 
     one_tick = learn_capacity(Capacity(), 0.2, 1, kept_up=True)
     assert one_tick.per_replica == pytest.approx(0.2 * 1.15)
-    assert learn_capacity(Capacity(), MIN_RATE / 2, 1, kept_up=True).per_replica is None
+    assert not one_tick.bounded  # a rate served is a floor, not a limit: it backs no forecast
     readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
-    assert f"measurable rate ({MIN_RATE:g} requests per second per replica)" in readme
     assert f"once {MIN_MIX_SAMPLES} requests have finished there" in readme
+    assert FORECAST_BACKING == 0.5
+    assert "already uses half of the active replicas' capacity" in readme

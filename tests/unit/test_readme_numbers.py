@@ -32,6 +32,9 @@ NOT_MEASURED = {
     "its 300 s down window": "the spec's setting",
     "the 25-minute run": "the trace's length",
     "is 0.83 GPU-hours": "two GPUs × the trace's length, arithmetic",
+    "at TP 1, 2 and 4 in 16-bit": "the profiled deployments' definition",
+    "inference traces 2023": "the trace's name",
+    "and 429s by reason": "an HTTP status",
 }
 """README phrases holding a number that is not a measurement, with why."""
 
