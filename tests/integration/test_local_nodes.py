@@ -12,17 +12,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-import yaml
 
 from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_localcluster.node_agent import NodeSpec
-from kvfleet_operator.render import owner_of
-from kvfleet_operator.render.engine import model_cache_pvc
 from tests.conftest import kubectl_binary, require_binary
 from tests.support.kubectl import get_json, kubectl, run_kubectl
-from tests.support.objects import ROOT
 from tests.support.waiting import until
 
 # One cluster for the module: each test works on objects of its own.
@@ -197,58 +193,3 @@ async def test_port_forward_reaches_the_pod_through_the_api_server_and_the_node(
 
 
 EXAMPLE = "llama-3.1-8b-h100-autoscaling.yaml"
-
-
-def claim(name: str, storage_class: str | None) -> str:
-    sc = f"storageClassName: {storage_class}, " if storage_class else ""
-    return f"""
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {name}, namespace: ai}}
-spec: {{{sc}accessModes: [ReadWriteMany], resources: {{requests: {{storage: 1Gi}}}}}}
-"""
-
-
-async def test_a_claim_of_a_class_that_does_not_exist_stays_pending(
-    cluster: LocalCluster,
-) -> None:
-    """As on a real cluster (and docs/install.md): claims of no class or of the cluster's own
-    class (`local-directory`) are provisioned; the model cache the autoscaling example's spec
-    renders, of `nfs-rwx` (absent here), stays Pending with the PV controller's
-    ProvisioningFailed Event."""
-    kc = cluster.kubeconfig
-    classes = await kubectl(kc, "get", "storageclass", "-o", "name")
-    assert classes.split() == ["storageclass.storage.k8s.io/local-directory"], classes
-    (example,) = yaml.safe_load_all((ROOT / "examples" / EXAMPLE).read_text())
-    example["metadata"] |= {"namespace": "ai", "uid": "u-1"}
-    cache = model_cache_pvc(owner_of(example))
-    assert cache is not None and cache["spec"]["storageClassName"] == "nfs-rwx"
-    cache["metadata"].pop("ownerReferences")  # no InferenceService here to own it
-    await kubectl(kc, "apply", "-f", "-", stdin=json.dumps(cache))
-    for name, sc in (("none", None), ("own", "local-directory")):
-        await kubectl(kc, "apply", "-f", "-", stdin=claim(name, sc))
-    nfs = cache["metadata"]["name"]  # llama-8b-model-cache
-
-    async def refused() -> bool:
-        events = await get_json(kc, "events", "--field-selector", f"involvedObject.name={nfs}")
-        return any(
-            e["reason"] == "ProvisioningFailed"
-            and 'storageclass.storage.k8s.io "nfs-rwx" not found' in e["message"]
-            for e in events["items"]  # type: ignore[union-attr]
-        )
-
-    async def bound() -> bool:
-        phases = [
-            (await get_json(kc, "pvc", n))["status"].get("phase")  # type: ignore[union-attr]
-            for n in ("none", "own")
-        ]
-        return phases == ["Bound", "Bound"]
-
-    await until(refused, 60, "the PV controller's ProvisioningFailed event", interval=0.3)
-    await until(bound, 60, "the claims of no class and of the cluster's class Bound", interval=0.3)
-    await asyncio.sleep(2)  # past the others' binding, nothing provisioned it
-    pending = await get_json(kc, "pvc", nfs)
-    assert pending["status"]["phase"] == "Pending"  # type: ignore[index]
-    volumes = (await get_json(kc, "pv"))["items"]
-    claimed = sorted(v["spec"]["claimRef"]["name"] for v in volumes)  # type: ignore[index]
-    assert claimed == ["none", "own"], claimed
