@@ -120,9 +120,7 @@ class ClusterNodes:
     async def _start(self) -> None:
         admin = self._client("kvfleet-local-cluster", token=self.access.admin_token)
         state = node_dir(self.kubelet)
-        provisioner = Provisioner(admin, state / "volumes")
-        await provisioner.create_class()
-        self._tasks.append(asyncio.create_task(provisioner.run()))
+        self._tasks.append(asyncio.create_task(Provisioner(admin, state / "volumes").run()))
         if self.kubelet.run_processes:
             directory = ServiceDirectory(admin, service_table_file(self.kubelet))
             self._tasks.append(asyncio.create_task(directory.run()))

@@ -59,7 +59,6 @@ SECRETS = Resource("", "v1", "secrets")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 PVCS = Resource("", "v1", "persistentvolumeclaims")
 PVS = Resource("", "v1", "persistentvolumes", namespaced=False)
-STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", namespaced=False)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
 
 

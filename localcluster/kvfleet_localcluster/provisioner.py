@@ -2,14 +2,10 @@
 driver is.
 
 A claim that nothing provisions stays Pending, and the real scheduler never places a pod
-whose claim is unbound. So for every Pending claim of no class or of the local cluster's own
-class (`local-directory`, which the provisioner creates) it creates a PersistentVolume
+whose claim is unbound. So for every Pending claim the provisioner creates a PersistentVolume
 pre-bound to it (`claimRef`), of the claim's class, size and access modes, backed by a
 directory of the node (the same one the node agent mounts: `<state>/volumes/<ns>_<claim>`);
 the controller manager's PV controller then binds the two, as it binds any pre-bound pair.
-A claim of any other class stays Pending, as on a real cluster: of a class that does not
-exist (the PV controller's `ProvisioningFailed` Event says so), or of one whose provisioner
-this cluster does not run.
 Data outlives the pods that use it and goes with the claim: a volume whose claim is deleted
 (Released) is deleted too, with its directory.
 """
@@ -24,36 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet_localcluster.apitypes import ApiError
-from kvfleet_localcluster.kubeapi import PVCS, PVS, STORAGE_CLASSES, KubeClient
+from kvfleet_localcluster.kubeapi import PVCS, PVS, KubeClient
 from kvfleet_localcluster.reflector import Reflector
 
 log = logging.getLogger("kvfleet.provisioner")
 Json = dict[str, Any]
 PROVISIONER = "kvfleet.dev/local-directory"
 ANNOTATION = "pv.kubernetes.io/provisioned-by"
-STORAGE_CLASS = "local-directory"
-"""The local cluster's own StorageClass (not the default: a claim of no class is provisioned
-anyway)."""
-
-
-def storage_class() -> Json:
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": STORAGE_CLASS},
-        "provisioner": PROVISIONER,
-        "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate",
-    }
-
-
-def provisions(claim: Json, classes: dict[str, Json]) -> bool:
-    """Whether this provisioner serves the claim: no class, or a class of its own."""
-    name = (claim.get("spec") or {}).get("storageClassName")
-    if not name:
-        return True
-    sc = classes.get(f"/{name}")
-    return sc is not None and sc.get("provisioner") == PROVISIONER
 
 
 def volume_for(claim: Json, directory: Path) -> Json:
@@ -92,7 +65,6 @@ class Provisioner:
     def __post_init__(self) -> None:
         self.claims = Reflector(self.client, PVCS, self._dirty.set)
         self.volumes = Reflector(self.client, PVS, self._dirty.set)
-        self.classes = Reflector(self.client, STORAGE_CLASSES, self._dirty.set)
 
     async def _sync(self) -> None:
         provisioned = {
@@ -105,8 +77,6 @@ class Provisioner:
             wanted = f"pvc-{meta['uid']}"
             if spec.get("volumeName") or wanted in provisioned or meta.get("deletionTimestamp"):
                 continue
-            if not provisions(claim, self.classes.items):
-                continue  # Pending, as a real cluster leaves it
             try:
                 await self.client.create(PVS, None, volume_for(claim, self.volumes_dir))
             except ApiError as exc:
@@ -121,17 +91,8 @@ class Provisioner:
                         log.warning("volume %s: %s", name, exc.message)
                 shutil.rmtree(volume["spec"]["hostPath"]["path"], ignore_errors=True)
 
-    async def create_class(self) -> None:
-        """The cluster's own StorageClass, before the cluster is handed over."""
-        try:
-            await self.client.create(STORAGE_CLASSES, None, storage_class())
-        except ApiError as exc:
-            if exc.code != 409:  # a restarted cluster has it already
-                log.warning("StorageClass %s: %s", STORAGE_CLASS, exc.message)
-
     async def run(self) -> None:
-        reflectors = (self.claims, self.volumes, self.classes)
-        watches = [asyncio.create_task(r.run()) for r in reflectors]
+        watches = [asyncio.create_task(r.run()) for r in (self.claims, self.volumes)]
         try:
             while True:
                 await self._dirty.wait()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from kvfleet_localcluster.node_agent import NodeSpec
 from kvfleet_localcluster.node_pods import references
-from kvfleet_localcluster.provisioner import PROVISIONER, provisions, storage_class, volume_for
+from kvfleet_localcluster.provisioner import volume_for
 from kvfleet_localcluster.services import table_of
 
 
@@ -73,19 +73,6 @@ def test_a_claim_gets_a_volume_of_its_class_size_and_modes_bound_to_it(tmp_path:
     assert spec["capacity"] == {"storage": "200Gi"}
     assert spec["claimRef"]["uid"] == "u-1" and spec["claimRef"]["namespace"] == "ai"
     assert spec["hostPath"]["path"] == str(tmp_path / "ai_models")
-
-
-def test_only_claims_of_no_class_or_of_the_clusters_own_class_are_provisioned() -> None:
-    def claim(sc: str | None) -> dict[str, object]:
-        return {"spec": {"storageClassName": sc} if sc else {}}
-
-    own = storage_class()
-    assert own["provisioner"] == PROVISIONER
-    other = {"metadata": {"name": "ebs"}, "provisioner": "ebs.csi.aws.com"}
-    classes = {"/local-directory": own, "/ebs": other}
-    assert provisions(claim(None), classes) and provisions(claim("local-directory"), classes)
-    assert not provisions(claim("nfs-rwx"), classes)  # no such class: Pending
-    assert not provisions(claim("ebs"), classes)  # another provisioner's: not ours to serve
 
 
 def test_the_service_table_lists_ready_pods_of_the_selector_only() -> None:
