@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -330,10 +331,20 @@ def _operator_kubeconfig(kubectl: Kubectl, kubeconfig: Path, work: Path) -> Path
     return path
 
 
-def _wait_ready(base: str, headers: dict[str, str], ctx: ssl.SSLContext, services: int) -> None:
+def _wait_ready(
+    base: str,
+    headers: dict[str, str],
+    ctx: ssl.SSLContext,
+    services: int,
+    operator: subprocess.Popen[bytes],
+    log: Path,
+) -> None:
     t0, ready = time.perf_counter(), 0
     url = f"{base}/apis/kvfleet.dev/v1alpha1/namespaces/scale/inferenceservices"
     while ready < services:
+        if operator.poll() is not None:  # no point waiting the 900 s out
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-5:])
+            raise RuntimeError(f"the operator exited ({operator.returncode}):\n{tail}")
         if time.perf_counter() - t0 > 900:
             raise RuntimeError(f"only {ready}/{services} Ready after 900s")
         time.sleep(1.0)
@@ -370,9 +381,10 @@ def scale_run(
         op_kubeconfig = _operator_kubeconfig(kubectl, kubeconfig, work)
         with running_process(
             [sys.executable, "-m", "kvfleet_cli", "operator", "--kubeconfig", str(op_kubeconfig),
+             "--metrics-port", "0",  # the default 8081 may be another operator's on this host
              "--resync", f"{resync_s:g}", "--log-level", "warning"],
             log_path=work / "operator.log",
-        ):  # fmt: skip
+        ) as operator:  # fmt: skip
             time.sleep(3.0)  # kopf starts its watches
             docs = "\n---\n".join(yaml.safe_dump(_isvc(i, i < gateways)) for i in range(services))
             before = metrics()
@@ -380,7 +392,7 @@ def scale_run(
             kubectl("apply", "-f", "-", stdin=docs)
             apply_s = time.perf_counter() - t0
             say(f"kubectl apply of {services} InferenceServices: {apply_s:.1f}s")
-            _wait_ready(base, headers, ctx, services)
+            _wait_ready(base, headers, ctx, services, operator, work / "operator.log")
             ready_s = time.perf_counter() - t0
             after = metrics()
             say(f"all {services} Ready {ready_s:.1f}s after the apply started")

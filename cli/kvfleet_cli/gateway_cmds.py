@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import errno
 import logging
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import click
 import yaml
 
-from kvfleet_cli.options import use_uvloop
+from kvfleet_cli.options import check_port_free, use_uvloop
 from kvfleet_gateway import serving
 from kvfleet_gateway.app import make_app
 from kvfleet_gateway.config import (
@@ -152,8 +151,8 @@ def gateway(
         app = make_app(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-    _check_free(listen.host, listen.port, "--port", "listen.port")
-    _check_free(listen.host, listen.metrics_port, "--metrics-port", "listen.metricsPort")
+    check_port_free(listen.host, listen.port, "--port", "listen.port")
+    check_port_free(listen.host, listen.metrics_port, "--metrics-port", "listen.metricsPort")
     click.echo(
         f"kvfleet gateway on http://{listen.host}:{listen.port} (metrics on :"
         f"{listen.metrics_port}) → {_fronts(config)}",
@@ -172,27 +171,6 @@ def gateway(
             f"cannot listen: {exc.strerror} (ports {listen.port} and {listen.metrics_port}:"
             " choose others with --port and --metrics-port)"
         ) from None
-
-
-def _check_free(host: str, port: int, flag: str, field: str) -> None:
-    """Fail in one line, naming the port and the flag that moves it, when another process
-    listens there (the metrics port's default, 9090, is also Prometheus's)."""
-    try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise click.ClickException(f"cannot listen on {host}: {exc.strerror} (--host)") from None
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                in_use = exc.errno == errno.EADDRINUSE
-                what = "is in use" if in_use else f"cannot be bound ({exc.strerror})"
-                raise click.ClickException(
-                    f"port {port} on {host} {what}: choose another with {flag} PORT"
-                    f" (or {field} in --config)"
-                ) from None
 
 
 @click.group("keys")

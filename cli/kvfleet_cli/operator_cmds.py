@@ -11,6 +11,7 @@ from typing import Any
 import click
 import yaml
 
+from kvfleet_cli.options import check_port_free
 from kvfleet_kernel.schema import ConfigError, yaml_position
 from kvfleet_operator.crd import (
     stale_chart_files,
@@ -311,7 +312,8 @@ def _allow_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     type=int,
     default=8081,
     show_default=True,
-    help="Serve the operator's Prometheus metrics on this port (0: not served).",
+    help="Serve the operator's Prometheus metrics on this port (0: not served); a port in use"
+    " is refused at start.",
 )
 @click.option(
     "--liveness",
@@ -413,6 +415,8 @@ def operator(
     if log_level.lower() != "debug":  # kopf reports every handled event at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes
+    if metrics_port:  # kopf would retry the bind every minute, reconciling nothing
+        check_port_free("0.0.0.0", metrics_port, "--metrics-port", None)
     credentials = Credentials(kubeconfig=kubeconfig, context=context)
     config = OperatorConfig(
         liveness_endpoint=liveness,

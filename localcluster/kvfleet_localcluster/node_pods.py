@@ -25,6 +25,8 @@ log = logging.getLogger("kvfleet.node.pods")
 Json = dict[str, Any]
 REFERENCES = {"Secret": SECRETS, "ConfigMap": CONFIGMAPS, "PersistentVolumeClaim": PVCS}
 TOKEN_SECONDS = 3600
+AUTHORIZER_RETRIES = 20
+AUTHORIZER_RETRY_S = 0.25
 
 
 def references(pod_spec: Json) -> Iterator[tuple[str, str]]:
@@ -70,7 +72,7 @@ class ReferenceCache:
     async def refresh(self, meta: Json, spec: Json) -> None:
         ns = meta["namespace"]
         for kind, name in references(spec):
-            self.objects[ns, kind, name] = await self.client.get_or_none(REFERENCES[kind], ns, name)
+            self.objects[ns, kind, name] = await self._read_reference(kind, ns, name)
         if spec.get("automountServiceAccountToken") is False:
             return
         account = spec.get("serviceAccountName") or "default"
@@ -89,6 +91,22 @@ class ReferenceCache:
         }
         with contextlib.suppress(ApiError):  # the account is not there yet: retried
             self.tokens[ns, account] = await self.client.token(ns, account, request)
+
+    async def _read_reference(self, kind: str, ns: str, name: str) -> Json | None:
+        """The object, or None when it does not exist. The Node authorizer answers 403 until
+        its graph has the pod that references the object — learnt from its own watch, a
+        moment after the pod reached this node — so a 403 is asked again for a few seconds
+        before it counts as missing (which the pod would report as CreateContainerConfigError)."""
+        for _ in range(AUTHORIZER_RETRIES):
+            try:
+                return await self.client.get(REFERENCES[kind], ns, name)
+            except ApiError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code != 403:
+                    raise
+            await asyncio.sleep(AUTHORIZER_RETRY_S)
+        return None
 
     async def keep_fresh(self, meta: Json, spec: Json, period_s: float) -> None:
         """Refresh until cancelled: a rotated Secret reaches the pod's files (`PodRunner`)."""

@@ -344,7 +344,14 @@ def make_registry(
         if controller.config.metrics_port is not None:
             runner = web.AppRunner(controller.metrics.app(), access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "0.0.0.0", controller.config.metrics_port).start()
+            port = controller.config.metrics_port
+            try:
+                await web.TCPSite(runner, "0.0.0.0", port).start()
+            except OSError as exc:  # kopf would retry each minute, reconciling nothing
+                raise kopf.PermanentError(
+                    f"cannot serve metrics on port {port}: {exc.strerror}"
+                    " (another operator on this host? --metrics-port moves it, 0 turns it off)"
+                ) from exc
             runners.append(runner)
         tasks.extend(
             [

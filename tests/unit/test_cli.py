@@ -361,6 +361,26 @@ def test_a_taken_port_is_one_line_naming_the_port_and_its_flag(tmp_path: Path) -
             assert "Traceback" not in said.output
 
 
+def test_the_operator_refuses_a_taken_metrics_port_at_start(tmp_path: Path) -> None:
+    """Another operator on the host held 8081: kopf retried the bind each minute and the
+    operator reconciled nothing, silently, for as long as it ran. Now it stops at once."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text("apiVersion: v1\nkind: Config\n")  # never read: refused before
+        args = ["operator", "--metrics-port", str(busy), "--kubeconfig", str(kubeconfig)]
+        said = CliRunner().invoke(cli, args)
+    assert said.exit_code == 1, said.output
+    (line,) = [x for x in said.output.splitlines() if x.startswith("Error:")]
+    assert line == (
+        f"Error: port {busy} on 0.0.0.0 is in use: choose another with --metrics-port PORT"
+    )
+
+
 def test_sim_cost_model_flag_picks_the_truth() -> None:
     """--cost-model: measured GPU timings where profiled (auto, the default), the roofline, or
     measured alone, which an unprofiled pair refuses."""
