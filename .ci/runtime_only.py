@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("kernel", "operator", "gateway", "cli")
 PRODUCT_PACKAGES = ("kvfleet_kernel", "kvfleet_operator", "kvfleet_gateway", "kvfleet_cli")
 STAND_INS = ("kvfleet_sim", "kvfleet_localcluster", "kvfleet_bench")
-DEV_ONLY = ("kmock", "matplotlib", "sglang_router", "openai", "pytest", "transformers")
+DEV_ONLY = ("matplotlib", "sglang_router", "openai", "pytest", "transformers")
 DEV_BIN = Path(sys.executable).parent
 
 

@@ -301,7 +301,6 @@ from tests.support.cluster import (  # noqa: E402, F401
     process_cluster,
     worker_clusters,
 )
-from tests.support.emulated import emulated_operator_cluster  # noqa: E402, F401
 
 SERIAL = frozenset(
     {

@@ -205,6 +205,4 @@ def _error(code: int, text: str) -> ApiError:
         status = json.loads(text)
     except ValueError:
         return ApiError(code, "Unknown", text.strip()[:500])
-    return ApiError(
-        code, status.get("reason", ""), status.get("message", text), status.get("details")
-    )
+    return ApiError(code, status.get("reason", ""), status.get("message", text))

@@ -43,9 +43,9 @@ def make_app(node: PodLogs) -> aiohttp.web.Application:
             return await serve_logs(
                 request,
                 pod,
+                request.match_info["container"],
                 node,
                 lambda: request.transport is None,
-                request.match_info["container"],
             )
         except ApiError as exc:
             return aiohttp.web.Response(status=exc.code, text=exc.message)

@@ -1,10 +1,10 @@
-"""`GET .../pods/NAME/log`: a container's output, as the kubelet kept it.
+"""The kubelet API's `containerLogs`: a container's output, as the node agent kept it, for
+the API server's `pods/NAME/log` (`kubectl logs`).
 
 The kubelet writes each run of a container to its own file (`<container>.<run>.log`), so
-`--previous` is the run before the current one, as on a node. Parameters as kubectl sends
-them: `container` (required when the pod has several), `previous`, `tailLines`,
-`limitBytes`, `follow` (the stream stays open until that run of the container ends, the pod
-goes away or the server stops).
+`--previous` is the run before the current one, as on a node. Parameters as the API server
+passes them on from kubectl: `previous`, `tailLines`, `limitBytes`, `follow` (the stream
+stays open until that run of the container ends, the pod goes away or the server stops).
 """
 
 from __future__ import annotations
@@ -53,35 +53,25 @@ def _tail(data: bytes, lines: int | None) -> bytes:
     return b"".join(parts[-lines:])
 
 
-def pick_container(pod: dict[str, Any], asked: str | None) -> str:
+def _check_container(pod: dict[str, Any], container: str) -> None:
     names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
-    name = pod["metadata"]["name"]
-    if asked is None:
-        if len(names) == 1:
-            return str(names[0])
-        raise ApiError(
-            400,
-            "BadRequest",
-            f"a container name must be specified for pod {name}, choose one of: "
-            f"[{' '.join(names)}]",
-        )
-    if asked not in names:
-        raise ApiError(400, "BadRequest", f'container "{asked}" is not valid for pod "{name}"')
-    return asked
+    if container not in names:
+        name = pod["metadata"]["name"]
+        raise ApiError(400, "BadRequest", f'container "{container}" is not valid for pod "{name}"')
 
 
 async def serve_logs(
     raw: aiohttp.web.BaseRequest,
     pod: dict[str, Any],
+    container: str,
     source: LogSource,
     closed: Callable[[], bool],
-    container_name: str | None = None,
 ) -> aiohttp.web.StreamResponse:
-    """The log of `container_name` (the kubelet API names it in the path), else of the
-    `container` query parameter (the API server's pods/log)."""
+    """The log of `container` (the kubelet API names it in the path; the API server has
+    chosen it for a pod of one container)."""
     q = raw.query
     ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-    container = pick_container(pod, container_name or q.get("container"))
+    _check_container(pod, container)
     previous = q.get("previous") in ("true", "1")
     follow = q.get("follow") in ("true", "1") and not previous
     tail, limit = _int(q, "tailLines"), _int(q, "limitBytes")

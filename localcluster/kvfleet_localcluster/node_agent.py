@@ -3,12 +3,12 @@
 It registers a Node (capacity: CPU, memory, pods, `nvidia.com/gpu`; the GPU product label
 NVIDIA's feature discovery sets) and keeps its Lease renewed, so the real scheduler places
 pods on it and the node lifecycle controller sees it alive. It watches the pods the scheduler
-bound to it (`spec.nodeName`, a server-side field selector) and runs each with the same
-`PodRunner` as the emulated cluster did: volumes, the process, probes, restarts, graceful
-stop. Status goes to the pods' `status` subresource (`node_pods.StatusWriter`); a deleted pod
-is stopped (preStop, SIGTERM, grace) and then removed with grace 0, as a kubelet finishes a
-graceful deletion. What pods reference is read with the node's own credentials — the Node
-authorizer lets a node read only what its pods use (`node_pods.ReferenceCache`).
+bound to it (`spec.nodeName`, a server-side field selector) and runs each with a `PodRunner`
+(`kubelet.py`): volumes, the process, probes, restarts, graceful stop. Status goes to the
+pods' `status` subresource (`node_pods.StatusWriter`); a deleted pod is stopped (preStop,
+SIGTERM, grace) and then removed with grace 0, as a kubelet finishes a graceful deletion.
+What pods reference is read with the node's own credentials — the Node authorizer lets a node
+read only what its pods use (`node_pods.ReferenceCache`).
 """
 
 from __future__ import annotations

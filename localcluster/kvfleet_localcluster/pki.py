@@ -1,9 +1,10 @@
-"""The local cluster's certificates: a CA, and the API server's serving certificate.
+"""The local cluster's certificates: the cluster CA (`CertificateAuthority`), which signs the
+API server's serving certificate, the client certificates the real API server authenticates
+(the admin, each node agent as `system:node:<name>`) and the node agents' kubelet-API serving
+certificate (`ClusterPKI`); and the key pair ServiceAccount tokens are signed with.
 
-A real API server serves only TLS, and every client — kubectl from a kubeconfig, a pod from
-its mounted `ca.crt` — checks the server against the cluster CA. So the local one does too:
-the CA is written into the kubeconfig (`certificate-authority-data`) and into every pod's
-service-account volume, and in-cluster clients (the `kubernetes` package's in-cluster loader
+Every client — kubectl from a kubeconfig, a pod from its mounted `ca.crt` — checks the server
+against the cluster CA, so in-cluster clients (the `kubernetes` package's in-cluster loader
 always uses `https://`) log in exactly as on a real cluster.
 """
 
@@ -48,10 +49,6 @@ class ClusterPKI:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(cert, key)
         return ctx
-
-    def client_context(self) -> ssl.SSLContext:
-        """What a client that trusts the cluster CA uses (tests' raw HTTP clients)."""
-        return ssl.create_default_context(cadata=self.ca_pem.decode())
 
 
 def _name(common_name: str) -> x509.Name:
@@ -153,10 +150,3 @@ def service_account_key_pair() -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return _pem_key(key), public
-
-
-def issue(hosts: list[str]) -> ClusterPKI:
-    """A fresh CA and a serving certificate for `hosts` (IP addresses or DNS names)."""
-    ca = CertificateAuthority.create()
-    cert, key = ca.sign("kube-apiserver", hosts)
-    return ClusterPKI(ca_pem=ca.cert_pem, cert_pem=cert, key_pem=key)

@@ -7,8 +7,8 @@ labels the rendered PodMonitor asks for, and a wrong PodMonitor shows up as miss
 
 (Debian's Prometheus is built without Kubernetes service discovery, so it cannot watch the
 API server itself: `PodMonitorTargets` watches PodMonitors and pods through the API, as the
-Prometheus Operator does, and rewrites the file.) `monitoring_crds` is the hand-written CRD
-the emulated API server serves; the real control plane installs the Prometheus Operator's own.
+Prometheus Operator does, and rewrites the file.) The PodMonitor CRD is the Prometheus
+Operator's own, which the control plane installs (`controlplane_build.Binaries.monitoring_crds`).
 """
 
 from __future__ import annotations
@@ -18,60 +18,16 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvfleet_localcluster.files import replace_file
-from kvfleet_localcluster.kinds import POD, is_ready, selects
 from kvfleet_localcluster.kubeapi import PODS, KubeClient, Resource
 from kvfleet_localcluster.reflector import Reflector
-
-if TYPE_CHECKING:
-    from kvfleet_localcluster.store import Store
+from kvfleet_localcluster.services import is_ready, selects
 
 Json = dict[str, Any]
-PODMONITORS = ("monitoring.coreos.com", "podmonitors")
 PODMONITOR_RESOURCE = Resource("monitoring.coreos.com", "v1", "podmonitors")
 POD_LABEL_META = "__meta_kubernetes_pod_label_"
-
-
-def podmonitor_crd() -> Json:
-    return _monitoring_crd("PodMonitor", "podmonitors", "podmonitor")
-
-
-def monitoring_crds() -> list[Json]:
-    """The Prometheus Operator's CRDs that kvfleet's manifests use (PodMonitor, PrometheusRule),
-    as a cluster running the Prometheus Operator serves them. The local cluster plays the
-    operator's PodMonitor part (below); PrometheusRules are stored, not evaluated."""
-    return [
-        podmonitor_crd(),
-        _monitoring_crd("PrometheusRule", "prometheusrules", "prometheusrule"),
-    ]
-
-
-def _monitoring_crd(kind: str, plural: str, singular: str) -> Json:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "names": {"kind": kind, "plural": plural, "singular": singular},
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
 
 
 def _meta_name(label: str) -> str:
@@ -128,16 +84,6 @@ def _pod_targets(pm: Json, pod: Json, ip: str) -> list[Json]:
                 target[r["targetLabel"]] = r.get("separator", ";").join(values)
         groups.append({"targets": [f"{ip}:{port[1]}"], "labels": target})
     return groups
-
-
-def podmonitor_targets(store: Store) -> list[Json]:
-    """The emulated API server's PodMonitors' targets (read from its store)."""
-    return targets_of(store.peek(*PODMONITORS), store.peek(*POD.key))
-
-
-def write_targets(store: Store, path: Path) -> None:
-    """Rewrite the file_sd file atomically (Prometheus re-reads it on change)."""
-    replace_file(path, json.dumps(podmonitor_targets(store), sort_keys=True))
 
 
 class PodMonitorTargets:

@@ -1,10 +1,9 @@
-"""`pods/portforward`: `kubectl port-forward pod/x` and `svc/x` against the local cluster.
+"""A kubelet's `portForward`: `kubectl port-forward pod/x` and `svc/x` on the local cluster.
 
-kubectl 1.37 dials port-forward as SPDY/3.1 tunnelled through a WebSocket (subprotocol
-`SPDY/3.1+portforward.k8s.io`: the SPDY byte stream is carried in binary messages) and falls
-back to a plain SPDY upgrade only when that fails; this serves the WebSocket form, where a
-real API server proxies the same stream to the kubelet. (`svc/x` is resolved to one of its
-pods by kubectl itself, so only pods are forwarded here.)
+kubectl 1.37 dials the API server's `pods/portforward` as SPDY/3.1 tunnelled through a
+WebSocket; the real API server translates that to a plain `Upgrade: SPDY/3.1` request to the
+pod's node — the node agent's kubelet API (`kubelet_api.py`), which serves it here. (`svc/x`
+is resolved to one of its pods by kubectl itself, so only pods are forwarded.)
 
 The port-forward protocol (`portforward.k8s.io`): for each local connection the client opens
 two SPDY streams with headers `streamtype: error|data`, `port` and `requestid`; when both
@@ -33,8 +32,6 @@ import aiohttp.web
 log = logging.getLogger("kvfleet.localcluster.portforward")
 
 PROTOCOL = "portforward.k8s.io"
-TUNNEL_PROTOCOL = f"SPDY/3.1+{PROTOCOL}"
-"""The WebSocket subprotocol kubectl asks for: SPDY tunnelled, port-forward protocol v1."""
 VERSION = 3
 SYN_STREAM, SYN_REPLY, RST_STREAM, PING, GOAWAY = 1, 2, 3, 6, 7
 FLAG_FIN = 0x01
@@ -154,9 +151,8 @@ class _Pair:
 
 
 class Session:
-    """One port-forward connection: SPDY frames in, SPDY frames out, over whichever transport
-    carries them (binary WebSocket messages from kubectl, or a raw upgraded connection from the
-    API server to a kubelet)."""
+    """One port-forward connection: SPDY frames in, SPDY frames out, over the upgraded
+    connection from the API server (`send` and `close` act on it)."""
 
     def __init__(
         self,
@@ -266,30 +262,6 @@ class Session:
                 await pair.writer.drain()
             if frame.flags & FLAG_FIN and pair.writer.can_write_eof():
                 pair.writer.write_eof()
-
-
-async def serve(raw: aiohttp.web.BaseRequest, pod_ip: str) -> aiohttp.web.StreamResponse:
-    """Upgrade to the tunnelled SPDY stream and forward the requested ports of the pod."""
-    # The SPDY protocol names each stream's port in its headers; a `ports` query (the
-    # WebSocket-native dialer's) restricts them.
-    ports = {int(p) for p in raw.query.getall("ports", []) if p.isdigit()}
-    ws = aiohttp.web.WebSocketResponse(protocols=(TUNNEL_PROTOCOL,), max_msg_size=0)
-    await ws.prepare(raw)
-
-    async def send(frame: bytes) -> None:
-        if not ws.closed:
-            await ws.send_bytes(frame)
-
-    async def messages() -> AsyncIterator[bytes]:
-        async for msg in ws:
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                yield msg.data
-
-    async def close() -> None:
-        await ws.close()
-
-    await Session(send, close, pod_ip, ports).run(messages())
-    return ws
 
 
 class _RawFeed:

@@ -3,11 +3,12 @@
 On a real cluster `redis.ai.svc` (or `redis.ai.svc.cluster.local`, or `redis` from a pod of
 namespace `ai`) resolves to the Service's ClusterIP, and kube-proxy forwards a connection to
 its port on to a Ready pod the selector matches, at the targetPort. Here there is no DNS
-server and no ClusterIP: the controllers keep a table — Service → the Ready pods' addresses
-and the port mapping — in one JSON file of the node, and the pod shim answers a pod's name
-lookups from it (`podshim/sitecustomize.py`), choosing a Ready pod per lookup as kube-proxy
-chooses per connection. A Service with no Ready pod resolves to an address that refuses
-connections, as a ClusterIP without endpoints does.
+server and no ClusterIP: the cluster's nodes (`cluster_nodes.py`) keep a table — Service →
+the Ready pods' addresses and the port mapping — in one JSON file, from watches of pods and
+Services through the API server, and the pod shim answers a pod's name lookups from it
+(`podshim/sitecustomize.py`), choosing a Ready pod per lookup as kube-proxy chooses per
+connection. A Service with no Ready pod resolves to an address that refuses connections, as
+a ClusterIP without endpoints does.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet_localcluster.files import replace_file
-from kvfleet_localcluster.kinds import POD, SERVICE, is_ready, selects
-from kvfleet_localcluster.store import Store
 
 Json = dict[str, Any]
 NO_ENDPOINTS = "127.255.255.254"
@@ -39,9 +38,17 @@ def _target_port(port: Json, pod: Json) -> int | None:
     return None
 
 
-def service_table(store: Store) -> dict[str, list[Json]]:
-    """The table of the emulated API server's objects (`table_of`)."""
-    return table_of(store.peek(*POD.key), store.peek(*SERVICE.key))
+def is_ready(pod: Json) -> bool:
+    """The pod's Ready condition is True (what an endpoint and a scrape target need)."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """An equality-based selector (a Service's, a matchLabels) matches these labels."""
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def table_of(pods: Iterable[Json], services: Iterable[Json]) -> dict[str, list[Json]]:
@@ -61,7 +68,7 @@ def table_of(pods: Iterable[Json], services: Iterable[Json]) -> dict[str, list[J
         meta, spec = svc["metadata"], svc.get("spec") or {}
         selector: dict[str, str] = spec.get("selector") or {}
         if not selector:
-            continue  # endpoints managed by hand: not emulated
+            continue  # endpoints managed by hand: not in the table
         ns = meta["namespace"]
         # Not-ready pods are endpoints only where the Service asks (publishNotReadyAddresses).
         any_state = bool(spec.get("publishNotReadyAddresses"))
@@ -96,9 +103,6 @@ class ServiceTable:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._last: dict[str, list[Json]] | None = None
-
-    def sync(self, store: Store) -> None:
-        self.write(service_table(store))
 
     def write(self, table: dict[str, list[Json]]) -> None:
         if table == self._last:

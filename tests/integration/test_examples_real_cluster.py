@@ -77,8 +77,8 @@ async def _chat(kc: Path, name: str, model: str) -> None:
 # Some 25 pods as processes on two cores: 160-230 s (half of it the cluster's start) measured
 # beside other suites' runs (load average 13-27).
 # With the install page's story (test_install_docs.py) it has an xdist group of its own:
-# the two never load the machine together, and they do not lengthen the chain of the
-# emulated cluster's whole-cluster stories.
+# the two never load the machine together, and they do not lengthen the chain of the other
+# whole-cluster stories.
 @pytest.mark.xdist_group("real-cluster-stories")
 @pytest.mark.timeout(600)
 async def test_every_example_becomes_ready_on_the_real_control_plane(

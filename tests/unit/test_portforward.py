@@ -1,5 +1,5 @@
-"""The local cluster's SPDY/3 framing for pods/portforward (kubectl itself is the live peer
-in tests/integration/test_cluster_fidelity.py): frames split across WebSocket messages,
+"""The node agent's SPDY/3 framing for port-forward (kubectl, through the real API server,
+is the live peer in tests/integration/test_local_nodes.py): frames split across reads,
 header blocks through one zlib context per direction with the specification's dictionary."""
 
 import struct
@@ -31,7 +31,7 @@ def test_frames_arrive_whole_however_the_bytes_are_split() -> None:
     syn = control_frame(SYN_STREAM, 0, struct.pack(">IIH", 1, 0, 0) + block)
     wire = syn + data_frame(1, b"GET / HTTP/1.1\r\n\r\n") + data_frame(1, b"", fin=True)
     buf, frames = bytearray(), []
-    for i in range(0, len(wire), 7):  # 7-byte WebSocket messages
+    for i in range(0, len(wire), 7):  # 7-byte reads
         buf += wire[i : i + 7]
         frames += list(take_frames(buf))
     assert not buf
