@@ -1,27 +1,31 @@
-"""The local cluster treats the InferenceService CRD as an API server does: defaults filled
-in, unknown fields pruned, types and bounds checked, CEL rules enforced — on create, on
-patch, and on `/scale` (which cannot set replicas on an autoscaled service)."""
+"""The CRDs in `crds/` as the real API server takes them: each one accepted (its structural
+schema, every CEL rule compiled within the cost budgets — a real server refuses a CRD over
+budget), and InferenceServices admitted the way the CRD says: defaults filled in, unknown
+fields pruned (or refused under strict field validation), types and bounds checked, CEL
+rules enforced — on create, on patch, and on `/scale` (which cannot set replicas on an
+autoscaled service)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
+import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import pytest
+import yaml
 
-from kvfleet_localcluster.emulated import EmulatedCluster
-from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.cluster import Env
+from tests.support.objects import ROOT
 from tests.support.objects import isvc as make_isvc
 
-ROOT = Path(__file__).resolve().parents[2]
-ISVCS = "/apis/kvfleet.dev/v1alpha1/namespaces/default/inferenceservices"
 MERGE = {"Content-Type": "application/merge-patch+json"}
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+NAMESPACE = "default"
+"""Namespace of the HOSTILE objects (another file posts them as they are)."""
 
 
 def isvc(name: str, **spec: Any) -> dict[str, Any]:
-    return make_isvc(name, namespace="default", **spec)
+    return make_isvc(name, namespace=NAMESPACE, **spec)
 
 
 MODEL = {"name": "llama-3.1-8b", "source": {"huggingFace": "meta-llama/Llama-3.1-8B-Instruct"}}
@@ -69,75 +73,111 @@ HOSTILE = [
         "spec.lora.adapters[1]: Duplicate value",
     ),
 ]
+INVALID = [
+    (
+        isvc("a", replicas=2, autoscaling={"maxReplicas": 3}),
+        "replicas and autoscaling are mutually exclusive",
+    ),
+    (isvc("b", engine={"tensorParallel": 3}), "spec.engine.tensorParallel: Unsupported value: 3"),
+    (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs[0]: Invalid value"),
+    (  # an abbreviation SGLang's parser takes for --api-key
+        isvc("c2", engine={"extraArgs": ["--api-ke=attacker"]}),
+        "spec.engine.extraArgs[0]: Invalid value",
+    ),
+    (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
+    # Every child name must fit: '-engine' on a Service name of at most 63 characters.
+    (isvc("a" * 57), "metadata.name: Invalid value"),
+    (isvc("7b-model"), "metadata.name: Invalid value"),
+    (isvc("e", autoscaling={"minReplicas": 5, "maxReplicas": 2}), "spec.autoscaling.minReplicas"),
+    ({**isvc("f"), "spec": {"gateway": {"insecureNoAuth": True}}}, "spec.model: Required value"),
+    *HOSTILE,
+]
 
 
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    async with EmulatedCluster(cluster_config(tmp_path)) as cluster, cluster.session() as s:
-        yield cluster.url, s
+async def call(
+    s: aiohttp.ClientSession, method: str, url: str, body: Any, **kw: Any
+) -> tuple[int, Any, Mapping[str, str]]:
+    async with s.request(method, url, json=body, **kw) as r:
+        return r.status, json.loads(await r.text() or "{}"), r.headers
 
 
-async def test_defaults_pruning_and_rules(api: tuple[str, aiohttp.ClientSession]) -> None:
-    url, s = api
-    body = isvc("ok", replicas=2, notAField=1)
-    async with s.post(url + ISVCS, json=body) as r:
-        assert r.status == 201
-        created = await r.json()
-    spec = created["spec"]
-    assert "notAField" not in spec
-    assert spec["engine"]["tensorParallel"] == 1  # defaults from the schema
-    # Images are not defaulted at admission: an unset image follows the operator's release,
-    # so upgrading the operator moves the data plane (a stored default would freeze it).
-    assert "image" not in spec["engine"] and "image" not in spec["gateway"]
-    assert spec["gateway"]["routingPolicy"] == "kvfleet"
+def crd_files() -> dict[str, dict[str, Any]]:
+    """The CRDs of `crds/` by name (the kustomization beside them is not one)."""
+    paths = sorted((ROOT / "crds").glob("*.yaml"))
+    docs = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
 
-    cases = [
-        (
-            isvc("a", replicas=2, autoscaling={"maxReplicas": 3}),
-            "replicas and autoscaling are mutually exclusive",
-        ),
-        (
-            isvc("b", engine={"tensorParallel": 3}),
-            "spec.engine.tensorParallel: Unsupported value: 3",
-        ),
-        (isvc("c", engine={"extraArgs": ["--port=1"]}), "spec.engine.extraArgs[0]: Invalid value"),
-        (  # an abbreviation SGLang's parser takes for --api-key
-            isvc("c2", engine={"extraArgs": ["--api-ke=attacker"]}),
-            "spec.engine.extraArgs[0]: Invalid value",
-        ),
-        (isvc("d", replicas="two"), "spec.replicas in body must be of type integer"),
-        # Every child name must fit: '-engine' on a Service name of at most 63 characters.
-        (isvc("a" * 57), "metadata.name: Invalid value"),
-        (isvc("7b-model"), "metadata.name: Invalid value"),
-        (
-            isvc("e", autoscaling={"minReplicas": 5, "maxReplicas": 2}),
-            "spec.autoscaling.minReplicas",
-        ),
-        (
-            {**isvc("f"), "spec": {"gateway": {"insecureNoAuth": True}}},
-            "spec.model: Required value",
-        ),
-        *HOSTILE,
-    ]
-    for obj, message in cases:
-        async with s.post(url + ISVCS, json=obj) as r:
-            assert r.status == 422, obj
-            assert message in (await r.json())["message"]
 
-    # Updates are admitted the same way; /scale writes spec.replicas through the rules.
-    async with s.patch(
-        f"{url}{ISVCS}/ok", json={"spec": {"engine": {"tensorParallel": 5}}}, headers=MERGE
-    ) as r:
-        assert r.status == 422
-    auto = isvc("auto", autoscaling={"minReplicas": 1, "maxReplicas": 4})
-    async with s.post(url + ISVCS, json=auto) as r:
-        assert r.status == 201
-    async with s.patch(
-        f"{url}{ISVCS}/auto/scale", json={"spec": {"replicas": 3}}, headers=MERGE
-    ) as r:
-        assert r.status == 422
-        assert "mutually exclusive" in (await r.json())["message"]
-    async with s.patch(
-        f"{url}{ISVCS}/ok/scale", json={"spec": {"replicas": 3}}, headers=MERGE
-    ) as r:
-        assert r.status == 200
+def renamed(crd: dict[str, Any], group: str) -> dict[str, Any]:
+    """The same CRD under another group: a create of its own, not an update of ours."""
+    spec = {**crd["spec"], "group": group}
+    name = f"{spec['names']['plural']}.{group}"
+    return {**crd, "metadata": {**crd["metadata"], "name": name}, "spec": spec}
+
+
+async def test_every_crd_is_accepted_by_the_real_api_server(local_cluster: Env) -> None:
+    """Each CRD in `crds/` (all that the kustomization installs) is on the server as
+    written, Established with its names accepted; and a dry-run create of each (under
+    another group) passes strict field validation without a warning. A create is judged in
+    full, each CEL rule's estimated cost included; an update would let a rule that was
+    already there keep a cost over the budget."""
+    crds = crd_files()
+    kustomized = yaml.safe_load((ROOT / "crds" / "kustomization.yaml").read_text())["resources"]
+    assert len(crds) == len(kustomized) == 2, (sorted(crds), kustomized)
+    cluster = local_cluster.cluster
+    async with cluster.session() as s:
+        for name, crd in crds.items():
+            status, live, _ = await call(s, "GET", f"{cluster.url}{CRDS}/{name}", None)
+            assert status == 200, live
+            conditions = {c["type"]: c["status"] for c in live["status"]["conditions"]}
+            assert conditions["Established"] == conditions["NamesAccepted"] == "True", conditions
+            for want, got in zip(crd["spec"]["versions"], live["spec"]["versions"], strict=True):
+                assert got["schema"] == want["schema"], f"{name} {want['name']}: schema changed"
+                assert got.get("additionalPrinterColumns") == want.get("additionalPrinterColumns")
+            url = f"{cluster.url}{CRDS}?dryRun=All&fieldValidation=Strict"
+            status, body, headers = await call(s, "POST", url, renamed(crd, "check.kvfleet.dev"))
+            assert status == 201, (name, body.get("message"))
+            assert "Warning" not in headers, (name, headers.get("Warning"))
+
+
+async def test_defaults_pruning_and_rules(local_cluster: Env) -> None:
+    cluster, ns = local_cluster.cluster, local_cluster.ns
+    isvcs = f"{cluster.url}/apis/kvfleet.dev/v1alpha1/namespaces/{ns}/inferenceservices"
+
+    def here(obj: dict[str, Any]) -> dict[str, Any]:
+        return {**obj, "metadata": {**obj["metadata"], "namespace": ns}}
+
+    async with cluster.session() as s:
+        body = here(isvc("ok", replicas=2, notAField=1))
+        # Strict field validation (kubectl's default) refuses the unknown field (400) ...
+        status, refused, _ = await call(s, "POST", isvcs + "?fieldValidation=Strict", body)
+        assert status == 400 and 'unknown field "spec.notAField"' in refused["message"], refused
+        # ... the API's default prunes it and says so in a warning.
+        status, created, headers = await call(s, "POST", isvcs, body)
+        assert status == 201, created
+        assert headers.get("Warning") == r'299 - "unknown field \"spec.notAField\""', headers
+        spec = created["spec"]
+        assert "notAField" not in spec
+        assert spec["engine"]["tensorParallel"] == 1  # defaults from the schema
+        # Images are not defaulted at admission: an unset image follows the operator's
+        # release, so upgrading the operator moves the data plane (a default would freeze it).
+        assert "image" not in spec["engine"] and "image" not in spec["gateway"]
+        assert spec["gateway"]["routingPolicy"] == "kvfleet"
+
+        for obj, message in INVALID:
+            status, answer, _ = await call(s, "POST", isvcs, here(obj))
+            assert status == 422, obj
+            assert message in answer["message"], (obj["metadata"]["name"], answer["message"])
+
+        # Updates are admitted the same way; /scale writes spec.replicas through the rules.
+        patch = {"spec": {"engine": {"tensorParallel": 5}}}
+        status, _, _ = await call(s, "PATCH", f"{isvcs}/ok", patch, headers=MERGE)
+        assert status == 422
+        auto = here(isvc("auto", autoscaling={"minReplicas": 1, "maxReplicas": 4}))
+        status, _, _ = await call(s, "POST", isvcs, auto)
+        assert status == 201
+        scale = {"spec": {"replicas": 3}}
+        status, answer, _ = await call(s, "PATCH", f"{isvcs}/auto/scale", scale, headers=MERGE)
+        assert status == 422 and "mutually exclusive" in answer["message"], answer
+        status, answer, _ = await call(s, "PATCH", f"{isvcs}/ok/scale", scale, headers=MERGE)
+        assert status == 200, answer

@@ -1,23 +1,26 @@
-"""Kubernetes discovery over HTTP against the emulated API server (kmock extended with real
-semantics): the gateway follows the Ready engine pods matching its selector, by list + watch
-from the list's resourceVersion, and routes to their pod IPs."""
+"""Kubernetes discovery over HTTP against the real API server: the gateway follows the Ready
+engine pods matching its selector, by list + watch from the list's resourceVersion, and
+routes to their pod IPs."""
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kvfleet_gateway.config import KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
-from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_sim.procs import free_port
-from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.cluster import Env
 from tests.support.gateway import gateway_config
 from tests.support.objects import ENGINE_SELECTOR
 from tests.support.objects import engine_pod as pod
 
 SELECTOR = ENGINE_SELECTOR
+MERGE = {"Content-Type": "application/merge-patch+json"}
+UNSCHEDULED = "kvfleet-test-no-scheduler"
+"""A scheduler that does not exist: the test's pods stay unbound, so no node agent runs
+them or writes their status; the test writes it, as a kubelet would."""
 
 
 def test_pod_url_rules() -> None:
@@ -32,62 +35,67 @@ def test_pod_url_rules() -> None:
 
 
 async def test_gateway_follows_ready_pods(
-    sim_server: Any, gateway_server: Any, tmp_path: Path
+    sim_server: Any, gateway_server: Any, local_cluster: Env
 ) -> None:
     port = free_port()
     engines = [await sim_server(host=f"127.0.0.{i}", port=port) for i in (2, 3, 4)]
-    # The API server alone: pods are posted with the statuses the test wants.
-    config = cluster_config(tmp_path, controllers=False, crds=False)
-    async with EmulatedCluster(config) as cluster:
-        url, kubeconfig = cluster.url, cluster.kubeconfig
-        async with cluster.session() as s:
+    cluster, ns = local_cluster.cluster, local_cluster.ns
+    pods = f"{cluster.url}/api/v1/namespaces/{ns}/pods"
+    async with cluster.session() as s:
 
-            async def put(p: dict[str, Any]) -> None:
-                async with s.post(f"{url}/api/v1/namespaces/ai/pods", json=p) as r:
-                    assert r.status in (200, 201)
+        async def put(p: dict[str, Any]) -> None:
+            """Create the pod, then report the status it was given (a create drops it)."""
+            p = {**p, "metadata": {**p["metadata"], "namespace": ns}}
+            p["spec"] = {**p["spec"], "schedulerName": UNSCHEDULED}
+            async with s.post(pods, json=p) as r:
+                assert r.status == 201, await r.text()
+            await set_status(p)
 
-            await put(pod("engine-a", "127.0.0.2"))
-            await put(pod("engine-b", "127.0.0.3", ready=False))
-            await put(pod("other", "127.0.0.4", labels={"app": "something-else"}))
-            cfg = gateway_config(
-                kubernetes=KubernetesBackends(
-                    namespace="ai", selector=SELECTOR, port=port, kubeconfig=str(kubeconfig)
-                )
+        async def set_status(p: dict[str, Any]) -> None:
+            name = p["metadata"]["name"]
+            status = {"status": p["status"]}
+            async with s.patch(f"{pods}/{name}/status", json=status, headers=MERGE) as r:
+                assert r.status == 200, await r.text()
+
+        await put(pod("engine-a", "127.0.0.2"))
+        await put(pod("engine-b", "127.0.0.3", ready=False))
+        await put(pod("other", "127.0.0.4", labels={"app": "something-else"}))
+        cfg = gateway_config(
+            kubernetes=KubernetesBackends(
+                namespace=ns, selector=SELECTOR, port=port, kubeconfig=str(local_cluster.kubeconfig)
             )
-            gw = await gateway_server(cfg)
-            try:
-                pool = gateway_server.pool(gw).backends
+        )
+        gw = await gateway_server(cfg)
+        try:
+            pool = gateway_server.pool(gw).backends
 
-                async def members(expected: set[str]) -> None:
-                    for _ in range(100):
-                        if set(pool.backends) == expected and all(
-                            b.healthy for b in pool.backends.values()
-                        ):
-                            return
-                        await asyncio.sleep(0.05)
-                    pytest.fail(f"pool {set(pool.backends)} != {expected}")
+            async def members(expected: set[str]) -> None:
+                for _ in range(100):
+                    if set(pool.backends) == expected and all(
+                        b.healthy for b in pool.backends.values()
+                    ):
+                        return
+                    await asyncio.sleep(0.05)
+                pytest.fail(f"pool {set(pool.backends)} != {expected}")
 
-                await members({engines[0]})
-                body = {
-                    "model": "llama-3.1-8b",
-                    "max_tokens": 3,
-                    "messages": [{"role": "user", "content": "hi"}],
-                }
-                async with s.post(f"{gw}/v1/chat/completions", json=body) as r:
-                    assert r.status == 200
-                # engine-b becomes Ready: it joins
-                async with s.patch(
-                    f"{url}/api/v1/namespaces/ai/pods/engine-b/status",
-                    json={"status": pod("engine-b", "127.0.0.3")["status"]},
-                    headers={"Content-Type": "application/merge-patch+json"},
-                ) as r:
-                    assert r.status == 200
-                await members({engines[0], engines[1]})
-                # engine-a is deleted: it leaves (drained, then forgotten)
-                async with s.delete(f"{url}/api/v1/namespaces/ai/pods/engine-a") as r:
-                    assert r.status == 200
-                await members({engines[1]})
-            finally:
-                # Stop the gateway (and its watch) before the API server: a server waits for
-                # open watch streams to end before it shuts down.
-                await gateway_server.stop(gw)
+            await members({engines[0]})
+            body = {
+                "model": "llama-3.1-8b",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            async with (
+                aiohttp.ClientSession() as client,
+                client.post(f"{gw}/v1/chat/completions", json=body) as r,
+            ):
+                assert r.status == 200
+            # engine-b becomes Ready: it joins
+            await set_status(pod("engine-b", "127.0.0.3"))
+            await members({engines[0], engines[1]})
+            # engine-a is deleted: it leaves (drained, then forgotten). Bound to no node, it
+            # is gone at once, as a real API server deletes a pod no kubelet runs.
+            async with s.delete(f"{pods}/engine-a") as r:
+                assert r.status == 200
+            await members({engines[1]})
+        finally:
+            await gateway_server.stop(gw)

@@ -1,43 +1,48 @@
-"""The kubelet with real processes: ConfigMaps and Secrets mounted where the pod says, a
-readiness probe gating Ready, a crashing container restarted with backoff, and a deleted pod's
-process stopped."""
+"""The node agent with real processes, on the real control plane (the scheduler binds each
+pod to a node, whose agent runs it): ConfigMaps and Secrets mounted where the pod says, a
+readiness probe gating Ready, a crashing container restarted with backoff, and a deleted
+pod's process stopped after its preStop sleep."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from kvfleet_gateway.keys import hash_key
-from kvfleet_localcluster.emulated import EmulatedCluster, EmulatedClusterConfig
-from kvfleet_localcluster.kubelet import KubeletConfig
+from tests.support.cluster import Env
+
+IMAGE = "ghcr.io/kvfleet/kvfleet:test"
+"""The kvfleet image: its `kvfleet` command runs as this Python's (a real server requires
+an image on every container)."""
 
 
 class Api:
-    def __init__(self, url: str, s: aiohttp.ClientSession) -> None:
-        self.url, self.s = url, s
+    def __init__(self, url: str, ns: str, s: aiohttp.ClientSession, scale: float) -> None:
+        self.url, self.ns, self.s = url, ns, s
+        self.scale = scale
+        """The nodes' time scale: probe periods, backoff and grace periods times this."""
 
-    async def __call__(self, method: str, path: str, body: Any = None) -> Any:
+    async def __call__(self, method: str, kind: str, body: Any = None, name: str = "") -> Any:
+        path = f"/api/v1/namespaces/{self.ns}/{kind}" + (f"/{name}" if name else "")
         async with self.s.request(method, self.url + path, json=body) as r:
-            return await r.json()
+            answer = await r.json()
+            assert r.status < 300, answer
+            return answer
 
     async def pod(self, name: str) -> dict[str, Any]:
-        return await self("GET", f"/api/v1/namespaces/default/pods/{name}")  # type: ignore[no-any-return]
+        return await self("GET", "pods", name=name)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    kubelet = KubeletConfig(time_scale=0.02, state_dir=tmp_path / "state")
-    config = EmulatedClusterConfig(
-        kubeconfig=tmp_path / "kubeconfig", kubelet=kubelet, resync_s=0.2
-    )
-    async with EmulatedCluster(config) as cluster, cluster.session() as s:
-        yield Api(cluster.url, s)
+async def api(process_cluster: Env) -> AsyncIterator[Api]:
+    cluster = process_cluster.cluster
+    async with cluster.session() as s:
+        yield Api(cluster.url, process_cluster.ns, s, cluster.config.kubelet.time_scale)
 
 
 def pod(
@@ -46,7 +51,7 @@ def pod(
     return {
         "metadata": {"name": name},
         "spec": {
-            "containers": [container],
+            "containers": [{"image": IMAGE, **container}],
             "volumes": volumes or [],
             "terminationGracePeriodSeconds": 30,
         },
@@ -78,12 +83,12 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
     keys = {"tenants": [{"name": "t", "keys": [hash_key("secret-key")]}]}
     await api(
         "POST",
-        "/api/v1/namespaces/default/configmaps",
+        "configmaps",
         {"metadata": {"name": "gw"}, "data": {"gateway.yaml": json.dumps(config)}},
     )
     await api(
         "POST",
-        "/api/v1/namespaces/default/secrets",
+        "secrets",
         {"metadata": {"name": "keys"}, "stringData": {"keys.yaml": json.dumps(keys)}},
     )
     container = {
@@ -101,7 +106,7 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
         {"name": "config", "configMap": {"name": "gw"}},
         {"name": "keys", "secret": {"secretName": "keys"}},
     ]
-    await api("POST", "/api/v1/namespaces/default/pods", pod("gw", container, volumes))
+    await api("POST", "pods", pod("gw", container, volumes))
     p = await until(api, "gw", ready, "Ready")
     ip = p["status"]["podIP"]
     assert ip.startswith("127.") and ip != "127.0.0.1"  # its cluster's own range (addresses.py)
@@ -114,7 +119,7 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
         async with s.post(f"http://{ip}:8080/v1/chat/completions", json=body, headers=headers) as r:
             assert r.status == 503
-    await api("DELETE", "/api/v1/namespaces/default/pods/gw")
+    await api("DELETE", "pods", name="gw")
     for _ in range(50):
         try:
             async with aiohttp.ClientSession() as s, s.get(f"http://{ip}:8080/healthz"):
@@ -129,7 +134,7 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
 async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None:
     """A real kubelet runs the preStop hook before SIGTERM: an engine's `sleep` keeps it
     serving while gateways drop it (without it, requests routed in the meantime failed).
-    Here `sleep 100` on a node at 0.02 time scale: 2 s, within the grace period (6 s)."""
+    Here a sleep of 2 s on the node's time scale, within the grace period (6 s)."""
     import time
 
     container = {
@@ -137,11 +142,11 @@ async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None
         "command": ["kvfleet"],
         "args": "sim serve --model llama-3.1-8b --gpu h100 --host 0.0.0.0 --port 30000".split(),
         "readinessProbe": {"httpGet": {"path": "/health", "port": 30000}, "periodSeconds": 5},
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "100"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(round(2 / api.scale))]}}},
     }
     body = pod("engine", container)
-    body["spec"]["terminationGracePeriodSeconds"] = 300
-    await api("POST", "/api/v1/namespaces/default/pods", body)
+    body["spec"]["terminationGracePeriodSeconds"] = round(6 / api.scale)
+    await api("POST", "pods", body)
     ip = (await until(api, "engine", ready, "Ready"))["status"]["podIP"]
 
     async def answers() -> bool:
@@ -151,7 +156,7 @@ async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None
         except aiohttp.ClientConnectionError:
             return False
 
-    await api("DELETE", "/api/v1/namespaces/default/pods/engine")
+    await api("DELETE", "pods", name="engine")
     deleted = time.monotonic()
     await asyncio.sleep(1.0)
     assert await answers(), "stopped before its preStop sleep was over"
@@ -167,7 +172,7 @@ async def test_crashing_container_restarts_with_backoff(api: Api) -> None:
         "command": ["kvfleet"],
         "args": ["sim", "serve", "--model", "no-such-model", "--gpu", "h100"],
     }
-    await api("POST", "/api/v1/namespaces/default/pods", pod("bad", container))
+    await api("POST", "pods", pod("bad", container))
     p = await until(
         api,
         "bad",

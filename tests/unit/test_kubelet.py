@@ -1,10 +1,12 @@
-"""The kubelet's pure parts: SGLang's command line as the simulator's, mounts as paths."""
+"""The node agent's own parts: SGLang's command line as the simulator's, mounts as paths,
+pod addresses, preStop sleeps, and its loops ending when cancelled."""
 
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from kvfleet_localcluster.containers import container_argv, sglang_to_sim
 from kvfleet_localcluster.kubelet import KubeletConfig, substitute
-from kvfleet_localcluster.tables import age, jsonpath
 
 
 def test_sglang_flags_map_to_the_simulator_and_unknown_ones_are_reported() -> None:
@@ -77,23 +79,6 @@ def test_mount_paths_are_substituted_once_at_path_boundaries() -> None:
     )
 
 
-def test_printer_column_jsonpath_and_age() -> None:
-    obj = {
-        "spec": {"model": {"name": "m"}},
-        "status": {
-            "conditions": [
-                {"type": "Progressing", "status": "False"},
-                {"type": "Ready", "status": "True"},
-            ]
-        },
-    }
-    assert jsonpath(obj, ".spec.model.name") == "m"
-    assert jsonpath(obj, '.status.conditions[?(@.type=="Ready")].status') == "True"
-    assert jsonpath(obj, ".status.conditions[0].type") == "Progressing"
-    assert jsonpath(obj, ".status.metrics.queueDepth") is None
-    assert age(None) == "<unknown>"
-
-
 def test_mounts_rewrite_the_containers_arguments_not_the_local_interpreter() -> None:
     import sys
 
@@ -145,23 +130,49 @@ def test_sglangs_list_flags_become_the_simulators_repeated_ones() -> None:
     assert dropped == []
 
 
-async def test_the_controllers_stop_when_cancelled_as_the_store_changes() -> None:
-    """A cancel that lands in the same turn as a store change ends the controllers' loop
-    (with `asyncio.wait_for` on Python 3.11 it was lost: the loop went on, and a cluster's
-    teardown waited for it until the test's timeout)."""
+class IdleApi:
+    """An API server with nothing to say: the node registers, then its watches wait."""
+
+    async def create(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return {}
+
+    async def patch(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return {}
+
+    async def get(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return {"metadata": {"uid": "node-uid"}}
+
+    async def list(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    async def watch(self, *args: Any, **kw: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        import asyncio
+
+        await asyncio.Event().wait()
+        yield "ADDED", {}  # never reached: a watch that stays open
+
+
+async def test_the_node_agent_stops_when_cancelled_as_its_pods_change(tmp_path: Path) -> None:
+    """A cancel that lands in the same turn as a change of the node's pods ends the node
+    agent's loop (with `asyncio.wait_for` on Python 3.11 it was lost: the loop went on, and a
+    cluster's teardown waited for it until the test's timeout)."""
     import asyncio
 
-    from kvfleet_localcluster.controllers import Cluster
-    from kvfleet_localcluster.store import Store
+    from kvfleet_localcluster.node_agent import NodeAgent, NodeSpec
 
-    cluster = Cluster(Store())
-    task = asyncio.create_task(cluster.run(resync_s=30.0))
-    for _ in range(3):  # into its wait for a change
+    kubelet = KubeletConfig(run_processes=False, state_dir=tmp_path)
+    agent = NodeAgent(
+        NodeSpec("node-1"), IdleApi(), kubelet,  # type: ignore[arg-type]
+        lambda: "127.0.0.2", "127.0.0.1", 6443, b"",
+    )  # fmt: skip
+    task = asyncio.create_task(agent.run())
+    for _ in range(10):  # registered, listed, and into its wait for a change
         await asyncio.sleep(0)
-    cluster._dirty.set()  # a change (the store's listener sets it) ...
+    assert agent.pods.synced.is_set() and not task.done()
+    agent._dirty.set()  # a change (its pods' watch sets it) ...
     task.cancel()  # ... and the cluster stopping, at once
     done, _ = await asyncio.wait({task}, timeout=2.0)
-    assert task in done and task.cancelled(), "the controllers went on after a cancel"
+    assert task in done and task.cancelled(), "the node agent went on after a cancel"
 
 
 def test_the_kubeconfig_is_written_whole_and_private(tmp_path: Path) -> None:
