@@ -1,8 +1,9 @@
 """A disaggregated service as users deploy it: `examples/llama-3.1-70b-disaggregated.yaml`
-applied with kubectl, the operator rendering a prefill pool beside the decode engines, every
-pod a process. Streamed chats through the gateway are computed on the prefill pool and
-decoded on the decode pool; a prefill pod deleted under load loses no request, and a decode
-pod deleted mid-stream ends its clients' streams with an error and leaves nothing reserved."""
+applied with kubectl (in the test's namespace of the shared cluster), the operator rendering
+a prefill pool beside the decode engines, every pod a process. Streamed chats through the
+gateway are computed on the prefill pool and decoded on the decode pool; a prefill pod
+deleted under load loses no request, and a decode pod deleted mid-stream ends its clients'
+streams with an error and leaves nothing reserved."""
 
 from __future__ import annotations
 
@@ -15,20 +16,21 @@ from typing import Any
 
 import openai
 
-from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_operator.status import pod_ready
-from tests.support.emulated import emulated_cluster_with_operator as cluster_with_operator
+from tests.support.cluster import Env, operator_on
+from tests.support.examples import apply_example
 from tests.support.kubectl import kubectl
 from tests.support.metrics import scraped_sync
-from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
 PODS = "kvfleet.dev/inferenceservice=llama-70b-pd,app.kubernetes.io/component"
+EXAMPLE = ("api-keys-secret.yaml", "hf-token-secret.yaml", "llama-3.1-70b-disaggregated.yaml")
 
 
 async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
-    out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", f"{PODS}={component}", "-o", "json")
+    """The pods of a component in the kubeconfig's namespace, but those being deleted."""
+    out = await kubectl(kc, "get", "pods", "-l", f"{PODS}={component}", "-o", "json")
     return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -68,20 +70,15 @@ async def _chat(client: openai.AsyncOpenAI, words: int, tokens: int, unique: str
 
 
 async def test_a_disaggregated_service_serves_through_both_pools(
-    emulated_operator_cluster: EmulatedCluster,
+    operator_cluster: Env,
 ) -> None:
-    kc = emulated_operator_cluster.kubeconfig
-    for name in (
-        "api-keys-secret.yaml",
-        "hf-token-secret.yaml",
-        "llama-3.1-70b-disaggregated.yaml",
-    ):
-        await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
+    kc, ns = operator_cluster.kubeconfig, operator_cluster.ns
+    await apply_example(kc, ns, *EXAMPLE)
     # Two prefill engines, so one can be lost.
     two = {"spec": {"disaggregation": {"prefill": {"replicas": 2}}}}
-    await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", "ai", "--type=merge",
+    await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", ns, "--type=merge",
                   "-p", json.dumps(two))  # fmt: skip
-    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", "ai",
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", ns,
                   "--timeout=120s")  # fmt: skip
 
     async def both_prefills() -> bool:
@@ -110,7 +107,7 @@ async def test_a_disaggregated_service_serves_through_both_pools(
 
         callers = [asyncio.create_task(keep_asking()) for _ in range(4)]
         await asyncio.sleep(0.5)
-        await kubectl(kc, "delete", "pod", prefills[0]["metadata"]["name"], "-n", "ai",
+        await kubectl(kc, "delete", "pod", prefills[0]["metadata"]["name"], "-n", ns,
                       "--grace-period=0", "--force")  # fmt: skip
         await asyncio.gather(*callers)
         assert len(done) > 8 and set(done) == {16}, done
@@ -138,7 +135,7 @@ async def _a_decode_pod_lost_mid_stream(kc: Path, gateway_ip: str) -> None:
         await asyncio.sleep(1.0)  # every stream under way
         busiest = max(await _pods(kc, "engine"), key=_running)
         assert _running(busiest) > 0
-        await kubectl(kc, "delete", "pod", busiest["metadata"]["name"], "-n", "ai",
+        await kubectl(kc, "delete", "pod", busiest["metadata"]["name"],
                       "--grace-period=0", "--force")  # fmt: skip
         await asyncio.wait_for(asyncio.gather(*streams), 60)
     finally:
@@ -156,21 +153,19 @@ async def _a_decode_pod_lost_mid_stream(kc: Path, gateway_ip: str) -> None:
     await until(lambda: reserved() == 0, 15, "the budget's reservations settled")
 
 
-async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
+async def test_the_prefill_pool_scales_on_its_own(process_cluster: Env) -> None:
     """Prefill autoscaled (one warm spare), decode fixed at two: a flood of long prompts
     queues at the prefill engine, the autoscaler (reading the engines' /metrics each second)
     promotes the prefill spare and starts another; the decode pool stays as it was."""
     autoscaler = AutoscalerConfig(interval_s=1.0, stale_s=5.0)
-    async with cluster_with_operator(tmp_path, autoscaler) as cluster:
-        kc = cluster.kubeconfig
-        for name in ("api-keys-secret.yaml", "hf-token-secret.yaml",
-                     "llama-3.1-70b-disaggregated.yaml"):  # fmt: skip
-            await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
+    kc, ns = process_cluster.kubeconfig, process_cluster.ns
+    async with operator_on(process_cluster, autoscaler):
+        await apply_example(kc, ns, *EXAMPLE)
         scaled = {"replicas": None, "autoscaling": {
             "minReplicas": 1, "maxReplicas": 3, "warmReplicas": 1, "targetQueueDepth": 1,
             "scaleUpStabilizationSeconds": 0, "coldStartSeconds": 5}}  # fmt: skip
         patch = {"spec": {"disaggregation": {"prefill": scaled}}}
-        await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", "ai", "--type=merge",
+        await kubectl(kc, "patch", "kis", "llama-70b-pd", "-n", ns, "--type=merge",
                       "-p", json.dumps(patch))  # fmt: skip
 
         async def roles(component: str) -> list[str]:
@@ -184,7 +179,7 @@ async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
             return await roles("prefill") == ["active", "warm"]
 
         await until(spare, 60, "one active prefill engine and a warm spare")
-        await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", "ai",
+        await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-70b-pd", "-n", ns,
                       "--timeout=60s")  # fmt: skip
         gateway = next(p for p in await _pods(kc, "gateway") if pod_ready(p))
         client = openai.AsyncOpenAI(
@@ -201,7 +196,7 @@ async def test_the_prefill_pool_scales_on_its_own(tmp_path: Path) -> None:
 
             await until(promoted, 45, "the prefill spare promoted under the flood")
             assert set(await asyncio.gather(*flood)) == {4}
-            events = await kubectl(kc, "get", "events", "-n", "ai", "--field-selector",
+            events = await kubectl(kc, "get", "events", "-n", ns, "--field-selector",
                                    "reason=PrefillScaledUp", "-o", "json")  # fmt: skip
             # (A 1 -> 2 may come first: the switch to autoscaling adds the spare.)
             messages = [e["message"] for e in json.loads(events)["items"]]

@@ -15,10 +15,9 @@ import aiohttp
 import openai
 import yaml
 
-from kvfleet_localcluster.emulated import EmulatedCluster
-from kvfleet_localcluster.kubelet import node_dir
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
+from tests.support.cluster import Env
 from tests.support.kubectl import kubectl
 from tests.support.objects import claim
 from tests.support.waiting import until
@@ -40,11 +39,11 @@ CONFIG = {
 WORDS = "the of and to in is it you that he was for on are as with his they at be this".split()
 
 
-def service() -> dict[str, Any]:
+def service(ns: str) -> dict[str, Any]:
     return {
         "apiVersion": "kvfleet.dev/v1alpha1",
         "kind": "InferenceService",
-        "metadata": {"name": "chat", "namespace": "ai"},
+        "metadata": {"name": "chat", "namespace": ns},
         "spec": {
             "model": {
                 "name": "tiny-chat",
@@ -56,20 +55,26 @@ def service() -> dict[str, Any]:
     }
 
 
-async def test_the_gateway_routes_on_the_engines_kv_events(
-    emulated_operator_cluster: EmulatedCluster,
-) -> None:
-    kc = emulated_operator_cluster.kubeconfig
-    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models")))
+async def volume_path(kc: Path, claim_name: str) -> Path:
+    """The directory of the volume bound to a claim (the local provisioner's `hostPath`)."""
+
+    async def bound() -> str:
+        return await kubectl(kc, "get", "pvc", claim_name, "-o", "jsonpath={.spec.volumeName}")
+
+    volume = await until(bound, 30, f"claim {claim_name} bound")
+    return Path(await kubectl(kc, "get", "pv", volume, "-o", "jsonpath={.spec.hostPath.path}"))
+
+
+async def test_the_gateway_routes_on_the_engines_kv_events(operator_cluster: Env) -> None:
+    kc, ns = operator_cluster.kubeconfig, operator_cluster.ns
+    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(claim("models", ns)))
     # The model on the claim, as a real cluster's would hold it: config and tokenizer files.
-    model = (
-        node_dir(emulated_operator_cluster.config.kubelet) / "volumes" / "ai_models" / "tiny-chat"
-    )
+    model = (await volume_path(kc, "models")) / "tiny-chat"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
     for f in TOKENIZER.glob("*.json"):
         shutil.copy(f, model / f.name)
-    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(service()))
+    await kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(service(ns)))
     out = await kubectl(kc, "wait", "--for=condition=Ready", "kis/chat", "--timeout=90s")
     assert "condition met" in out
 

@@ -1,7 +1,8 @@
-"""LoRA as users deploy it: `examples/llama-3.1-8b-lora.yaml` applied with kubectl; every pod
-a process (the engines simulators with SGLang's LoRA
-flags as rendered). Through the gateway and the OpenAI SDK, the preloaded adapter is served
-where it is held and the other is loaded on demand on the replica the gateway picks."""
+"""LoRA as users deploy it: `examples/llama-3.1-8b-lora.yaml` applied with kubectl (in the
+test's namespace of the shared cluster); every pod a process (the engines simulators with
+SGLang's LoRA flags as rendered). Through the gateway and the OpenAI SDK, the preloaded
+adapter is served where it is held and the other is loaded on demand on the replica the
+gateway picks."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from typing import Any
 import aiohttp
 import openai
 
-from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.status import pod_ready
+from tests.support.cluster import Env
+from tests.support.examples import apply_example
 from tests.support.kubectl import kubectl
-from tests.support.objects import EXAMPLES
 
 SELECTOR = "app.kubernetes.io/instance=llama-8b-lora,app.kubernetes.io/component"
 
 
-async def _pods(kc: Path, component: str) -> list[dict[str, Any]]:
-    out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", f"{SELECTOR}={component}", "-o",
+async def _pods(kc: Path, ns: str, component: str) -> list[dict[str, Any]]:
+    out = await kubectl(kc, "get", "pods", "-n", ns, "-l", f"{SELECTOR}={component}", "-o",
                         "json")  # fmt: skip
     return [p for p in json.loads(out)["items"] if pod_ready(p)]
 
@@ -35,21 +36,20 @@ async def _held(pod: dict[str, Any], key: str) -> set[str]:
 
 
 async def test_the_lora_example_serves_preloaded_and_on_demand_adapters(
-    emulated_operator_cluster: EmulatedCluster,
+    operator_cluster: Env,
 ) -> None:
-    kc = emulated_operator_cluster.kubeconfig
-    for name in ("api-keys-secret.yaml", "hf-token-secret.yaml"):
-        await kubectl(kc, "apply", "-f", str(EXAMPLES / name))
-    await kubectl(kc, "apply", "-f", str(EXAMPLES / "llama-3.1-8b-lora.yaml"))
-    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b-lora", "-n", "ai",
+    kc, ns = operator_cluster.kubeconfig, operator_cluster.ns
+    await apply_example(kc, ns, "api-keys-secret.yaml", "hf-token-secret.yaml")
+    await apply_example(kc, ns, "llama-3.1-8b-lora.yaml")
+    await kubectl(kc, "wait", "--for=condition=Ready", "kis/llama-8b-lora", "-n", ns,
                   "--timeout=120s")  # fmt: skip
     # Ready is serving (one replica will do); every replica ready is the rollout done.
     await kubectl(kc, "wait", "--for=condition=Progressing=False", "kis/llama-8b-lora", "-n",
-                  "ai", "--timeout=120s")  # fmt: skip
-    engines = await _pods(kc, "engine")
-    gateway = (await _pods(kc, "gateway"))[0]
+                  ns, "--timeout=120s")  # fmt: skip
+    engines = await _pods(kc, ns, "engine")
+    gateway = (await _pods(kc, ns, "gateway"))[0]
     secret = json.loads(await kubectl(kc, "get", "secret", "llama-8b-lora-engine-key", "-n",
-                                      "ai", "-o", "json"))  # fmt: skip
+                                      ns, "-o", "json"))  # fmt: skip
     key = base64.b64decode(next(iter(secret["data"].values()))).decode()
     assert [await _held(p, key) for p in engines] == [{"fact-gen"}] * 2  # --lora-paths
     client = openai.AsyncOpenAI(base_url=f"http://{gateway['status']['podIP']}:8080/v1",

@@ -1,8 +1,9 @@
-"""A multi-node service as users run one: LeaderWorkerSet installed from its published CRD
-(`kubectl apply --server-side`), then `examples/deepseek-v3-2x8-h100.yaml` applied as
-written. Every pod is a process: the group's two engines meet at the leader's
-`--dist-init-addr` (resolved through the engine Service as LWS's subdomain), only the leader
-serves, the gateway routes to leaders only, and a lost worker restarts its whole group."""
+"""A multi-node service as users run one, on a cluster of its own with the real LeaderWorkerSet
+controller (its CRDs and webhooks installed from its module, as `kvfleet cluster up` does),
+`examples/deepseek-v3-2x8-h100.yaml` applied as written. Every pod is a process: the group's
+two engines meet at the leader's `--dist-init-addr` (resolved through the engine Service as
+LWS's subdomain), only the leader serves, the gateway routes to leaders only, and a lost
+worker restarts its whole group."""
 
 from __future__ import annotations
 
@@ -15,26 +16,27 @@ from typing import Any
 import openai
 import pytest
 
-from kvfleet_localcluster.emulated import EmulatedCluster
+from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.login import Credentials
 from kvfleet_operator.render.common import GATEWAY_METRICS_PORT
 from kvfleet_operator.status import pod_ready
-from tests.support.cluster import OperatorThread
-from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.cluster import OperatorThread, cluster_config
 from tests.support.gateway import upstream_errors
 from tests.support.kubectl import kubectl
-from tests.support.leaderworkerset import write_crd
 from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 ENGINES = "kvfleet.dev/inferenceservice=deepseek-v3,app.kubernetes.io/component=engine"
+GROUPS_0_1 = {f"deepseek-v3-engine-{g}{w}" for g in (0, 1) for w in ("", "-1")}
+"""Two groups' pods: each a leader and one worker."""
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[EmulatedCluster]:
-    config = cluster_config(tmp_path, run_processes=True, time_scale=0.05)
-    async with EmulatedCluster(config) as local:
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """A cluster of this test's own: the LeaderWorkerSet controller is cluster-wide."""
+    config = cluster_config(tmp_path, lws=True, run_processes=True, time_scale=0.05)
+    async with LocalCluster(config) as local:
         yield local
 
 
@@ -59,12 +61,9 @@ async def _upstream_errors(ip: str) -> dict[str, float]:
     return await upstream_errors(f"http://{ip}:{GATEWAY_METRICS_PORT}/metrics")
 
 
-async def test_a_two_node_replica_serves_and_restarts_as_a_group(
-    cluster: EmulatedCluster, tmp_path: Path
-) -> None:
+@pytest.mark.timeout(400)
+async def test_a_two_node_replica_serves_and_restarts_as_a_group(cluster: LocalCluster) -> None:
     kc = cluster.kubeconfig
-    # LeaderWorkerSet's own install (its CRD is too large for client-side apply).
-    await kubectl(kc, "apply", "--server-side", "-f", str(write_crd(tmp_path)))
     await kubectl(kc, "wait", "--for=condition=Established", f"crd/{LWS_CRD}", "--timeout=30s")
     operator = OperatorThread(Credentials(kubeconfig=str(kc)), resync_s=1.0)
     try:
@@ -148,13 +147,22 @@ async def _autoscaled_groups(kc: Path) -> None:
         live = json.loads(await kubectl(kc, "get", "kis", "deepseek-v3", "-n", "ai", "-o", "json"))
         st = live.get("status") or {}
         counts = (st.get("replicas"), st.get("activeReplicas"), st.get("warmReplicas"))
-        pods = {p["metadata"]["name"]: p["metadata"]["labels"] for p in await _pods(kc, ENGINES)}
+        lws = json.loads(await kubectl(kc, "get", "lws", "deepseek-v3-engine", "-n", "ai", "-o",
+                                       "json"))  # fmt: skip
+        rolled = (lws.get("status") or {}).get("updatedReplicas") == 2
+        pods = {
+            p["metadata"]["name"]: p["metadata"]["labels"]
+            for p in await _pods(kc, ENGINES)
+            if not p["metadata"].get("deletionTimestamp")
+        }
         roles = [pods.get(f"deepseek-v3-engine-{g}", {}).get("kvfleet.dev/role") for g in (0, 1)]
-        return pods if counts == (2, 1, 1) and roles == ["active", "warm"] else None
+        settled = rolled and counts == (2, 1, 1) and roles == ["active", "warm"]
+        return pods if settled and set(pods) == GROUPS_0_1 else None
 
-    # (Switched to autoscaling, the template's role changes, so LWS rolls group 0 while
-    # group 1 starts: roles settle once both are up.)
-    pods = await until(one_active_one_warm, 90, "group 0 active, group 1 its warm spare")
-    assert len(pods) == 4, sorted(pods)
+    # Switched to autoscaling, the template's role changes, so LWS rolls the groups while
+    # group 1 starts, with a surge group (2) beside them (the operator's maxSurge: 1). Once
+    # the roll is done the surge group is gone (its pods may still be terminating) and the
+    # roles are settled: exactly two groups, four pods.
+    pods = await until(one_active_one_warm, 90, "groups 0 (active) and 1 (warm spare) alone")
     assert not any("kvfleet.dev/role" in pods[w] for w in ("deepseek-v3-engine-0-1",
                                                           "deepseek-v3-engine-1-1"))  # fmt: skip

@@ -8,30 +8,29 @@ restart."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from kvfleet_localcluster.emulated import EmulatedCluster
 from kvfleet_operator.render.common import IG_LABEL
 from kvfleet_operator.status import pod_ready
-from tests.integration.test_operator_in_cluster import run
+from tests.integration.test_status_reasons import kvfleet
+from tests.support.cluster import Env
+from tests.support.examples import apply_example
 from tests.support.kubectl import kubectl
-from tests.support.objects import EXAMPLES
 from tests.support.waiting import until
 
 PRICE = {"prompt": 100.0, "cached": 20.0, "output": 1000.0}  # per 1M tokens: a test's scale
 BUDGET = 0.05
 
 
-async def gateway_pod(kc: Path, replacing: str | None = None) -> dict[str, Any]:
+async def gateway_pod(kc: Path, ns: str, replacing: str | None = None) -> dict[str, Any]:
     """The one ready pod of the shared gateway (another than `replacing`, once it is gone)."""
 
     async def ready() -> dict[str, Any] | None:
-        out = await kubectl(kc, "get", "pods", "-n", "ai", "-l", f"{IG_LABEL}=shared", "-o", "json")
+        out = await kubectl(kc, "get", "pods", "-n", ns, "-l", f"{IG_LABEL}=shared", "-o", "json")
         pods = [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
         if len(pods) != 1 or not pod_ready(pods[0]) or pods[0]["metadata"]["name"] == replacing:
             return None
@@ -52,18 +51,17 @@ async def ask(client: openai.AsyncOpenAI, model: str, max_tokens: int = 3) -> An
 
 
 async def test_one_gateway_serves_two_models_and_an_adapter(
-    emulated_operator_cluster: EmulatedCluster,
+    operator_cluster: Env,
 ) -> None:
-    kc = emulated_operator_cluster.kubeconfig
-    await kubectl(kc, "apply", "-f", str(EXAMPLES / "shared-gateway" / "00-keys.yaml"))
-    await kubectl(kc, "apply", "-f", str(EXAMPLES / "hf-token-secret.yaml"))
-    await kubectl(kc, "apply", "-f", str(EXAMPLES / "shared-gateway"))
+    kc, ns = operator_cluster.kubeconfig, operator_cluster.ns
+    await apply_example(kc, ns, "shared-gateway/00-keys.yaml", "hf-token-secret.yaml")
+    await apply_example(kc, ns, "shared-gateway")
     for obj in ("kis/chat-8b", "kis/qwen-32b", "kig/shared"):
-        await kubectl(kc, "wait", "--for=condition=Ready", obj, "-n", "ai", "--timeout=120s")
-    status = json.loads(await kubectl(kc, "get", "kig/shared", "-n", "ai", "-o", "json"))["status"]
+        await kubectl(kc, "wait", "--for=condition=Ready", obj, "-n", ns, "--timeout=120s")
+    status = json.loads(await kubectl(kc, "get", "kig/shared", "-n", ns, "-o", "json"))["status"]
     assert status["services"] == ["chat-8b", "qwen-32b"]
     assert status["models"] == ["fact-gen", "llama", "llama-3.1-8b", "qwen3-32b"]
-    pod = await gateway_pod(kc)
+    pod = await gateway_pod(kc, ns)
     url = url_of(pod)
     # A request that hangs fails the test in a minute, naming itself, not at the test's limit.
     research = openai.AsyncOpenAI(base_url=url, api_key="foo", max_retries=0, timeout=60)
@@ -82,7 +80,7 @@ async def test_one_gateway_serves_two_models_and_an_adapter(
         with pytest.raises(openai.PermissionDeniedError, match="'qwen3-32b' is not available"):
             await ask(support, "qwen3-32b")
         await _a_cost_budget_runs_out_at_the_models_price(
-            emulated_operator_cluster, support, pod["metadata"]["name"]
+            operator_cluster, support, pod["metadata"]["name"]
         )
     finally:
         await research.close()
@@ -90,12 +88,12 @@ async def test_one_gateway_serves_two_models_and_an_adapter(
 
 
 async def _a_cost_budget_runs_out_at_the_models_price(
-    cluster: EmulatedCluster, support: openai.AsyncOpenAI, old_pod: str
+    cluster: Env, support: openai.AsyncOpenAI, old_pod: str
 ) -> None:
     """A small budget for the bot (a new gateway config: the pods roll), then a higher price
     on the 8B model (its pool only: the running gateway re-reads it), then requests until
     the budget refuses one — having spent no more than it holds, at that price."""
-    kc = cluster.kubeconfig
+    kc, ns = cluster.kubeconfig, cluster.ns
     tenants = [
         {
             "name": "support-bot",
@@ -110,12 +108,12 @@ async def _a_cost_budget_runs_out_at_the_models_price(
         "patch",
         "kig/shared",
         "-n",
-        "ai",
+        ns,
         "--type=merge",
         "-p",
         json.dumps({"spec": {"tenants": tenants}}),
     )
-    client = support.with_options(base_url=url_of(await gateway_pod(kc, replacing=old_pod)))
+    client = support.with_options(base_url=url_of(await gateway_pod(kc, ns, replacing=old_pod)))
 
     seen: list[float] = []
 
@@ -133,7 +131,7 @@ async def _a_cost_budget_runs_out_at_the_models_price(
         "patch",
         "kis/chat-8b",
         "-n",
-        "ai",
+        ns,
         "--type=merge",
         "-p",
         json.dumps({"spec": {"model": {"price": PRICE}}}),
@@ -157,9 +155,8 @@ async def _a_cost_budget_runs_out_at_the_models_price(
     assert refused is not None and "cost budget" in str(refused), refused
     assert 0.02 < spent <= BUDGET
     # What the admin sees: the bot's spend per model, its budget across them.
-    kvfleet = str(Path(sys.executable).parent / "kvfleet")
-    code, out, err = await run(
-        cluster, kvfleet, "usage", "shared", "--gateway", "--by-model", "--tenant", "support-bot"
+    code, out, err = await kvfleet(
+        cluster, "usage", "shared", "--gateway", "--by-model", "--tenant", "support-bot"
     )
     assert code == 0, err
     rows = {line.split()[2]: line.split() for line in out.splitlines()[1:]}
