@@ -30,7 +30,7 @@ from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import require_binary
 from tests.support.cluster import Env, OperatorThread, cluster_config
 from tests.support.objects import NS, condition, isvc
-from tests.support.shared_cluster import ClusterThread
+from tests.support.shared_cluster import SERVICE_ACCOUNT, ClusterThread, WorkerClusters
 from tests.support.waiting import until
 
 EVENTS = Resource("v1", "Event", "events")
@@ -94,36 +94,69 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(tmp: Path, monitoring: bool = False) -> AsyncIterator[Stack]:
-    """A cluster of the test's own, its pods as processes, the service in namespace `NS`
-    (the operator a test starts watches the whole cluster); with `monitoring`, the
-    Prometheus Operator's CRDs. In a thread of its own: its node agents keep serving while
-    the test waits on a synchronous client."""
-    config = cluster_config(tmp, monitoring=monitoring, run_processes=True, time_scale=0.1)
-    cluster = await asyncio.to_thread(ClusterThread, config)
+async def stack_on(cluster: ClusterThread) -> AsyncIterator[Stack]:
+    """The service's namespace `NS` of `cluster`; the operator a test starts is stopped
+    after it."""
+    kubeconfig = cluster.namespace_kubeconfig(NS)
+    kube = Kube(api_client(Credentials(kubeconfig=str(kubeconfig))))
+    s = Stack(Env(cluster, NS, kubeconfig, kube))
     try:
-        kubeconfig = cluster.namespace_kubeconfig(NS)
-        kube = Kube(api_client(Credentials(kubeconfig=str(kubeconfig))))
-        s = Stack(Env(cluster, NS, kubeconfig, kube))
-        try:
-            yield s
-        finally:
-            if s.operator is not None:
-                await asyncio.to_thread(s.operator.close)
+        yield s
     finally:
-        await asyncio.to_thread(cluster.close)
+        if s.operator is not None:
+            await asyncio.to_thread(s.operator.close)
+
+
+SHARED_KIND = "autoscaling"
+"""The worker's cluster of the autoscaling tests: pods as processes, at 0.1 of a real
+kubelet's timing."""
+NAMESPACE = Resource("v1", "Namespace", "namespaces", namespaced=False)
+
+
+def fresh_namespace(cluster: ClusterThread, name: str) -> None:
+    """`name` created anew (the last test's deleted first), once its `default`
+    ServiceAccount exists. The services' tests all use namespace `NS` and an operator
+    watching the whole cluster, so they take the cluster one at a time."""
+    admin, path = cluster.admin, NAMESPACE.path(None, name)
+    deadline = time.monotonic() + 120
+    while admin.get(NAMESPACE, None, name) is not None:
+        with contextlib.suppress(Exception):
+            admin.request("DELETE", path)
+        assert time.monotonic() < deadline, f"namespace {name} still there after 120 s"
+        time.sleep(0.2)
+    admin.request("POST", NAMESPACE.path(None), {"metadata": {"name": name}})
+    while admin.get(SERVICE_ACCOUNT, name, "default") is None:
+        assert time.monotonic() < deadline, f"namespace {name}: no default ServiceAccount"
+        time.sleep(0.05)
 
 
 @pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    async with running_stack(tmp_path) as s:
-        yield s
+async def stack(worker_clusters: WorkerClusters) -> AsyncIterator[Stack]:
+    """Namespace `NS`, new, on the worker's autoscaling cluster (started by its first test;
+    the timeout bounds the test, not the start), deleted after the test."""
+    worker_clusters.configs.setdefault(
+        SHARED_KIND, lambda tmp: cluster_config(tmp, namespace="default", run_processes=True,
+                                                time_scale=0.1)
+    )  # fmt: skip
+    cluster = await asyncio.to_thread(worker_clusters.get, SHARED_KIND)
+    await asyncio.to_thread(fresh_namespace, cluster, NS)
+    try:
+        async with stack_on(cluster) as s:
+            yield s
+    finally:
+        await asyncio.to_thread(cluster.delete_namespace, NS)
 
 
 @pytest.fixture
 async def monitored_stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    async with running_stack(tmp_path, monitoring=True) as s:
-        yield s
+    """A cluster of the test's own with the Prometheus Operator's CRDs, namespace `NS`."""
+    config = cluster_config(tmp_path, monitoring=True, run_processes=True, time_scale=0.1)
+    cluster = await asyncio.to_thread(ClusterThread, config)
+    try:
+        async with stack_on(cluster) as s:
+            yield s
+    finally:
+        await asyncio.to_thread(cluster.close)
 
 
 def autoscaled(**engine: Any) -> dict[str, Any]:
