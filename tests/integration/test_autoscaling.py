@@ -8,6 +8,7 @@ neither flaps nor repeats events."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -19,17 +20,17 @@ import aiohttp
 import pytest
 import yaml
 
-from kvfleet_localcluster.emulated import EmulatedCluster
-from kvfleet_localcluster.podmonitors import podmonitor_crd, write_targets
-from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Resource
-from kvfleet_operator.login import Credentials
+from kvfleet_localcluster.kubeapi import KubeClient
+from kvfleet_localcluster.kubelet import cancel_and_wait
+from kvfleet_localcluster.podmonitors import PodMonitorTargets
+from kvfleet_operator.kube import DEPLOYMENT, ISVC, POD, Kube, Resource
+from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from kvfleet_sim.procs import free_port, running_process
 from tests.conftest import require_binary
-from tests.support.cluster import OperatorThread
-from tests.support.emulated import EmulatedEnv
-from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.cluster import Env, OperatorThread, cluster_config
 from tests.support.objects import NS, condition, isvc
+from tests.support.shared_cluster import SERVICE_ACCOUNT, ClusterThread, WorkerClusters
 from tests.support.waiting import until
 
 EVENTS = Resource("v1", "Event", "events")
@@ -52,7 +53,7 @@ RATE_WINDOW_S = 15
 
 @dataclass
 class Stack:
-    env: EmulatedEnv
+    env: Env
     operator: OperatorThread | None = None
 
     def start_operator(self, prometheus: str | None = None) -> OperatorThread:
@@ -92,22 +93,70 @@ class Stack:
         return None
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    config = cluster_config(tmp_path, run_processes=True, time_scale=0.1)
-    async with EmulatedCluster(config) as cluster:
-        from kvfleet_operator.kube import Kube
-        from kvfleet_operator.login import api_client
+@contextlib.asynccontextmanager
+async def stack_on(cluster: ClusterThread) -> AsyncIterator[Stack]:
+    """The service's namespace `NS` of `cluster`; the operator a test starts is stopped
+    after it."""
+    kubeconfig = cluster.namespace_kubeconfig(NS)
+    kube = Kube(api_client(Credentials(kubeconfig=str(kubeconfig))))
+    s = Stack(Env(cluster, NS, kubeconfig, kube))
+    try:
+        yield s
+    finally:
+        if s.operator is not None:
+            await asyncio.to_thread(s.operator.close)
 
-        env = EmulatedEnv(
-            cluster, Kube(api_client(Credentials(kubeconfig=str(cluster.kubeconfig))))
-        )
-        s = Stack(env)
-        try:
+
+SHARED_KIND = "autoscaling"
+"""The worker's cluster of the autoscaling tests: pods as processes, at 0.1 of a real
+kubelet's timing."""
+NAMESPACE = Resource("v1", "Namespace", "namespaces", namespaced=False)
+
+
+def fresh_namespace(cluster: ClusterThread, name: str) -> None:
+    """`name` created anew (the last test's deleted first), once its `default`
+    ServiceAccount exists. The services' tests all use namespace `NS` and an operator
+    watching the whole cluster, so they take the cluster one at a time."""
+    admin, path = cluster.admin, NAMESPACE.path(None, name)
+    deadline = time.monotonic() + 120
+    while admin.get(NAMESPACE, None, name) is not None:
+        with contextlib.suppress(Exception):
+            admin.request("DELETE", path)
+        assert time.monotonic() < deadline, f"namespace {name} still there after 120 s"
+        time.sleep(0.2)
+    admin.request("POST", NAMESPACE.path(None), {"metadata": {"name": name}})
+    while admin.get(SERVICE_ACCOUNT, name, "default") is None:
+        assert time.monotonic() < deadline, f"namespace {name}: no default ServiceAccount"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+async def stack(worker_clusters: WorkerClusters) -> AsyncIterator[Stack]:
+    """Namespace `NS`, new, on the worker's autoscaling cluster (started by its first test;
+    the timeout bounds the test, not the start), deleted after the test."""
+    worker_clusters.configs.setdefault(
+        SHARED_KIND, lambda tmp: cluster_config(tmp, namespace="default", run_processes=True,
+                                                time_scale=0.1)
+    )  # fmt: skip
+    cluster = await asyncio.to_thread(worker_clusters.get, SHARED_KIND)
+    await asyncio.to_thread(fresh_namespace, cluster, NS)
+    try:
+        async with stack_on(cluster) as s:
             yield s
-        finally:
-            if s.operator is not None:
-                await asyncio.to_thread(s.operator.close)
+    finally:
+        await asyncio.to_thread(cluster.delete_namespace, NS)
+
+
+@pytest.fixture
+async def monitored_stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    """A cluster of the test's own with the Prometheus Operator's CRDs, namespace `NS`."""
+    config = cluster_config(tmp_path, monitoring=True, run_processes=True, time_scale=0.1)
+    cluster = await asyncio.to_thread(ClusterThread, config)
+    try:
+        async with stack_on(cluster) as s:
+            yield s
+    finally:
+        await asyncio.to_thread(cluster.close)
 
 
 def autoscaled(**engine: Any) -> dict[str, Any]:
@@ -386,26 +435,18 @@ def prometheus_sd(tmp_path: Path) -> Iterator[Any]:
 # own deadline, so the test's limit is only the backstop.
 @pytest.mark.timeout(240)
 async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
-    stack: Stack, prometheus_sd: Any, tmp_path: Path
+    monitored_stack: Stack, prometheus_sd: Any, tmp_path: Path
 ) -> None:
     # The Prometheus Operator's part, played by the local cluster: the PodMonitors the
-    # operator renders (their CRD installed first) become Prometheus's scrape targets.
-    cluster = stack.env.cluster
-    async with cluster.session() as s:
-        crds = f"{cluster.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-        async with s.post(crds, json=podmonitor_crd()) as r:
-            assert r.status == 201, await r.text()
+    # operator renders (the Prometheus Operator's CRDs installed with the cluster) become
+    # Prometheus's scrape targets, from watches of PodMonitors and pods.
+    stack, cluster = monitored_stack, monitored_stack.env.cluster
     targets = tmp_path / "targets.json"
-    write_targets(stack.env.cluster.api.store, targets)
-    url, proc = prometheus_sd(targets)
-
-    async def keep_syncing() -> None:
-        while True:
-            write_targets(stack.env.cluster.api.store, targets)
-            await asyncio.sleep(0.5)
-
-    syncer = asyncio.create_task(keep_syncing())
+    client = KubeClient(cluster.url, cluster.ca_pem, "kvfleet-test", cluster.admin_token)
+    syncer = asyncio.create_task(PodMonitorTargets(client, targets).run())
     try:
+        await until(targets.exists, 30, "the PodMonitors' targets file")
+        url, proc = prometheus_sd(targets)
         await asyncio.to_thread(stack.start_operator, url)
         await scale_up_and_down(stack)
         body = await asyncio.to_thread(stack.body)
@@ -439,9 +480,8 @@ async def test_prometheus_scales_holds_when_it_is_gone_and_survives_a_restart(
         assert sorted((await asyncio.to_thread(stack.roles)).values()) == ["active", "warm"]
         assert len(await asyncio.to_thread(stack.pods)) == 2
     finally:
-        syncer.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await syncer
+        await cancel_and_wait(syncer)
+        await client.close()
 
 
 async def test_scale_from_zero_wakes_a_replica_for_a_held_request(stack: Stack) -> None:

@@ -1,7 +1,11 @@
 """Scale from zero at the gateway: with no replica to serve a model, requests are held (a
 bounded queue with a deadline, exported as `kvfleet_gateway_held_requests`) until one
 appears; past the deadline they get 503 `no_capacity` with Retry-After, and nothing is
-billed."""
+billed.
+
+The replicas are pods no node runs (a scheduling gate keeps the scheduler off them), in the
+test's namespace of the worker's shared cluster, whose status the test writes as a kubelet
+would: Ready, at the address of an engine it started itself."""
 
 from __future__ import annotations
 
@@ -25,11 +29,11 @@ from kvfleet_gateway.config import (
     TokenBudget,
 )
 from kvfleet_gateway.keys import hash_key
-from kvfleet_localcluster.emulated import EmulatedCluster
+from kvfleet_operator.kube import POD
 from kvfleet_sim.procs import free_port
-from tests.support.emulated import emulated_cluster_config as cluster_config
+from tests.support.cluster import Env
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
-from tests.support.objects import ENGINE_SELECTOR, NS, engine_pod
+from tests.support.objects import ENGINE_SELECTOR, engine_pod
 from tests.support.waiting import until
 
 KEY = "kvf-hold-test"
@@ -62,12 +66,26 @@ async def held(url: str) -> float:
     return 0.0
 
 
-def config(kubeconfig: Path, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig:
+async def replica_arrives(
+    env: Env, name: str, ip: str, labels: dict[str, str] | None = None
+) -> None:
+    """A pod of `env`'s namespace, Ready at `ip`, as the kubelet reports it. A real API
+    server keeps no status from a create: the pod is created gated (no node runs it, so
+    no kubelet writes its status), then its status is written."""
+    pod = engine_pod(name, ip, labels=labels)
+    status = {**pod.pop("status"), "phase": "Running", "podIPs": [{"ip": ip}]}
+    pod["metadata"]["namespace"] = env.ns
+    pod["spec"]["schedulingGates"] = [{"name": "kvfleet.dev/test-replica"}]
+    await asyncio.to_thread(env.kube.create, pod)
+    await asyncio.to_thread(env.kube.patch, POD, env.ns, name, {"status": status}, "status")
+
+
+def config(env: Env, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig:
     """Engine pods found by selector (none yet: scaled to zero); the model is known from the
     config, as the operator renders it, so the gateway knows what it waits for."""
     budget = Limits(token_budget=TokenBudget(tokens=10_000, period=Duration(86400)))
     pods = KubernetesBackends(
-        namespace="ai", selector=ENGINE_SELECTOR, port=ENGINE_PORT, kubeconfig=str(kubeconfig)
+        namespace=env.ns, selector=ENGINE_SELECTOR, port=ENGINE_PORT, kubeconfig=str(env.kubeconfig)
     )
     cfg = gateway_config(
         kubernetes=pods,
@@ -79,32 +97,25 @@ def config(kubeconfig: Path, tmp: Path, timeout: float, **hold: Any) -> GatewayC
 
 
 async def test_held_until_a_replica_appears(
-    sim_server: Any, gateway_server: Any, tmp_path: Path
+    sim_server: Any, gateway_server: Any, local_cluster: Env, tmp_path: Path
 ) -> None:
     engine = await sim_server(host="127.0.0.2", port=ENGINE_PORT)
-    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
-        cfg = config(cluster.kubeconfig, tmp_path, timeout=30)
-        gw, scrape = await gateway_server(cfg), metrics_url(cfg)
-        try:
-            waiting = [asyncio.create_task(post(gw)) for _ in range(3)]
-            assert await until(lambda: held(scrape), what="held requests exported") == 3
-            # The autoscaler's replica arrives: Ready, labelled active.
-            async with (
-                cluster.session() as s,
-                s.post(
-                    f"{cluster.url}/api/v1/namespaces/ai/pods", json=engine_pod("e", "127.0.0.2")
-                ) as r,
-            ):
-                assert r.status == 201
-            results = await asyncio.gather(*waiting)
-            assert [r[0] for r in results] == [200, 200, 200], engine
-            assert await held(scrape) == 0
-        finally:
-            await gateway_server.stop(gw)  # its watch ends before the API server does
+    cfg = config(local_cluster, tmp_path, timeout=30)
+    gw, scrape = await gateway_server(cfg), metrics_url(cfg)
+    try:
+        waiting = [asyncio.create_task(post(gw)) for _ in range(3)]
+        assert await until(lambda: held(scrape), what="held requests exported") == 3
+        # The autoscaler's replica arrives: Ready, labelled active.
+        await replica_arrives(local_cluster, "e", "127.0.0.2")
+        results = await asyncio.gather(*waiting)
+        assert [r[0] for r in results] == [200, 200, 200], engine
+        assert await held(scrape) == 0
+    finally:
+        await gateway_server.stop(gw)  # its watch ends before its namespace goes
 
 
 async def test_a_request_waits_for_a_new_prefill_engine(
-    sim_processes: Any, gateway_server: Any, tmp_path: Path
+    sim_processes: Any, gateway_server: Any, local_cluster: Env, tmp_path: Path
 ) -> None:
     """Disaggregated serving whose prefill pool has no engine the gateway has checked yet (a
     rollout replaced them, or the pool scales from zero): the request is held as it is for
@@ -118,57 +129,48 @@ async def test_a_request_waits_for_a_new_prefill_engine(
     decode = sim_processes("--disaggregation-mode", "decode")
     labels = {"kvfleet.dev/inferenceservice": "llama", "app.kubernetes.io/component": "prefill"}
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
-    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
-        pods = KubernetesBackends(
-            namespace=NS,
-            selector=selector,
-            port=int(prefill.rsplit(":", 1)[1]),
-            kubeconfig=str(cluster.kubeconfig),
-        )
-        cfg = gateway_config(
-            [decode],
-            keys=keys(tmp_path),
-            hold=Hold(timeout=Duration(30)),
-            prefill=PrefillBackends(kubernetes=pods, bootstrap_port=bootstrap),
-        )
-        gw, scrape = await gateway_server(cfg), metrics_url(cfg)
-        try:
-            waiting = asyncio.create_task(post(gw))
-            assert await until(lambda: held(scrape), what="the request held") == 1
-            async with (
-                cluster.session() as s,
-                s.post(
-                    f"{cluster.url}/api/v1/namespaces/{NS}/pods",
-                    json=engine_pod("p", "127.0.0.1", labels=labels),
-                ) as r,
-            ):
-                assert r.status == 201
-            status, _, body = await waiting
-            assert status == 200 and body["usage"]["completion_tokens"] == 4, body
-            assert await held(scrape) == 0
-        finally:
-            await gateway_server.stop(gw)
+    pods = KubernetesBackends(
+        namespace=local_cluster.ns,
+        selector=selector,
+        port=int(prefill.rsplit(":", 1)[1]),
+        kubeconfig=str(local_cluster.kubeconfig),
+    )
+    cfg = gateway_config(
+        [decode],
+        keys=keys(tmp_path),
+        hold=Hold(timeout=Duration(30)),
+        prefill=PrefillBackends(kubernetes=pods, bootstrap_port=bootstrap),
+    )
+    gw, scrape = await gateway_server(cfg), metrics_url(cfg)
+    try:
+        waiting = asyncio.create_task(post(gw))
+        assert await until(lambda: held(scrape), what="the request held") == 1
+        await replica_arrives(local_cluster, "p", "127.0.0.1", labels)
+        status, _, body = await waiting
+        assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+        assert await held(scrape) == 0
+    finally:
+        await gateway_server.stop(gw)
 
 
 async def test_deadline_gives_503_no_capacity_and_bills_nothing(
-    gateway_server: Any, tmp_path: Path
+    gateway_server: Any, local_cluster: Env, tmp_path: Path
 ) -> None:
-    async with EmulatedCluster(cluster_config(tmp_path, controllers=False, crds=False)) as cluster:
-        gw_url = await gateway_server(config(cluster.kubeconfig, tmp_path, 0.6))
-        gw2 = await gateway_server(config(cluster.kubeconfig, tmp_path, 30, max_requests=0))
-        try:
-            status, headers, body = await post(gw_url)
-            assert status == 503 and body["error"]["code"] == "no_capacity"
-            assert headers["Retry-After"] == "1"
-            state = gateway_server.state(gw_url)
-            limits = state.config.limits_for("t")
-            assert await budget_in_use(state.store, "t", limits, time.time()) == 0
-            # A full hold queue refuses at once.
-            status, _, body = await asyncio.wait_for(post(gw2), 2)
-            assert status == 503 and "already wait" in body["error"]["message"]
-        finally:
-            await gateway_server.stop(gw_url)
-            await gateway_server.stop(gw2)
+    gw_url = await gateway_server(config(local_cluster, tmp_path, 0.6))
+    gw2 = await gateway_server(config(local_cluster, tmp_path, 30, max_requests=0))
+    try:
+        status, headers, body = await post(gw_url)
+        assert status == 503 and body["error"]["code"] == "no_capacity"
+        assert headers["Retry-After"] == "1"
+        state = gateway_server.state(gw_url)
+        limits = state.config.limits_for("t")
+        assert await budget_in_use(state.store, "t", limits, time.time()) == 0
+        # A full hold queue refuses at once.
+        status, _, body = await asyncio.wait_for(post(gw2), 2)
+        assert status == 503 and "already wait" in body["error"]["message"]
+    finally:
+        await gateway_server.stop(gw_url)
+        await gateway_server.stop(gw2)
 
 
 async def test_broken_replicas_fail_fast_instead_of_holding(
