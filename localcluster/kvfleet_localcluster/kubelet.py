@@ -353,6 +353,8 @@ class PodRunner:
         try:
             return await self.proc.wait()
         finally:
+            for task in (prober, syncer):  # both at once: a cancel landing mid-wait skips none
+                task.cancel()
             for task in (prober, syncer):
                 await cancel_and_wait(task)
 

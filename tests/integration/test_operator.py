@@ -576,13 +576,19 @@ async def test_a_hung_api_server_turns_the_liveness_probe_unhealthy(
 
 
 async def assert_a_reconcile_writes_nothing(env: Env, op: OperatorThread) -> None:
-    """Once settled, one more reconcile of llama issues no write."""
-    ns = env.ns
-    await settle(env, op)
-    before, done = op.kube.writes, len(op.outcomes)
-    op.controller.enqueue(ns, "llama")
-    await until(lambda: len(op.outcomes) > done, what="a reconcile")
-    assert op.kube.writes == before
+    """Once settled, one more reconcile of llama issues no write. On a loaded machine a pod
+    can still turn Ready after the quiet spell (a true status change, rightly written): up to
+    three tries, each after settling again; an operator that writes every time still fails."""
+    writes = []
+    for _ in range(3):
+        await settle(env, op)
+        before, done = op.kube.writes, len(op.outcomes)
+        op.controller.enqueue(env.ns, "llama")
+        await until(lambda: len(op.outcomes) > done, what="a reconcile")  # noqa: B023
+        writes.append(op.kube.writes - before)
+        if writes[-1] == 0:
+            return
+    pytest.fail(f"every settled reconcile wrote: {writes} writes")
 
 
 async def test_fields_a_spec_stops_rendering_leave_the_children_and_others_stay(

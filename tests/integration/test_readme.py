@@ -127,8 +127,9 @@ def _script(commands: list[str], work: Path) -> str:
             out += [
                 cmd,
                 'PIDS="$PIDS $!"',
-                # As a user waits for it (its imports take seconds on a loaded machine).
-                f"for i in $(seq 600); do [ -s {kubeconfig.group(1)} ] && break; sleep 0.1; done",
+                # As a user waits for it: ~40 s on a quiet machine, 95-112 s measured at load 11
+                # (applying the CRDs took 60-90 s of it there).
+                f"for i in $(seq 1800); do [ -s {kubeconfig.group(1)} ] && break; sleep 0.1; done",
                 f"[ -s {kubeconfig.group(1)} ] || {{ echo '::: FAILED (no kubeconfig)'; exit 1; }}",
             ]
         else:
