@@ -107,6 +107,12 @@ def test_no_engine_placed_is_unschedulable_not_a_gateway_problem() -> None:
         {"metadata": {"name": "x", "generation": 1}, "status": st}, 1, SELECTOR, None, seen
     )
     assert again == st  # unchanged world, nothing to write
+    from tests.support.argocd import health
+
+    assert health({"metadata": {"name": "x", "generation": 1}, "status": st}) == (
+        "Degraded",
+        want,
+    )
 
 
 def test_a_serving_fleet_with_an_unplaced_replica_is_degraded_and_failing_comes_first() -> None:
