@@ -3,7 +3,8 @@
 -- objects the operator writes: tests/integration/test_operator_in_cluster.py.
 --   Progressing  the operator has not observed this generation yet, or it is rolling out
 --                or scaling, or no replica is ready yet
---   Degraded     an invalid spec, or replicas failing (crash loops, failed probes)
+--   Degraded     an invalid spec, replicas failing (crash loops, failed probes), or
+--                replicas no node has room for (Unschedulable)
 --   Suspended    scaled to zero on purpose
 --   Healthy      serving, every replica current and ready
 local hs = {}

@@ -161,6 +161,30 @@ def failing_pods(pods: list[Json]) -> list[str]:
     return out
 
 
+def unschedulable(pod: Json) -> str | None:
+    """The scheduler's message when it found no node for `pod` (its condition
+    `PodScheduled=False, reason=Unschedulable`, e.g. `0/3 nodes are available: 3 Insufficient
+    nvidia.com/gpu`), else None: such a pod is not capacity on the way, it waits for a node."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        placing = (c.get("type"), c.get("status"), c.get("reason"))
+        if placing == ("PodScheduled", "False", "Unschedulable"):
+            return " ".join(str(c.get("message") or "no node fits").split())
+    return None
+
+
+def unschedulable_summary(pods: list[Json]) -> str | None:
+    """What a condition says of the pods no node fits: how many, which, and the scheduler's
+    words (the shortage) for the first; None when every pod is placed or placing."""
+    said = [(p["metadata"]["name"], m) for p in pods if (m := unschedulable(p)) is not None]
+    if not said:
+        return None
+    names = ", ".join(sorted(n for n, _ in said)[:3]) + (", ..." if len(said) > 3 else "")
+    plural = "s" if len(said) > 1 else ""
+    return f"{len(said)} engine pod{plural} cannot be scheduled ({names}): {said[0][1]}"
+
+
 LAST_WORDS_CHARS = 300
 """Of a container's termination message, what a condition quotes (its end: the error)."""
 
@@ -261,6 +285,7 @@ def compute_status(
         ]
     else:
         serving = active >= 1 and gw_ready
+        unplaced = unschedulable_summary(observed.pods)
         want = f"{len(ready_pods)}/{desired_replicas} engine replicas ready"
         if observed.refused:
             ready_c = condition(
@@ -287,6 +312,8 @@ def compute_status(
                 previous, "Ready", False, "ReferenceNotFound", "; ".join(observed.held[:3]),
                 generation,
             )  # fmt: skip
+        elif unplaced is not None:  # before the gateway: it waits on these engines
+            ready_c = condition(previous, "Ready", False, "Unschedulable", unplaced, generation)
         elif not gw_ready:
             store = ((body.get("spec") or {}).get("gateway") or {}).get("limitsStore")
             why = (  # not the URL itself: it may carry a password
@@ -312,9 +339,11 @@ def compute_status(
             else (want if progressing else "all replicas are current and ready")
         )
         failing = failing_pods(observed.pods)
-        degraded = bool(failing) or bool(observed.invalid_keys)
-        degraded_reason = "ReplicasFailing" if failing else "AsExpected"
-        degraded_msg = "; ".join(failing[:3]) if failing else want
+        degraded = bool(failing) or bool(observed.invalid_keys) or unplaced is not None
+        degraded_reason = (
+            "ReplicasFailing" if failing else ("Unschedulable" if unplaced else "AsExpected")
+        )
+        degraded_msg = "; ".join(failing[:3]) if failing else (unplaced or want)
         if observed.invalid_keys:  # no request is served, whatever the engines do
             degraded_reason, degraded_msg = "InvalidKeys", observed.invalid_keys
         conds = [

@@ -48,6 +48,7 @@ from kvfleet_operator.status import (
     ScalingReport,
     k8s_time,
     pod_ready,
+    unschedulable,
 )
 
 log = logging.getLogger("kvfleet.autoscaler")
@@ -262,15 +263,7 @@ class Autoscaler:
         grace = min(config.readiness_grace_s, config.scale_down_window_s)
         sig = signals_for(svc, obs, now, self.config.stale_s, grace, demand)
         ready = [p for p in svc.engines if pod_ready(p)]
-        fleet = Fleet(
-            active=sum(1 for p in ready if role_of(p) == "active"),
-            warm=sum(1 for p in ready if role_of(p) == "warm"),
-            starting=sum(
-                1
-                for p in svc.engines
-                if not pod_ready(p) and not p["metadata"].get("deletionTimestamp")
-            ),
-        )
+        fleet = fleet_of(svc.engines)
         decision, state = decide(config, state, fleet, sig, now)
         in_flight = {
             p["metadata"]["name"]: m.queue + m.running
@@ -291,6 +284,24 @@ class Autoscaler:
             log.info("%s/%s%s: %s", *key, "" if pool.name == ENGINE else " (prefill)",
                      decision.reason)  # fmt: skip
         return old is None or _reported(old) != _reported(new) or decision.changed
+
+
+def fleet_of(engines: list[Json]) -> Fleet:
+    """The policy's count of a pool's pods. A pod no node fits (the scheduler's
+    `Unschedulable`) is not capacity on the way: counted as starting it would hold the queue's
+    scale-up back for a cold start and silence the objective's, for a replica never coming."""
+    ready = [p for p in engines if pod_ready(p)]
+    return Fleet(
+        active=sum(1 for p in ready if role_of(p) == "active"),
+        warm=sum(1 for p in ready if role_of(p) == "warm"),
+        starting=sum(
+            1
+            for p in engines
+            if not pod_ready(p)
+            and not p["metadata"].get("deletionTimestamp")
+            and unschedulable(p) is None
+        ),
+    )
 
 
 @dataclass(frozen=True)

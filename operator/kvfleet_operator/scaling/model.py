@@ -95,7 +95,8 @@ class Fleet:
     warm: int
     """Ready pods labelled warm."""
     starting: int
-    """Pods created and not ready yet (younger than `stuck_after` cold starts)."""
+    """Pods created and not ready yet, placed on a node or being placed (one the scheduler
+    finds no node for is not capacity on the way)."""
 
 
 @dataclass(frozen=True)
