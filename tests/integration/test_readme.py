@@ -106,8 +106,11 @@ def _script(commands: list[str], work: Path) -> str:
                 f"{{ cat {work}/server-{n}.log; echo '::: FAILED'; exit 1; }}",
             ]
         elif running is not None:
+            # Run in the foreground (a background job would ignore Ctrl-C); a screen to show
+            # gets 25 s: `kvfleet top`'s first one took over 8 s at load 12.
+            seconds = 25 if running else 8
             out += [
-                f"timeout -s INT 8 {cmd} > {work}/run-{n}.log 2>&1",
+                f"timeout -s INT {seconds} {cmd} > {work}/run-{n}.log 2>&1",
                 f"grep -q {shlex.quote(running)} {work}/run-{n}.log || "
                 f"{{ cat {work}/run-{n}.log; echo '::: FAILED'; exit 1; }}",
             ]
