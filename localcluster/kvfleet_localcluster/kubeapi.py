@@ -108,14 +108,6 @@ class KubeClient:
     async def get(self, res: Resource, namespace: str | None, name: str, sub: str = "") -> Json:
         return await self._request("GET", res.path(namespace, name, sub))
 
-    async def get_or_none(self, res: Resource, namespace: str | None, name: str) -> Json | None:
-        try:
-            return await self.get(res, namespace, name)
-        except ApiError as exc:
-            if exc.code in (403, 404):  # the Node authorizer answers 403 for what is not ours
-                return None
-            raise
-
     async def list(
         self, res: Resource, namespace: str | None = None, params: Mapping[str, str] | None = None
     ) -> Json:
