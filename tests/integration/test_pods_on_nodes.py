@@ -18,8 +18,8 @@ import yaml
 
 from tests.conftest import kubectl_binary, require_binary
 from tests.support.cluster import Env
+from tests.support.examples import apply_example
 from tests.support.kubectl import kubectl, kubectl_error, run_kubectl
-from tests.support.objects import ROOT
 from tests.support.waiting import until
 
 SIM = ["kvfleet", "sim", "serve", "--model-path", "llama-3.1-8b", "--gpu", "h100"]
@@ -332,10 +332,7 @@ async def test_a_statefulset_of_redis_is_reached_by_its_service_name_and_keeps_i
     and kube-proxy), and a replaced redis-0 finds its data on the claim's volume."""
     require_binary("redis-server")
     ns = cluster.ns
-    docs = list(yaml.safe_load_all((ROOT / "examples" / "redis.yaml").read_text()))
-    for doc in docs:
-        doc["metadata"]["namespace"] = ns
-    await k(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    await apply_example(cluster.kubeconfig, ns, "redis.yaml")
     await k(cluster, "rollout", "status", "statefulset/redis", "--timeout=60s")
     sts = await get(cluster, "statefulset", "redis")
     assert sts["status"]["readyReplicas"] == 1 and sts["status"]["updatedReplicas"] == 1
