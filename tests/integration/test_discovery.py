@@ -11,16 +11,12 @@ import pytest
 from kvfleet_gateway.config import KubernetesBackends
 from kvfleet_gateway.discovery import pod_url
 from kvfleet_sim.procs import free_port
-from tests.support.cluster import Env
+from tests.support.cluster import Env, create_pod_no_node_runs, write_pod_status
 from tests.support.gateway import gateway_config
 from tests.support.objects import ENGINE_SELECTOR
 from tests.support.objects import engine_pod as pod
 
 SELECTOR = ENGINE_SELECTOR
-MERGE = {"Content-Type": "application/merge-patch+json"}
-UNSCHEDULED = "kvfleet-test-no-scheduler"
-"""A scheduler that does not exist: the test's pods stay unbound, so no node agent runs
-them or writes their status; the test writes it, as a kubelet would."""
 
 
 def test_pod_url_rules() -> None:
@@ -42,24 +38,12 @@ async def test_gateway_follows_ready_pods(
     cluster, ns = local_cluster.cluster, local_cluster.ns
     pods = f"{cluster.url}/api/v1/namespaces/{ns}/pods"
     async with cluster.session() as s:
-
-        async def put(p: dict[str, Any]) -> None:
-            """Create the pod, then report the status it was given (a create drops it)."""
-            p = {**p, "metadata": {**p["metadata"], "namespace": ns}}
-            p["spec"] = {**p["spec"], "schedulerName": UNSCHEDULED}
-            async with s.post(pods, json=p) as r:
-                assert r.status == 201, await r.text()
-            await set_status(p)
-
-        async def set_status(p: dict[str, Any]) -> None:
-            name = p["metadata"]["name"]
-            status = {"status": p["status"]}
-            async with s.patch(f"{pods}/{name}/status", json=status, headers=MERGE) as r:
-                assert r.status == 200, await r.text()
-
-        await put(pod("engine-a", "127.0.0.2"))
-        await put(pod("engine-b", "127.0.0.3", ready=False))
-        await put(pod("other", "127.0.0.4", labels={"app": "something-else"}))
+        for p in (
+            pod("engine-a", "127.0.0.2"),
+            pod("engine-b", "127.0.0.3", ready=False),
+            pod("other", "127.0.0.4", labels={"app": "something-else"}),
+        ):
+            await create_pod_no_node_runs(local_cluster, p)
         cfg = gateway_config(
             kubernetes=KubernetesBackends(
                 namespace=ns, selector=SELECTOR, port=port, kubeconfig=str(local_cluster.kubeconfig)
@@ -90,7 +74,9 @@ async def test_gateway_follows_ready_pods(
             ):
                 assert r.status == 200
             # engine-b becomes Ready: it joins
-            await set_status(pod("engine-b", "127.0.0.3"))
+            await write_pod_status(
+                local_cluster, "engine-b", pod("engine-b", "127.0.0.3")["status"]
+            )
             await members({engines[0], engines[1]})
             # engine-a is deleted: it leaves (drained, then forgotten). Bound to no node, it
             # is gone at once, as a real API server deletes a pod no kubelet runs.

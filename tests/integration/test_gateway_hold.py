@@ -29,9 +29,8 @@ from kvfleet_gateway.config import (
     TokenBudget,
 )
 from kvfleet_gateway.keys import hash_key
-from kvfleet_operator.kube import POD
 from kvfleet_sim.procs import free_port
-from tests.support.cluster import Env
+from tests.support.cluster import Env, create_pod_no_node_runs
 from tests.support.gateway import budget_in_use, gateway_config, metrics_url
 from tests.support.objects import ENGINE_SELECTOR, engine_pod
 from tests.support.waiting import until
@@ -69,15 +68,10 @@ async def held(url: str) -> float:
 async def replica_arrives(
     env: Env, name: str, ip: str, labels: dict[str, str] | None = None
 ) -> None:
-    """A pod of `env`'s namespace, Ready at `ip`, as the kubelet reports it. A real API
-    server keeps no status from a create: the pod is created gated (no node runs it, so
-    no kubelet writes its status), then its status is written."""
+    """A pod of `env`'s namespace, Ready at `ip`, as the kubelet reports it."""
     pod = engine_pod(name, ip, labels=labels)
-    status = {**pod.pop("status"), "phase": "Running", "podIPs": [{"ip": ip}]}
-    pod["metadata"]["namespace"] = env.ns
-    pod["spec"]["schedulingGates"] = [{"name": "kvfleet.dev/test-replica"}]
-    await asyncio.to_thread(env.kube.create, pod)
-    await asyncio.to_thread(env.kube.patch, POD, env.ns, name, {"status": status}, "status")
+    pod["status"] = {**pod["status"], "phase": "Running", "podIPs": [{"ip": ip}]}
+    await create_pod_no_node_runs(env, pod)
 
 
 def config(env: Env, tmp: Path, timeout: float, **hold: Any) -> GatewayConfig:

@@ -26,7 +26,7 @@ from kvfleet_localcluster.controlplane_build import ensure_built
 from kvfleet_localcluster.kubelet import KubeletConfig
 from kvfleet_localcluster.local import LocalCluster, LocalClusterConfig
 from kvfleet_operator.handlers import Controller, OperatorConfig, run
-from kvfleet_operator.kube import Kube
+from kvfleet_operator.kube import POD, Kube
 from kvfleet_operator.login import Credentials, api_client
 from kvfleet_operator.scaling.autoscaler import AutoscalerConfig
 from tests.conftest import require_binary
@@ -234,3 +234,24 @@ async def operator_cluster(process_cluster: Env) -> AsyncIterator[Env]:
     """A namespace whose pods run as processes, with the real operator watching it."""
     async with operator_on(process_cluster):
         yield process_cluster
+
+
+NO_NODE_GATE = "kvfleet.dev/test-no-node"
+"""The scheduling gate of a test's pods that no node agent may run."""
+
+
+async def write_pod_status(env: Env, name: str, status: dict[str, Any]) -> None:
+    """Write a pod's status through `/status`, as its kubelet would."""
+    await asyncio.to_thread(env.kube.patch, POD, env.ns, name, {"status": status}, "status")
+
+
+async def create_pod_no_node_runs(env: Env, pod: dict[str, Any]) -> None:
+    """`pod` in `env`'s namespace with the status it carries, written as a kubelet would. A
+    real API server keeps no status from a create, and a pod a node runs gets the node's: so
+    the pod is created scheduling-gated (no node ever runs it), then its status written."""
+    pod = {**pod, "metadata": {**pod["metadata"], "namespace": env.ns}}
+    status = pod.pop("status", None)
+    pod["spec"] = {**pod["spec"], "schedulingGates": [{"name": NO_NODE_GATE}]}
+    await asyncio.to_thread(env.kube.create, pod)
+    if status is not None:
+        await write_pod_status(env, pod["metadata"]["name"], status)
