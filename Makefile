@@ -37,9 +37,9 @@ test: lint  ## the whole suite (what .ci/run calls)
 	@# processes and sockets: three workers on two cores (faster than two when measured),
 	@# except those marked serial (latency bounds, the README's fixed ports), which run alone
 	@# afterwards. (One pool for unit and integration tests was measured slower: the
-	@# in-cluster tests need the CPU too.) The two whole-cluster stories share a worker
-	@# (xdist_group): side by side each took minutes; the real
-	@# control plane's two (every example Ready, the install page run) share another. `.ci/run` prints each stage's time.
+	@# in-cluster tests need the CPU too.) The every-example story and the install page's
+	@# share a worker (xdist_group), so they never load the machine together; the README's
+	@# walkthrough has a worker of its own. `.ci/run` prints each stage's time.
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --durations=5 tests/unit
 	$(BIN)/pytest -q -rs -p no:cacheprovider -n 3 --dist loadgroup -m "not serial" --durations=10 tests/integration
 	$(BIN)/pytest -q -rs -p no:cacheprovider -m serial --durations=10 tests/integration

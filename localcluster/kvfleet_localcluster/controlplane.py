@@ -34,7 +34,7 @@ import aiohttp
 import yaml
 
 from kvfleet_localcluster import controlplane_args as args
-from kvfleet_localcluster import controlplane_lws, kubeconfigs
+from kvfleet_localcluster import controlplane_lws, inotify, kubeconfigs
 from kvfleet_localcluster.controlplane_build import Binaries, ensure_built
 from kvfleet_localcluster.files import replace_file
 from kvfleet_localcluster.pki import CertificateAuthority, service_account_key_pair
@@ -303,9 +303,11 @@ class ControlPlane:
     def _check_alive(self) -> None:
         for p in self._procs.values():
             if p.proc.returncode is not None:
+                tail = _tail(p.log)
                 raise ControlPlaneError(
                     f"{p.name} exited with code {p.proc.returncode}; its log ({p.log}):\n"
-                    + _tail(p.log)
+                    + tail
+                    + inotify.explain_exit(tail)
                 )
 
     async def _wait(self, what: str, ready: Callable[[], Any]) -> None:
@@ -339,6 +341,10 @@ class ControlPlane:
         binaries = self.config.binaries
         if binaries is None:
             binaries = await asyncio.to_thread(ensure_built)
+        # Refused before anything starts, with the remedy, rather than a component dying
+        # half-way with "too many open files".
+        if (short := inotify.shortfall()) is not None:
+            raise ControlPlaneError(f"cannot start another control plane: {short}")
         self._write_credentials()
         started = time.monotonic()
         f, ports = self.files, self.ports

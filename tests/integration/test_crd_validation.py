@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from kvfleet_bench.spec_cost import CASES
 from tests.support.cluster import Env
 from tests.support.objects import ROOT
 from tests.support.objects import isvc as make_isvc
@@ -181,3 +182,23 @@ async def test_defaults_pruning_and_rules(local_cluster: Env) -> None:
         assert status == 422 and "mutually exclusive" in answer["message"], answer
         status, answer, _ = await call(s, "PATCH", f"{isvcs}/ok/scale", scale, headers=MERGE)
         assert status == 200, answer
+
+
+async def test_the_largest_specs_are_admitted_within_the_runtime_cost_budget(
+    local_cluster: Env,
+) -> None:
+    """An InferenceService at each of the CRD's largest sizes (every list at its maxItems,
+    every string at its maxLength) is created: the CEL rules' runtime cost over the largest
+    object stays within the server's per-request budget, which the estimate alone cannot
+    show."""
+    cluster, ns = local_cluster.cluster, local_cluster.ns
+    isvcs = f"{cluster.url}/apis/kvfleet.dev/v1alpha1/namespaces/{ns}/inferenceservices"
+    async with cluster.session() as s:
+        for case, build in CASES.items():
+            spec = build()
+            spec["gateway"]["insecureNoAuth"] = True
+            meta = {"name": f"largest-{case}", "namespace": ns}
+            obj = {"apiVersion": "kvfleet.dev/v1alpha1", "kind": "InferenceService",
+                   "metadata": meta, "spec": spec}  # fmt: skip
+            status, body, _ = await call(s, "POST", isvcs, obj)
+            assert status == 201, (case, body.get("message"))

@@ -4,7 +4,6 @@ object must match but for the two labels Helm adds. Values move what they say th
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,10 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet_localcluster.local import LocalCluster
 from kvfleet_operator.crd import crd_yaml, stale_chart_files
 from tests.conftest import dev_binary, kubectl_binary
-from tests.support.cluster import cluster_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvfleet"
@@ -193,21 +190,6 @@ def test_the_chart_lints_and_its_crd_is_the_generated_one() -> None:
     # Self-contained: its crds/ and files/ are copies `make crds` writes, not links out of
     # the chart (each link was a `found symbolic link in path` warning on every install).
     assert stale_chart_files(CHART, ROOT / "manifests") == [], "run make crds"
-
-
-async def test_helm_install_prints_no_warning(tmp_path: Path) -> None:
-    """`helm install` of the chart on a fresh cluster — the real API server — as the README
-    types it: deployed, and not a word about symbolic links (it printed six)."""
-    async with LocalCluster(cluster_config(tmp_path, crds=False, nodes=False)) as cluster:
-        proc = await asyncio.create_subprocess_exec(
-            dev_binary("helm"), "install", "kvfleet", str(CHART), "--namespace",
-            "kvfleet-system", "--create-namespace", "--kubeconfig", str(cluster.kubeconfig),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = (b.decode() for b in await asyncio.wait_for(proc.communicate(), 120))
-    assert proc.returncode == 0, err
-    assert "STATUS: deployed" in out, out
-    assert "symbolic link" not in out + err, err
 
 
 def test_what_the_chart_renders_is_valid_for_kubernetes() -> None:

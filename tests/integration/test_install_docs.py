@@ -98,7 +98,8 @@ async def _bash(script: str, cwd: Path, kubeconfig: Path, timeout_s: float) -> s
 
 
 # 125-145 s measured beside other suites' runs (load average 13-27); shares its xdist group with
-# test_examples_real_cluster.py (see there).
+# the every-example story of test_operator_in_cluster.py: the two never load the machine
+# together, and neither lengthens the README walkthrough's worker.
 @pytest.mark.xdist_group("real-cluster-stories")
 @pytest.mark.timeout(600)
 async def test_the_install_page_runs_on_the_local_cluster(

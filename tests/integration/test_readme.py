@@ -198,9 +198,9 @@ def test_the_simulator_and_gateway_walkthrough(tmp_path: Path) -> None:
 
 
 # The longest story of the suite (five README sections, some 70 commands, one cluster): 60-90 s
-# alone, 150-180 s in `make test` on two cores. It shares one xdist worker with the
-# every-example test (`make test` distributes by group), so the two never load the machine
-# together. Its commands are bounded by run_commands' own timeout; this is the backstop.
+# alone, 150-180 s in `make test` on two cores. The every-example story
+# (test_operator_in_cluster.py) runs on a worker of its own (`make test` distributes by
+# group). Its commands are bounded by run_commands' own timeout; this is the backstop.
 @pytest.mark.xdist_group("whole-cluster")
 @pytest.mark.timeout(360)
 def test_the_cluster_walkthroughs_on_the_local_cluster(tmp_path: Path) -> None:
@@ -233,3 +233,5 @@ def test_the_helm_install_on_a_fresh_local_cluster(tmp_path: Path) -> None:
     ]
     out = run_commands(commands, tmp_path)
     assert "STATUS: deployed" in out and "successfully rolled out" in out
+    # The chart is self-contained: not a word about symbolic links (it printed six).
+    assert "symbolic link" not in out, out
