@@ -424,15 +424,17 @@ class PodRunner:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
 
-    async def stop(self) -> None:
+    async def stop(self, pre_stop: bool = True) -> None:
         """Graceful, as a kubelet stops a container: its preStop hook, then SIGTERM, then
         SIGKILL once terminationGracePeriodSeconds (which the hook counts against) are over —
-        with the one-off 2 s extension a kubelet grants a hook that ran past them."""
+        with the one-off 2 s extension a kubelet grants a hook that ran past them.
+        `pre_stop=False` (the node going away): SIGTERM at once, within the same grace."""
         if self.proc is None or self.proc.returncode is not None:
             return
         grace = self._scaled(float(self.spec.get("terminationGracePeriodSeconds", 30)))
         deadline = time.monotonic() + grace
-        await self._pre_stop((self.spec.get("containers") or [{}])[0], deadline)
+        if pre_stop:
+            await self._pre_stop((self.spec.get("containers") or [{}])[0], deadline)
         self._signal(signal.SIGTERM)
         try:
             left = max(deadline - time.monotonic(), self._scaled(2.0))

@@ -242,14 +242,16 @@ class NodeAgent:
                 runner = self._runner(pod)
                 self._runners[key] = (runner, asyncio.create_task(self._life(pod, runner)))
 
-    async def _stop(self, runner: PodRunner, task: asyncio.Task[None], pod: Json | None) -> None:
+    async def _stop(
+        self, runner: PodRunner, task: asyncio.Task[None], pod: Json | None, pre_stop: bool = True
+    ) -> None:
         """Graceful: preStop, SIGTERM, SIGKILL after the grace period; then the pod is gone."""
         try:
             try:
                 await cancel_and_wait(task)
             except Exception:  # a pod's failure must not take the node down
                 log.exception("pod %s/%s failed", runner.ns, runner.name)
-            await runner.stop()
+            await runner.stop(pre_stop)
             runner.cleanup()
             self.status.forget(runner.ns, runner.name)
             if pod is not None:
@@ -301,15 +303,28 @@ class NodeAgent:
                 self._dirty.clear()
                 self._sync()
         finally:
-            await asyncio.shield(self._shutdown(background))
+            # Whoever stops the node cancels again while it waits (cancel_and_wait): the pods
+            # must be stopped before it goes on to close the node's client and release its
+            # address range, so further cancels wait for the shutdown too.
+            shutdown = asyncio.ensure_future(self._shutdown(background))
+            while not shutdown.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(shutdown)
 
     async def _shutdown(self, background: list[asyncio.Task[Any]]) -> None:
+        """The node going away: every pod process stopped, without preStop hooks (a drain
+        that waits on its engine would hold the cluster's stop for seconds a pod, and a
+        process left running would keep its address when the next cluster reuses the
+        range)."""
         runners = list(self._runners.values())
         self._runners.clear()
         await asyncio.gather(
-            *(self._stop(r, t, None) for r, t in runners),
+            *(self._stop(r, t, None, pre_stop=False) for r, t in runners),
             *self._stopping.values(),
             return_exceptions=True,
         )
         for task in background:
-            await cancel_and_wait(task)
+            # One that already failed (its session closed under it) must not leave the
+            # others running.
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
