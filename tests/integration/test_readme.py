@@ -106,11 +106,19 @@ def _script(commands: list[str], work: Path) -> str:
                 f"{{ cat {work}/server-{n}.log; echo '::: FAILED'; exit 1; }}",
             ]
         elif running is not None:
-            # Run in the foreground (a background job would ignore Ctrl-C); a screen to show
-            # gets 25 s: `kvfleet top`'s first one took over 8 s at load 12.
+            # Run in the foreground (a background job would ignore Ctrl-C). A screen to show
+            # gets up to 25 s (`kvfleet top`'s first one took over 8 s at load 12) and its
+            # Ctrl-C as soon as it shows what it must, from a watcher that knows its pid.
             seconds = 25 if running else 8
+            log, pid = f"{work}/run-{n}.log", f"{work}/run-{n}.pid"
+            if running:
+                out.append(
+                    f"( for i in $(seq {seconds * 10}); do grep -q {shlex.quote(running)} {log} "
+                    f"2>/dev/null && break; sleep 0.1; done; kill -INT $(cat {pid}) 2>/dev/null ) &"
+                )
+            inner = shlex.quote(f"echo $$ > {pid}; exec {cmd}")
             out += [
-                f"timeout -s INT {seconds} {cmd} > {work}/run-{n}.log 2>&1",
+                f"timeout -s INT {seconds} bash -c {inner} > {log} 2>&1",
                 f"grep -q {shlex.quote(running)} {work}/run-{n}.log || "
                 f"{{ cat {work}/run-{n}.log; echo '::: FAILED'; exit 1; }}",
             ]
