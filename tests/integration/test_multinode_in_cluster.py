@@ -28,6 +28,7 @@ from tests.support.waiting import until
 
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 ENGINES = "kvfleet.dev/inferenceservice=deepseek-v3,app.kubernetes.io/component=engine"
+ENGINE_SET = "deepseek-v3-engine"
 GROUPS_0_1 = {f"deepseek-v3-engine-{g}{w}" for g in (0, 1) for w in ("", "-1")}
 """Two groups' pods: each a leader and one worker."""
 
@@ -79,9 +80,15 @@ async def _serves_as_a_group(kc: Path) -> None:
     out = await kubectl(kc, "wait", "--for=condition=Ready", "kis/deepseek-v3", "-n", "ai",
                         "--timeout=120s")  # fmt: skip
     assert "condition met" in out
-    # `kubectl get lws`: LWS's printer columns, one group ready of one.
-    table = await kubectl(kc, "get", "lws", "-n", "ai")
-    assert table.splitlines()[1].split()[:4] == ["deepseek-v3-engine", "1", "1", "1"], table
+    # `kubectl get lws`: LWS's printer columns, one group ready of one. (LWS writes its own
+    # status a moment after the pods turn Ready, which is what Ready above follows: seen
+    # with READY still empty on a 2 s old set.)
+
+    async def lws_table() -> str | None:
+        table = await kubectl(kc, "get", "lws", "-n", "ai")
+        return table if table.splitlines()[1].split()[:4] == [ENGINE_SET, "1", "1", "1"] else None
+
+    await until(lws_table, 30, "LeaderWorkerSet's status to count the group ready", interval=0.5)
     pods = {p["metadata"]["name"]: p for p in await _pods(kc, ENGINES)}
     assert set(pods) == {"deepseek-v3-engine-0", "deepseek-v3-engine-0-1"}
     leader, worker = pods["deepseek-v3-engine-0"], pods["deepseek-v3-engine-0-1"]

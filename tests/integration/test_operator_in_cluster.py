@@ -32,6 +32,9 @@ from tests.support.shared_cluster import AuditLog
 from tests.support.waiting import until
 
 OPERATOR = "system:serviceaccount:kvfleet-system:kvfleet-operator"
+KUBECTL_POLL_S = 0.5
+"""Between two checks that run kubectl (a process, and API calls, each time): every 50 ms,
+the default, cost the machine more CPU than the operator under test."""
 READY_WITHIN_S = 240
 """Every example Ready, from the apply: some 25 pods start together on two cores, each a
 Python process (40-100 s here, under load)."""
@@ -253,7 +256,9 @@ async def every_example_serves(cluster: LocalCluster) -> None:
             ready = [p for p in json.loads(listed)["items"] if pod_ready(p)]
             return str(ready[0]["status"]["podIP"]) if ready else None
 
-        ip = await until(ready_gateway, 30, f"a ready gateway pod of {name}")
+        ip = await until(
+            ready_gateway, 30, f"a ready gateway pod of {name}", interval=KUBECTL_POLL_S
+        )
         client = openai.AsyncOpenAI(base_url=f"http://{ip}:8080/v1", api_key="foo", max_retries=0)
         try:
             reply = await client.chat.completions.create(
@@ -395,7 +400,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         out = await k("get", "pods", "-n", "ai", "-l", "kvfleet.dev/role=warm", "-o", "name")
         return bool(out.strip())
 
-    await until(warm_spare, 60, "a warm replica of llama-8b")
+    await until(warm_spare, 60, "a warm replica of llama-8b", interval=KUBECTL_POLL_S)
     assert "llama-8b" in await k("get", "pvc", "-n", "ai", "-o", "name")
 
     # Drift on every kind of child is put back (each kind's patch verb), ...
@@ -414,7 +419,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
                 return False
         return True
 
-    await until(repaired, 60, "the operator to undo the drift")
+    await until(repaired, 60, "the operator to undo the drift", interval=KUBECTL_POLL_S)
     # ... and what a new spec no longer renders is deleted (each kind's delete verb).
     await k(
         "patch", "kis", "mistral", "-n", "ai", "--type=merge",
@@ -430,7 +435,9 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         )  # fmt: skip
         return not out.strip()
 
-    await until(gateway_gone, 60, "mistral's gateway children to be deleted")
+    await until(
+        gateway_gone, 60, "mistral's gateway children to be deleted", interval=KUBECTL_POLL_S
+    )
     # ... and the service put behind a shared gateway: the InferenceGateway's watch, its
     # children and its status.
     front = {
@@ -449,7 +456,7 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         out = await k("get", "kig", "front", "-n", "ai", "-o", "jsonpath={.status.models}")
         return "mistral-7b" in out
 
-    await until(fronted, 60, "the shared gateway to serve mistral's model")
+    await until(fronted, 60, "the shared gateway to serve mistral's model", interval=KUBECTL_POLL_S)
     # A multi-node service moved to one node (H200s hold DeepSeek-V3 on eight GPUs): its
     # LeaderWorkerSet goes, a Deployment takes its place.
     await k(
@@ -462,7 +469,12 @@ async def test_the_operator_runs_from_the_manifests_under_its_service_account(
         dep = await k("get", "deployments", "-n", "ai", "-o", "name")
         return not lws.strip() and "deployment.apps/deepseek-v3-engine" in dep
 
-    await until(one_node, 60, "deepseek-v3's LeaderWorkerSet replaced by a Deployment")
+    await until(
+        one_node,
+        60,
+        "deepseek-v3's LeaderWorkerSet replaced by a Deployment",
+        interval=KUBECTL_POLL_S,
+    )
 
     # Every request of the operator pod was its service account's, and RBAC allowed each.
     # (The API server's own audit log.)
