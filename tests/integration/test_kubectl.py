@@ -46,6 +46,10 @@ async def test_kubectl_builtin_kinds(local_cluster: Env) -> None:
     out = await kubectl(kubeconfig, "create", "-f", "-", stdin=DEPLOYMENT)
     assert "deployment.apps/web created" in out
     await until_lines(kubeconfig, 2, "get", "pods", "-l", "app=web", "-o", "name")
+    # Both pods listed is not both Ready: the Deployment controller counts them as they turn
+    # (seen with readyReplicas 1 at load 10).
+    await kubectl(kubeconfig, "wait", "--for=jsonpath={.status.readyReplicas}=2",
+                  "deployments/web", "--timeout=60s")  # fmt: skip
     yaml_out = await kubectl(kubeconfig, "get", "deployments", "web", "-o", "yaml")
     assert "readyReplicas: 2" in yaml_out and "resourceVersion:" in yaml_out
     # What a real API server fills in, as kubectl 1.31+ prints it back.
