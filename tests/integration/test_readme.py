@@ -11,12 +11,15 @@ stopped; the few the shell cannot run here name where they are run instead."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,6 +151,19 @@ def _script(commands: list[str], work: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def _end_group(leader: subprocess.Popen[str], grace_s: float = 15.0) -> None:
+    """SIGTERM to every process of the leader's group (a cluster stops its pods), SIGKILL to
+    what is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            leader.poll()  # reaped: a zombie leader would keep the group alive
+            os.killpg(leader.pid, 0)  # ProcessLookupError once the group is empty
+            time.sleep(0.2)
+        os.killpg(leader.pid, signal.SIGKILL)
+
+
 def run_commands(commands: list[str], tmp: Path, timeout_s: float = 300) -> str:
     """Run `commands` in one bash, in a scratch copy of what the README refers to."""
     work = tmp / "work"
@@ -166,12 +182,20 @@ def run_commands(commands: list[str], tmp: Path, timeout_s: float = 300) -> str:
         "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"),
     }
     script = _script(commands, tmp)
-    done = subprocess.run(
-        ["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True,
-        timeout=timeout_s,
+    # A session of its own: on a timeout the whole group goes, background jobs too (the
+    # script's own trap does not run when bash is killed; a `kvfleet cluster up &` outlived
+    # a timed-out walkthrough and held its pods' ports for the rest of the suite).
+    proc = subprocess.Popen(
+        ["bash", "-c", script], cwd=work, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and "::: FAILED" not in out, out[-6000:]
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout_s:.0f} s:\n{out[-6000:]}")
+    assert proc.returncode == 0 and "::: FAILED" not in out, out[-6000:]
     return out
 
 
