@@ -5,9 +5,8 @@ only.
 
 1. Sleeps DELAY_S: the pod leaves its Service and the gateways' pools meanwhile; a request
    routed to it before they notice is still served.
-2. Polls the engine's /metrics every second until its requests in flight (the SERIES
-   gauges, all series summed: running, waiting, and the grammar, prefill-transfer and
-   decode-transfer queues of a disaggregated engine) read zero twice in a row.
+2. Polls the engine's /metrics every second until its running and queued requests
+   (`sglang:num_running_reqs` + `sglang:num_queue_reqs`, all series summed) are zero.
 3. Gives up BOUND_S after it started, a little before terminationGracePeriodSeconds, when
    the kubelet kills the engine anyway.
 
@@ -18,11 +17,7 @@ without those series: nothing left that it could wait for. A slow answer is retr
 
 SGLang refreshes these gauges as its scheduler logs (each prefill batch, every 40 decode
 steps, every 30 s while idle): the hook may outlast the last request by up to 30 s, within
-the bound, and a single zero may be a moment between two logs (a chunked prefill is in no
-gauge), hence two. An engine that hangs with requests in flight holds its pod for the
-whole bound: its /metrics still answers with the last counts.
-
-DELAY_S and BOUND_S are node seconds, as the grace period is: a node whose clock
+the bound. DELAY_S and BOUND_S are node seconds, as the grace period is: a node whose clock
 runs fast (the local cluster's) says by how much in KVFLEET_NODE_TIME_SCALE, which scales
 them; the polling follows the engine, in real time.
 """
@@ -35,17 +30,7 @@ import time
 import urllib.error
 import urllib.request
 
-SERIES = (
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:num_grammar_queue_reqs",
-    "sglang:num_prefill_prealloc_queue_reqs",
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-)
-ZEROS_NEEDED = 2
-"""Consecutive zero reads, a poll apart, that end the drain."""
+SERIES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 POLL_S = 1.0
 READ_TIMEOUT_S = 5.0
 TIME_SCALE_ENV = "KVFLEET_NODE_TIME_SCALE"
@@ -101,7 +86,6 @@ def drain(url: str, delay_s: float, bound_s: float) -> str:
     end = time.monotonic() + bound_s
     time.sleep(max(0.0, min(delay_s, bound_s)))
     count: float | None = None
-    zeros = 0
     while True:
         left = end - time.monotonic()
         if left <= 0:
@@ -116,9 +100,8 @@ def drain(url: str, delay_s: float, bound_s: float) -> str:
         if text is not None:
             count = in_flight(text)
             if count is None:
-                return f"{url} has none of {', '.join(SERIES)}: not waiting"
-            zeros = zeros + 1 if count == 0 else 0
-            if zeros >= ZEROS_NEEDED:
+                return f"{url} has no {' or '.join(SERIES)}: not waiting"
+            if count == 0:
                 return "no requests in flight"
         time.sleep(max(0.0, min(POLL_S, end - time.monotonic())))
 

@@ -9,7 +9,6 @@ probe sized for minutes of model load, and drains when stopped: its preStop hook
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
 import math
@@ -63,26 +62,7 @@ ROUTING_DELAY_S = 10
 DRAIN_MARGIN_S = 5
 """The drain gives up this long (at most a fifth of the grace period) before
 terminationGracePeriodSeconds: the engine gets its SIGTERM before the kubelet's SIGKILL."""
-
-
-def _code_only(source: str) -> str:
-    """`source` without docstrings and comments (what runs, not what explains it): the
-    script is part of every engine's pod template, so editing its prose must not roll the
-    engines, and the pod spec stays small."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list):  # a bare string statement: a docstring, nothing else
-            kept = [s for s in body if not (isinstance(s, ast.Expr) and _is_text(s.value))]
-            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
-    return ast.unparse(tree) + "\n"
-
-
-def _is_text(node: ast.expr) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
-
-
-DRAIN_SCRIPT = _code_only(Path(drain_script.__file__).read_text())
+DRAIN_SCRIPT = Path(drain_script.__file__).read_text()
 EVENTS_PAGE_SIZE = 16
 """--page-size when KV events are on and engine.pageSize is unset (see its description)."""
 KV_EVENTS_TOPIC = "kv-events"
