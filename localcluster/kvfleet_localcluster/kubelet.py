@@ -7,9 +7,8 @@ log), `kvfleet ...` (the kvfleet image) as itself. Each pod gets its own address
 .3, ... — all of 127/8 is loopback on Linux), and the process binds it, so every pod listens
 on the port its manifest names. Startup, readiness and liveness probes are executed against
 the process and set the pod's conditions; a process that exits is restarted with the
-kubelet's doubling backoff; a deleted pod runs its preStop hook (serving meanwhile: a sleep
-on the node's clock, an exec command as a process of the pod), then gets SIGTERM, then
-SIGKILL after its grace period.
+kubelet's doubling backoff; a deleted pod runs its preStop sleep (serving meanwhile), then
+gets SIGTERM, then SIGKILL after its grace period.
 
 No mount or network namespaces exist here, so both are emulated. Volumes: ConfigMaps and
 Secrets are written to a per-pod directory; each mountPath is substituted by that directory
@@ -47,12 +46,6 @@ from typing import Any
 import aiohttp
 
 from kvfleet_localcluster.containers import container_argv, gpu_of, termination_message
-from kvfleet_localcluster.hooks import (
-    TIME_SCALE_ENV,
-    die_with_kubelet,
-    pre_stop_sleep,
-    run_exec_hook,
-)
 from kvfleet_localcluster.podspec import (
     ClusterAccess,
     ConfigMissing,
@@ -66,6 +59,14 @@ CREATING = ("ContainerCreating", "CreateContainerConfigError")
 """Waiting reasons of a container that has not started yet (the pod is Pending)."""
 
 Json = dict[str, Any]
+
+
+def _die_with_kubelet() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the pod process gets SIGTERM if the kubelet dies, even by SIGKILL (no leaks)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def now() -> str:
@@ -160,8 +161,6 @@ class PodRunner:
     """The container's previous run as it ended (`lastState`): empty until one has."""
     ready: bool = False
     proc: asyncio.subprocess.Process | None = None
-    mounts: dict[str, Path] = field(default_factory=dict)
-    """The container's volumes in its current run (mountPath → directory), for its hooks."""
     _started: str = field(default_factory=now)
 
     @property
@@ -289,7 +288,7 @@ class PodRunner:
         async with aiohttp.ClientSession() as session:
             while True:
                 await self._wait_for_references(container)
-                mounts = self.mounts = self.sandbox.materialize(container)
+                mounts = self.sandbox.materialize(container)
                 expanded = self.sandbox.expand(container, mounts)
                 argv, notes = container_argv(expanded, self.pod_ip, gpu, self.config, mounts) or (
                     [],
@@ -342,7 +341,7 @@ class PodRunner:
                     stderr=asyncio.subprocess.STDOUT,
                     env=self.sandbox.env(container, mounts),
                     start_new_session=True,
-                    preexec_fn=die_with_kubelet,
+                    preexec_fn=_die_with_kubelet,
                 )
             except OSError as exc:  # the image's command cannot run: RunContainerError
                 out.write(f"kubelet: cannot start {argv[:1]}: {exc}\n".encode())
@@ -446,31 +445,19 @@ class PodRunner:
     async def _pre_stop(self, container: Json, deadline: float) -> None:
         """The container's preStop hook, before SIGTERM and within the grace period. A sleep
         (`exec: [sleep, N]`, or the sleep action) passes on the node's clock (scaled, as the
-        grace period is): the process keeps serving while its endpoints are withdrawn. Any
-        other exec command runs as a process of the pod, in real time but told this node's
-        clock (`hooks.run_exec_hook`). An httpGet hook, or a command this node cannot run,
-        is not run; the pod's log says so."""
+        grace period is): the process keeps serving while its endpoints are withdrawn, the
+        reason engines carry one. Other hooks are not run (no container to run them in); the
+        pod's log says so."""
         hook = (container.get("lifecycle") or {}).get("preStop")
         if not hook:
             return
         seconds = pre_stop_sleep(hook)
-        if seconds is not None:
-            await asyncio.sleep(max(0.0, min(self._scaled(seconds), deadline - time.monotonic())))
-            return
-        log_path = log_file(self.pod_dir, container.get("name", "main"), self.restarts)
-        command = (hook.get("exec") or {}).get("command") or []
-        local = container_argv(
-            {"image": container.get("image", ""), "command": command},
-            self.pod_ip, gpu_of(self.spec), self.config, self.mounts,
-        )  # fmt: skip
-        if not command or local is None:
+        if seconds is None:
+            log_path = log_file(self.pod_dir, container.get("name", "main"), self.restarts)
             with contextlib.suppress(OSError), log_path.open("a") as out:
-                out.write(f"kubelet: preStop hook {hook} not run: no such command here\n")
+                out.write(f"kubelet: preStop hook {hook} not run: only a sleep is emulated\n")
             return
-        env = self.sandbox.env(container, self.mounts)
-        env[TIME_SCALE_ENV] = str(self.config.time_scale)
-        ended = await run_exec_hook(local[0], env, log_path, deadline)
-        log.info("pod %s/%s: preStop hook %s", self.ns, self.name, ended)
+        await asyncio.sleep(max(0.0, min(self._scaled(seconds), deadline - time.monotonic())))
 
     def cleanup(self) -> None:
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
@@ -486,6 +473,20 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
         await asyncio.wait({task}, timeout=1.0)
     with contextlib.suppress(asyncio.CancelledError):
         await task  # its own exception, if it ended on one
+
+
+def pre_stop_sleep(hook: Json) -> float | None:
+    """The seconds a preStop hook sleeps: the sleep action, `exec: [sleep, N]` or
+    `exec: [sh, -c, "sleep N"]`; None for any other hook."""
+    if isinstance(hook.get("sleep"), dict):
+        return float(hook["sleep"].get("seconds", 0))
+    command = [str(c) for c in ((hook.get("exec") or {}).get("command") or [])]
+    if len(command) == 3 and os.path.basename(command[0]) in ("sh", "bash") and command[1] == "-c":
+        command = command[2].split()
+    if len(command) == 2 and os.path.basename(command[0]) == "sleep":
+        with contextlib.suppress(ValueError):
+            return float(command[1])
+    return None
 
 
 def _real_window(probe: Json, periods: int) -> float:

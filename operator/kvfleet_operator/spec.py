@@ -245,11 +245,7 @@ class EngineSpec:
         1800, "Longest model load before the pod is restarted (startup probe).", minimum=60
     )
     termination_grace_period_seconds: int = fld(
-        120,
-        "Time a stopping replica has to finish its requests: its preStop hook waits 10 s for"
-        " the gateways to stop routing to it, then until it has no request running or queued"
-        " (its /metrics), giving up 5 s (at most a fifth of this) before the kubelet kills it.",
-        minimum=5,
+        120, "Time a stopping replica has to finish its running requests.", minimum=5
     )
     shm_size: str = fld("16Gi", "Size of the /dev/shm memory volume (NCCL, tensor parallel).")
 

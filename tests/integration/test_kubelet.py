@@ -1,8 +1,7 @@
 """The node agent with real processes, on the real control plane (the scheduler binds each
 pod to a node, whose agent runs it): ConfigMaps and Secrets mounted where the pod says, a
-readiness probe gating Ready, a crashing container restarted with backoff, a deleted pod's
-process stopped after its preStop sleep, and a deleted engine drained by the operator's
-preStop hook."""
+readiness probe gating Ready, a crashing container restarted with backoff, and a deleted
+pod's process stopped after its preStop sleep."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import aiohttp
 import pytest
 
 from kvfleet_gateway.keys import hash_key
-from kvfleet_operator.render.engine import drain_hook
 from tests.support.cluster import Env
 
 IMAGE = "ghcr.io/kvfleet/kvfleet:test"
@@ -133,98 +131,39 @@ async def test_mounts_probes_and_graceful_stop(api: Api) -> None:
         pytest.fail("the deleted pod's process still answers")
 
 
-async def start_engine(api: Api, pre_stop: dict[str, Any], grace_s: float, *flags: str) -> str:
-    """A simulated engine pod `engine` with that preStop hook and grace period (seconds on
-    the nodes' clock); its address once Ready."""
-    sim = "sim serve --model llama-3.1-8b --gpu h100 --host 0.0.0.0 --port 30000"
-    container = {
-        "name": "engine",
-        "command": ["kvfleet"],
-        "args": [*sim.split(), *flags],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": 30000}, "periodSeconds": 5},
-        "lifecycle": {"preStop": pre_stop},
-    }
-    body = pod("engine", container)
-    body["spec"]["terminationGracePeriodSeconds"] = round(grace_s / api.scale)
-    await api("POST", "pods", body)
-    ready_pod = await until(api, "engine", ready, "Ready")
-    return str(ready_pod["status"]["podIP"])
-
-
-async def answers(ip: str) -> bool:
-    """The engine at `ip` still serves."""
-    try:
-        async with aiohttp.ClientSession() as s, s.get(f"http://{ip}:30000/health") as r:
-            return r.status == 200
-    except aiohttp.ClientConnectionError:
-        return False
-
-
 async def test_a_deleted_pod_serves_through_its_pre_stop_sleep(api: Api) -> None:
     """A real kubelet runs the preStop hook before SIGTERM: an engine's `sleep` keeps it
     serving while gateways drop it (without it, requests routed in the meantime failed).
     Here a sleep of 2 s on the node's time scale, within the grace period (6 s)."""
     import time
 
-    sleep = {"exec": {"command": ["sleep", str(round(2 / api.scale))]}}
-    ip = await start_engine(api, sleep, 6)
+    container = {
+        "name": "engine",
+        "command": ["kvfleet"],
+        "args": "sim serve --model llama-3.1-8b --gpu h100 --host 0.0.0.0 --port 30000".split(),
+        "readinessProbe": {"httpGet": {"path": "/health", "port": 30000}, "periodSeconds": 5},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(round(2 / api.scale))]}}},
+    }
+    body = pod("engine", container)
+    body["spec"]["terminationGracePeriodSeconds"] = round(6 / api.scale)
+    await api("POST", "pods", body)
+    ip = (await until(api, "engine", ready, "Ready"))["status"]["podIP"]
+
+    async def answers() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"http://{ip}:30000/health") as r:
+                return r.status == 200
+        except aiohttp.ClientConnectionError:
+            return False
+
     await api("DELETE", "pods", name="engine")
     deleted = time.monotonic()
     await asyncio.sleep(1.0)
-    assert await answers(ip), "stopped before its preStop sleep was over"
-    while await answers(ip):
+    assert await answers(), "stopped before its preStop sleep was over"
+    while await answers():
         assert time.monotonic() - deleted < 6, "still serving after its grace period"
         await asyncio.sleep(0.1)
     assert time.monotonic() - deleted >= 1.9
-
-
-async def test_a_deleted_engine_finishes_its_request_in_flight(
-    api: Api, process_cluster: Env
-) -> None:
-    """The operator's preStop drain, run by the node as a process of the pod: an engine
-    deleted in the middle of a 3 s stream keeps serving until the stream is done (its last
-    token included), and stops soon after — not at its grace period (10 s here)."""
-    import time
-
-    drain = drain_hook(round(10 / api.scale))
-    ip = await start_engine(api, drain, 10, "--no-eos", "--time-scale", "10")  # 0.1 s a token
-    request = {
-        "model": "llama-3.1-8b",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 30,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    chunks: list[dict[str, Any]] = []
-    deleted = 0.0
-    async with (
-        aiohttp.ClientSession() as s,
-        s.post(f"http://{ip}:30000/v1/chat/completions", json=request) as r,
-    ):
-        async for line in r.content:
-            text = line.decode().strip()
-            if not text.startswith("data: {"):
-                continue
-            chunks.append(json.loads(text[len("data: ") :]))
-            if len(chunks) == 1:
-                await api("DELETE", "pods", name="engine")
-                deleted = time.monotonic()
-            elif len(chunks) == 20:  # 1.9 s on: past the wait for routing (0.5 s here)
-                assert await answers(ip), "stopped with a request in flight"
-    finished = time.monotonic()
-    assert finished - deleted >= 2.5
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 30
-    while await answers(ip):
-        assert time.monotonic() - deleted < 10, "still serving at its grace period"
-        await asyncio.sleep(0.1)
-    assert time.monotonic() - finished < 3.0  # the drain polls once a second
-    state = process_cluster.cluster.config.kubelet.state_dir
-    assert state is not None
-    (log,) = state.rglob(f"pods/{process_cluster.ns}_engine/engine.0.log")
-    said = log.read_text()
-    assert "drain: no requests in flight" in said
-    assert "kubelet: preStop hook exited with 0" in said
 
 
 async def test_crashing_container_restarts_with_backoff(api: Api) -> None:

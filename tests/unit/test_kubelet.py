@@ -1,5 +1,5 @@
 """The node agent's own parts: SGLang's command line as the simulator's, mounts as paths,
-pod addresses, preStop hooks, and its loops ending when cancelled."""
+pod addresses, preStop sleeps, and its loops ending when cancelled."""
 
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -189,7 +189,7 @@ def test_the_kubeconfig_is_written_whole_and_private(tmp_path: Path) -> None:
 
 
 def test_which_pre_stop_hooks_are_sleeps() -> None:
-    from kvfleet_localcluster.hooks import pre_stop_sleep
+    from kvfleet_localcluster.kubelet import pre_stop_sleep
 
     assert pre_stop_sleep({"exec": {"command": ["sleep", "10"]}}) == 10
     assert pre_stop_sleep({"exec": {"command": ["/bin/sh", "-c", "sleep 2.5"]}}) == 2.5
@@ -222,27 +222,3 @@ async def test_a_swallowed_cancel_is_repeated_until_the_task_ends() -> None:
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(task), timeout=10)
     assert task.cancelled() and cancels == 2
-
-
-async def test_an_exec_hook_runs_in_its_environment_and_ends_at_the_deadline(
-    tmp_path: Path,
-) -> None:
-    """A preStop exec hook is a process with the pod's environment, its output in the
-    container's log; one still running at the grace period is killed there."""
-    import os
-    import sys
-    import time
-
-    from kvfleet_localcluster.hooks import run_exec_hook
-
-    log = tmp_path / "engine.0.log"
-    argv = [sys.executable, "-c", "import os; print('hook sees', os.environ['POD_VAR'])"]
-    ended = await run_exec_hook(argv, {**os.environ, "POD_VAR": "x"}, log, time.monotonic() + 20)
-    assert ended == "exited with 0"
-    assert "hook sees x\nkubelet: preStop hook exited with 0\n" in log.read_text()
-    started = time.monotonic()
-    argv = [sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(60)"]
-    ended = await run_exec_hook(argv, dict(os.environ), log, started + 1.5)
-    assert ended == "killed at the grace period"
-    assert 1.5 <= time.monotonic() - started < 5
-    assert log.read_text().endswith("waiting\nkubelet: preStop hook killed at the grace period\n")

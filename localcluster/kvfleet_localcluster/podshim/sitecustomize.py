@@ -10,8 +10,6 @@ the pod's own network and mount namespaces, emulated inside the process.
   /var/run/secrets/kubernetes.io/serviceaccount, whose path client libraries hard-code —
   open the pod's copy of that volume.
 
-* Loopback: the name `localhost` resolves to the pod's address, where its own listeners are
-  (in a pod it is the pod's loopback): a preStop hook reaches its container's server there.
 * DNS: `<service>.<namespace>.svc[.cluster.local]`, `<service>.<namespace>` and, from the
   pod's own namespace, `<service>` resolve through the node's Service table
   (`kvfleet_localcluster/services.py`): to a Ready pod of the Service, at the targetPort its
@@ -60,8 +58,6 @@ def _service_address(host: Any, port: Any) -> tuple[str, Any] | None:
     if not isinstance(host, str | bytes):
         return None
     name = (host.decode() if isinstance(host, bytes) else host).rstrip(".").lower()
-    if name == "localhost" and _POD_IP:
-        return _POD_IP, port
     for suffix in (".svc.cluster.local", ".svc"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
@@ -199,7 +195,7 @@ if _POD_IP:
     else:
         zmq.Socket.bind = _zmq_bind(zmq.Socket.bind)  # type: ignore[method-assign]
 
-if _SERVICE_TABLE or _POD_IP:
+if _SERVICE_TABLE:
     socket.getaddrinfo = _cluster_dns(socket.getaddrinfo)
     try:
         import uvloop

@@ -2,9 +2,7 @@
 
 Each pod asks for `tensorParallel` GPUs, runs `python3 -m sglang.launch_server` with flags
 from the spec (always `--host 0.0.0.0 --port 30000 --enable-metrics`), is gated by a startup
-probe sized for minutes of model load, and drains when stopped: its preStop hook
-(`drain_hook`) keeps the engine serving until its requests in flight are done, within
-`terminationGracePeriodSeconds`.
+probe sized for minutes of model load, and drains for `terminationGracePeriodSeconds`.
 """
 
 from __future__ import annotations
@@ -12,10 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import math
-from pathlib import Path
 
 from kvfleet_kernel.schema import Json
-from kvfleet_operator.render import drain_script
 from kvfleet_operator.render.common import (
     ENGINE,
     ENGINE_KEY_KEY,
@@ -57,12 +53,8 @@ CACHE_MOUNT = "/cache"
 ENGINE_KEY_ENV = OPERATOR_ENV[0]
 """Hugging Face cache (HF_HOME): the shared model-cache PVC, or a per-pod emptyDir."""
 STARTUP_PERIOD_S = 10
-ROUTING_DELAY_S = 10
-"""preStop: time for gateways and endpoints to see the pod leave before it drains."""
-DRAIN_MARGIN_S = 5
-"""The drain gives up this long (at most a fifth of the grace period) before
-terminationGracePeriodSeconds: the engine gets its SIGTERM before the kubelet's SIGKILL."""
-DRAIN_SCRIPT = Path(drain_script.__file__).read_text()
+PRE_STOP_S = 10
+"""Time for gateways to see the pod leave before the engine stops taking requests."""
 EVENTS_PAGE_SIZE = 16
 """--page-size when KV events are on and engine.pageSize is unset (see its description)."""
 KV_EVENTS_TOPIC = "kv-events"
@@ -344,7 +336,7 @@ def engine_pod_spec(owner: Owner, component: str = ENGINE) -> Json:
         ),
         "readinessProbe": _probe("/health", 5, 3, 5),
         "livenessProbe": _probe("/health", 15, 4, 10),
-        "lifecycle": {"preStop": drain_hook(e.termination_grace_period_seconds)},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
         # SGLang writes no termination message: the kubelet keeps its log's tail instead,
         # so a failed start (an unknown model) says why in the pod's lastState and status.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -382,17 +374,6 @@ def engine_pod_spec(owner: Owner, component: str = ENGINE) -> Json:
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
     return pod
-
-
-def drain_hook(grace_s: int, host_env: str | None = None) -> Json:
-    """The engine's preStop: `drain_script` run by the image's python3 — wait
-    ROUTING_DELAY_S, then until the engine at localhost (or at the host in the environment
-    variable `host_env`) has no request running or queued, for at most the grace period less
-    DRAIN_MARGIN_S."""
-    bound = grace_s - min(DRAIN_MARGIN_S, grace_s / 5)
-    delay = min(ROUTING_DELAY_S, bound)
-    command = ["python3", "-c", DRAIN_SCRIPT, str(ENGINE_PORT), f"{delay:g}", f"{bound:g}"]
-    return {"exec": {"command": [*command, host_env] if host_env else command}}
 
 
 def _container_security(spec: InferenceServiceSpec) -> Json:

@@ -10,8 +10,7 @@ serve, and its survivors cannot rejoin a new peer on their own.
 
 The pods are the single-node engine's pods: the same command line, probes and resources
 per pod. Only the leader carries the role label, so the gateway (which selects
-`role=active`) routes to leaders only; workers answer `/health` and nothing else. A
-stopping worker drains on its leader's requests: the leader needs every rank to finish them.
+`role=active`) routes to leaders only; workers answer `/health` and nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import copy
 
 from kvfleet_kernel.schema import Json
 from kvfleet_operator.render.common import ENGINE, ROLE_LABEL, Owner
-from kvfleet_operator.render.engine import LWS_LEADER_ADDRESS, drain_hook, engine_deployment
+from kvfleet_operator.render.engine import engine_deployment
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
@@ -30,8 +29,6 @@ def engine_leader_worker_set(owner: Owner, replicas: int) -> Json:
     template = engine_deployment(owner, replicas)["spec"]["template"]
     worker = copy.deepcopy(template)
     del worker["metadata"]["labels"][ROLE_LABEL]  # workers are never routed to
-    grace = owner.spec.engine.termination_grace_period_seconds
-    worker["spec"]["containers"][0]["lifecycle"]["preStop"] = drain_hook(grace, LWS_LEADER_ADDRESS)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
