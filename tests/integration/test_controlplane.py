@@ -139,6 +139,9 @@ apiVersion: v1
 kind: Pod
 metadata: {name: greedy, namespace: demo}
 spec:
+  # The node has no kubelet renewing it: once the node lifecycle controller taints it
+  # not-ready (seen under load), the taint, not the GPUs, would be the scheduler's answer.
+  tolerations: [{operator: Exists}]
   containers:
   - name: engine
     image: kvfleet:1

@@ -10,21 +10,13 @@ from typing import Any
 
 import pytest
 
-SLOWEST_POLL_S = 0.5
-"""The longest pause between two checks: a wait that lasts backs off to it (a check that
-runs kubectl every 50 ms for a minute costs the machine more CPU than what it waits on)."""
-BACKOFF = 1.25
-
 
 async def until(
     check: Callable[[], Any], limit_s: float = 15.0, what: str = "", interval: float = 0.05
 ) -> Any:
     """Poll `check` (sync: in a thread, so a server in this loop keeps serving; or async)
-    until it returns something truthy, and return that; fail the test after `timeout`.
-    The pause between checks starts at `interval` and grows to SLOWEST_POLL_S (or stays at
-    `interval` if that is longer)."""
+    until it returns something truthy, and return that; fail the test after `timeout`."""
     deadline = time.monotonic() + limit_s
-    pause, slowest = interval, max(interval, SLOWEST_POLL_S)
     while True:
         try:  # a check that never returns fails the test as one that never holds
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
@@ -35,8 +27,7 @@ async def until(
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {limit_s:.0f}s waiting for {what or check}")
-        await asyncio.sleep(pause)
-        pause = min(pause * BACKOFF, slowest)
+        await asyncio.sleep(interval)
 
 
 async def _evaluate(check: Callable[[], Any]) -> Any:
