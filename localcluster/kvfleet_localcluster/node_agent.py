@@ -312,10 +312,10 @@ class NodeAgent:
                     await asyncio.shield(shutdown)
 
     async def _shutdown(self, background: list[asyncio.Task[Any]]) -> None:
-        """The node going away: every pod process stopped, without preStop hooks (a drain
-        that waits on its engine would hold the cluster's stop for seconds a pod, and a
-        process left running would keep its address when the next cluster reuses the
-        range)."""
+        """The node going away: every pod process stopped, without preStop hooks (a hook
+        would only hold the cluster's stop: no one routes to a node that is going), and all
+        of them gone before it returns (a process left running would keep its address when
+        the next cluster reuses the range)."""
         runners = list(self._runners.values())
         self._runners.clear()
         await asyncio.gather(

@@ -122,8 +122,8 @@ def _script(commands: list[str], work: Path) -> str:
             inner = shlex.quote(f"echo $$ > {pid}; exec {cmd}")
             out += [
                 f"timeout -s INT {seconds} bash -c {inner} > {log} 2>&1",
-                f"grep -q {shlex.quote(running)} {work}/run-{n}.log || "
-                f"{{ cat {work}/run-{n}.log; echo '::: FAILED'; exit 1; }}",
+                f"grep -q {shlex.quote(running)} {log} || "
+                f"{{ cat {log}; echo '::: FAILED'; exit 1; }}",
             ]
         elif cmd.endswith("&") and " port-forward " in cmd:  # wait for its local port
             local = re.search(r" (\d+):\d+ ", cmd + " ")
