@@ -302,24 +302,31 @@ from tests.support.cluster import (  # noqa: E402, F401
     worker_clusters,
 )
 
-SERIAL = frozenset(
+# Tests with latency and timing bounds run in the third stage of `make test`, away from the
+# integration stage's clusters, in two lanes side by side: each lane's tests one at a time, so
+# a test shares the machine with at most one other. The lanes are balanced by measured time
+# (each about three minutes); the autoscaler's stories, the load-sensitive ones, share a lane
+# so two floods never meet. (One lane, the earlier layout, took six minutes.)
+SERIAL_LANES: dict[str, str] = {
+    # The autoscaler against a flood, on the local cluster: scaling stories in real time.
+    "test_autoscaling": "autoscaler",
+    "test_disaggregation_in_cluster::test_the_prefill_pool_scales_on_its_own": "autoscaler",
+    # Latency and timing bounds of the gateway, the demo and the local cluster's scenario.
+    "test_demo": "latency",
+    "test_gateway_abuse": "latency",
+    "test_gateway_hold": "latency",
+    "test_gateway_redis": "latency",
+    "test_limits": "latency",
+    "test_local_cluster": "latency",
+    "test_reliability": "latency",
+    "test_routing_http": "latency",
+}
+ALONE = frozenset(
     {
-        # Latency and timing bounds: measured with the machine to themselves.
-        "test_autoscaling",
-        "test_demo",
-        "test_gateway_abuse",
-        "test_gateway_hold",
-        "test_gateway_redis",
-        "test_limits",
-        "test_local_cluster",
-        "test_reliability",
-        "test_routing_http",
-        # The autoscaler against a flood: under a machine shared with the in-cluster tests the
-        # flood reaches the prefill engine too slowly to queue there (it failed once so).
-        "test_disaggregation_in_cluster::test_the_prefill_pool_scales_on_its_own",
         # The README's simulator and gateway commands as written: fixed host ports (30000,
-        # 8080, 9090 on every address). Its cluster walkthroughs bind pod addresses of their
-        # own cluster (`addresses.py`) and free ports: they run in parallel.
+        # 8080, 9090 on every address), which no pod of a cluster beside it may bind. Its
+        # cluster walkthroughs bind pod addresses of their own cluster (`addresses.py`) and
+        # free ports: they run in the integration stage.
         "test_readme::test_the_simulator_and_gateway_walkthrough",
     }
 )
@@ -338,12 +345,17 @@ def _time_the_test_not_the_shared_cluster(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs the integration tests marked `serial` one at a time, the rest on two
-    workers (they wait on processes and sockets more than they compute)."""
+    """`make test` runs the integration tests marked `serial` in two lanes after the rest,
+    and those marked `alone` by themselves last (`SERIAL_LANES`, `ALONE`)."""
     for item in items:
         if "integration" not in item.path.parts:  # unit tests share one pool with the rest
             continue
         _time_the_test_not_the_shared_cluster(item)
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if module in SERIAL or f"{module}::{item.originalname}" in SERIAL:
+        test = f"{module}::{item.originalname}"
+        lane = SERIAL_LANES.get(test) or SERIAL_LANES.get(module)
+        if lane is not None:
             item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group(f"serial-{lane}"))
+        elif test in ALONE or module in ALONE:
+            item.add_marker(pytest.mark.alone)

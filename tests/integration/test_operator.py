@@ -355,7 +355,10 @@ async def test_a_pod_held_by_a_missing_secret_names_it_in_the_condition(
         named = "team-keys" in ready.get("message", "")
         return ready if ready.get("reason") == "ReferenceNotFound" and named else None
 
-    ready = await until(held, what="Ready=False, ReferenceNotFound naming team-keys")
+    # The chain is scheduler, node agent (FailedMount Event), operator resync: seconds when
+    # idle, and it missed 15 s twice with the in-cluster stories beside it. It asserts what
+    # the condition says, not how fast: a minute.
+    ready = await until(held, 60.0, "Ready=False, ReferenceNotFound naming team-keys")
     assert ready["status"] == "False"
     assert 'secret "team-keys" not found' in ready["message"], ready
     assert ready["message"].startswith("pod llama-gateway-"), ready
@@ -365,7 +368,8 @@ async def test_a_pod_held_by_a_missing_secret_names_it_in_the_condition(
     await asyncio.to_thread(k.request, "POST", f"/api/v1/namespaces/{ns}/secrets", secret_doc)
     await until(
         lambda: condition(k.get(ISVC, ns, "llama"), "Ready").get("status") == "True",
-        what="Ready=True once the Secret exists",
+        60.0,
+        "Ready=True once the Secret exists",
     )
 
 

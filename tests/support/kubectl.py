@@ -37,6 +37,27 @@ async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str
     return out
 
 
+NO_CONDITIONS_YET = ".status.conditions accessor error: <nil>"
+"""What `kubectl wait --for=condition=...` says, instead of waiting, when it reads an object
+whose `status.conditions` is null: a CRD in the moment between its creation and the API
+server's establishing controller (the field has no omitempty, so it is sent as null)."""
+
+
+async def wait_established(kubeconfig: Path, *crds: str, timeout_s: float = 60) -> None:
+    """`kubectl wait --for=condition=Established` on `crds` (names), typed again while it
+    fails on a CRD that has no conditions yet, as a user would."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    names = [f"crd/{name}" for name in crds]
+    while True:
+        args = ("wait", "--for=condition=Established", f"--timeout={timeout_s:.0f}s", *names)
+        code, _, err = await run_kubectl(kubeconfig, *args)
+        if code == 0:
+            return
+        assert NO_CONDITIONS_YET in err, f"kubectl {' '.join(args)}: {err}"
+        assert asyncio.get_running_loop().time() < deadline, f"kubectl {' '.join(args)}: {err}"
+        await asyncio.sleep(0.2)
+
+
 async def kubectl_error(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     """kubectl's stderr; the test fails if it succeeds."""
     code, _, err = await run_kubectl(kubeconfig, *args, stdin=stdin)
