@@ -239,7 +239,7 @@ class Session:
 
     async def _fail(self, pair: _Pair, message: str) -> None:
         assert pair.error is not None and pair.data is not None
-        log.info("port-forward: %s", message)
+        log.warning("port-forward: %s", message)
         await self.send(data_frame(pair.error, message.encode(), fin=True))
         await self.send(data_frame(pair.data, b"", fin=True))
 

@@ -190,6 +190,10 @@ async def test_port_forward_reaches_the_pod_through_the_api_server_and_the_node(
     finally:
         forward.terminate()
         await forward.wait()
+        assert forward.stderr is not None
+        # Shown with a failure: kubectl names a stream it could not create or an error the
+        # node sent (once, under load, a connection was closed with no answer).
+        print("kubectl port-forward's stderr:", (await forward.stderr.read()).decode())
 
 
 EXAMPLE = "llama-3.1-8b-h100-autoscaling.yaml"
