@@ -150,6 +150,8 @@ async def _autoscaled_groups(kc: Path) -> None:
     await kubectl(kc, "patch", "kis", "deepseek-v3", "-n", "ai", "--type=merge",
                   "-p", json.dumps(patch))  # fmt: skip
 
+    seen: dict[str, Any] = {}
+
     async def one_active_one_warm() -> dict[str, dict[str, str]] | None:
         live = json.loads(await kubectl(kc, "get", "kis", "deepseek-v3", "-n", "ai", "-o", "json"))
         st = live.get("status") or {}
@@ -164,12 +166,19 @@ async def _autoscaled_groups(kc: Path) -> None:
         }
         roles = [pods.get(f"deepseek-v3-engine-{g}", {}).get("kvfleet.dev/role") for g in (0, 1)]
         settled = rolled and counts == (2, 1, 1) and roles == ["active", "warm"]
+        seen.update(counts=counts, lws=lws.get("status"), roles=roles, pods=sorted(pods))
         return pods if settled and set(pods) == GROUPS_0_1 else None
 
     # Switched to autoscaling, the template's role changes, so LWS rolls the groups while
     # group 1 starts, with a surge group (2) beside them (the operator's maxSurge: 1). Once
     # the roll is done the surge group is gone (its pods may still be terminating) and the
     # roles are settled: exactly two groups, four pods.
-    pods = await until(one_active_one_warm, 90, "groups 0 (active) and 1 (warm spare) alone")
+    # A roll of two groups beside the whole suite took over 90 s once: three minutes, and
+    # what was seen last if even that is missed.
+    try:
+        pods = await until(one_active_one_warm, 180, "groups 0 (active) and 1 (warm spare) alone")
+    except BaseException:
+        print("last seen (status replicas/active/warm, LWS status, roles, pods):", seen)
+        raise
     assert not any("kvfleet.dev/role" in pods[w] for w in ("deepseek-v3-engine-0-1",
                                                           "deepseek-v3-engine-1-1"))  # fmt: skip
