@@ -214,11 +214,15 @@ class NodeAgent:
     async def _life(self, pod: Json, runner: PodRunner) -> None:
         """Read what the pod references, then run it; its references stay fresh meanwhile."""
         meta, spec = pod["metadata"], pod.get("spec") or {}
-        await self.refs.refresh(meta, spec)
+        await self.refs.first_refresh(meta, spec)
         period = max(0.2, 10.0 * self.kubelet.time_scale)
         fresh = asyncio.create_task(self.refs.keep_fresh(meta, spec, period))
         try:
             await runner.run()
+        except Exception:
+            # Said at once: the task is only awaited when the pod is deleted.
+            log.exception("pod %s/%s: its runner failed", runner.ns, runner.name)
+            raise
         finally:
             await cancel_and_wait(fresh)
 

@@ -18,10 +18,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
 from kvfleet_localcluster.apitypes import ApiError
 from kvfleet_localcluster.kubeapi import CONFIGMAPS, PODS, PVCS, SECRETS, KubeClient
 
 log = logging.getLogger("kvfleet.node.pods")
+
+TRANSIENT = (aiohttp.ClientError, OSError, TimeoutError)
+"""What a request to the API server raises besides an answer (a connection reset or refused,
+a timeout): asked again, as a kubelet does, instead of ending the task that asked."""
+RETRY_S = 0.5
 Json = dict[str, Any]
 REFERENCES = {"Secret": SECRETS, "ConfigMap": CONFIGMAPS, "PersistentVolumeClaim": PVCS}
 TOKEN_SECONDS = 3600
@@ -108,14 +115,25 @@ class ReferenceCache:
             await asyncio.sleep(AUTHORIZER_RETRY_S)
         return None
 
+    async def first_refresh(self, meta: Json, spec: Json) -> None:
+        """`refresh` before a pod starts, asked again while the API server fails to answer:
+        the pod stays Pending meanwhile, as on a kubelet that cannot reach it."""
+        while True:
+            try:
+                return await self.refresh(meta, spec)
+            except (ApiError, *TRANSIENT) as exc:
+                ns, name = meta["namespace"], meta["name"]
+                log.warning("pod %s/%s: references: %r; again", ns, name, exc)
+            await asyncio.sleep(RETRY_S)
+
     async def keep_fresh(self, meta: Json, spec: Json, period_s: float) -> None:
         """Refresh until cancelled: a rotated Secret reaches the pod's files (`PodRunner`)."""
         while True:
             await asyncio.sleep(period_s)
             try:
                 await self.refresh(meta, spec)
-            except ApiError as exc:
-                log.info("pod %s/%s: references: %s", meta["namespace"], meta["name"], exc.message)
+            except (ApiError, *TRANSIENT) as exc:
+                log.info("pod %s/%s: references: %r", meta["namespace"], meta["name"], exc)
 
 
 @dataclass
@@ -147,3 +165,9 @@ class StatusWriter:
                 except ApiError as exc:
                     if exc.code not in (404, 409):
                         log.warning("pod %s/%s: status: %s", ns, name, exc.message)
+                except TRANSIENT as exc:
+                    # Sent again unless a newer status came meanwhile; the writer goes on
+                    # (it ended here once, and every pod of the node kept its last status).
+                    log.warning("pod %s/%s: status: %r; again", ns, name, exc)
+                    self._queued.setdefault((ns, name), (uid, status))
+                    await asyncio.sleep(RETRY_S)

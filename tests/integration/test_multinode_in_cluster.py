@@ -46,6 +46,18 @@ async def _pods(kc: Path, selector: str) -> list[dict[str, Any]]:
     return list(json.loads(out)["items"])
 
 
+async def _print_engines(kc: Path) -> None:
+    """For a failure's report: each engine pod's phase, readiness and containers' states,
+    and the namespace's Events, oldest first."""
+    for p in await _pods(kc, ENGINES):
+        st = p.get("status") or {}
+        print(p["metadata"]["name"], p["metadata"]["uid"][:8], st.get("phase"),
+              "deleting" if p["metadata"].get("deletionTimestamp") else "",
+              [(c.get("ready"), c.get("restartCount"), c.get("state"), c.get("lastState"))
+               for c in st.get("containerStatuses") or []])  # fmt: skip
+    print(await kubectl(kc, "get", "events", "-n", "ai", "--sort-by=.lastTimestamp"))
+
+
 async def _chat(ip: str, n: int = 1) -> None:
     client = openai.AsyncOpenAI(base_url=f"http://{ip}:8080/v1", api_key="foo", max_retries=0)
     try:
@@ -127,7 +139,11 @@ async def _serves_as_a_group(kc: Path) -> None:
             and all(pod_ready(p) for p in now.values())
         )
 
-    await until(new_group_ready, 90, "the group recreated with a new leader and worker")
+    try:
+        await until(new_group_ready, 90, "the group recreated with a new leader and worker")
+    except BaseException:
+        await _print_engines(kc)
+        raise
     await kubectl(kc, "wait", "--for=condition=Ready", "kis/deepseek-v3", "-n", "ai",
                   "--timeout=60s")  # fmt: skip
 
