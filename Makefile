@@ -44,7 +44,7 @@ test: setup  ## the whole suite (what .ci/run calls)
 	@#    the unit tests: the lanes mostly wait, and a niced process takes only the CPU they
 	@#    leave (the unit tests, 149 s, ran inside the lanes' 213 s). Their output follows.
 	@# 3. The README's fixed host ports (marked alone), by themselves.
-	$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup -m "not serial and not alone" --durations=10 tests/integration
+	$(BIN)/pytest -q -rsx -p no:cacheprovider -n 2 --dist loadgroup -m "not serial and not alone" --durations=10 tests/integration
 	@log=$$(mktemp); nice -n 19 $(MAKE) --no-print-directory lint unit > $$log 2>&1 & niced=$$!; \
 		$(BIN)/pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup -m serial --durations=10 tests/integration; \
 		lanes=$$?; wait $$niced; niced=$$?; echo "--- lint and unit tests (niced, beside the lanes) ---"; \
