@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import kubectl_binary
+from tests.support.waiting import until
 
 
 async def run_kubectl(
@@ -46,16 +47,15 @@ server's establishing controller (the field has no omitempty, so it is sent as n
 async def wait_established(kubeconfig: Path, *crds: str, timeout_s: float = 60) -> None:
     """`kubectl wait --for=condition=Established` on `crds` (names), typed again while it
     fails on a CRD that has no conditions yet, as a user would."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    names = [f"crd/{name}" for name in crds]
-    while True:
-        args = ("wait", "--for=condition=Established", f"--timeout={timeout_s:.0f}s", *names)
+    args = ("wait", "--for=condition=Established", f"--timeout={timeout_s:.0f}s",
+            *(f"crd/{name}" for name in crds))  # fmt: skip
+
+    async def established() -> bool:
         code, _, err = await run_kubectl(kubeconfig, *args)
-        if code == 0:
-            return
-        assert NO_CONDITIONS_YET in err, f"kubectl {' '.join(args)}: {err}"
-        assert asyncio.get_running_loop().time() < deadline, f"kubectl {' '.join(args)}: {err}"
-        await asyncio.sleep(0.2)
+        assert code == 0 or NO_CONDITIONS_YET in err, f"kubectl {' '.join(args)}: {err}"
+        return code == 0
+
+    await until(established, timeout_s, f"kubectl {' '.join(args)}", interval=0.2)
 
 
 async def kubectl_error(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
