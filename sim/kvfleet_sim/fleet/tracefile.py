@@ -10,7 +10,8 @@
 Each row is one request: when it arrived, its prompt and its output length. `time_scale`
 compresses the clock (2 = twice as fast); `rate_scale`
 keeps the clock and multiplies the requests (1.5 = each row once, half of them twice), each
-copy a population of its own (its prefix blocks shared within it, not with other copies).
+copy a population of its own (its prefix blocks shared within it, not with other copies),
+spread over the gap to the next row rather than sent at one instant.
 """
 
 from __future__ import annotations
@@ -139,12 +140,27 @@ class TraceFileWorkload(Workload):
 
     def __iter__(self) -> Iterator[Arrival]:
         rng = random.Random(self.spec.seed)
+        spread = random.Random(f"spread:{self.spec.seed}")  # the prompts' draws stay as they were
         whole, frac = int(self.rate_scale), self.rate_scale - int(self.rate_scale)
-        for row in self.rows:
+        nexts = [r.time for r in self.rows[1:]] + [self.rows[-1].time]
+        for row, next_time in zip(self.rows, nexts, strict=True):
             copies = whole + (1 if rng.random() < frac else 0)
-            for copy in range(copies):  # copies arrive together: arrivals stay in time order
+            for copy, at in enumerate(self._copy_times(row.time, next_time, copies, spread)):
                 prompt = self._prompt(row, rng, copy)
-                yield Arrival(row.time / self.time_scale, prompt, row.output_tokens)
+                yield Arrival(at / self.time_scale, prompt, row.output_tokens)
+
+    @staticmethod
+    def _copy_times(time: float, next_time: float, copies: int,
+                    spread: random.Random) -> list[float]:  # fmt: skip
+        """When a row's copies arrive: the first at the row's time, the others spread
+        uniformly until the next row's, in order. Copies sent at one instant would make
+        every arrival a batch of `rate_scale` requests — a burstier load than the same rate
+        from independent clients — while spread within the gap the scaled rate keeps the
+        file's shape over any span longer than its gaps (and arrivals stay in time order)."""
+        if copies <= 0:
+            return []
+        gap = max(0.0, next_time - time)
+        return [time, *sorted(time + spread.random() * gap for _ in range(copies - 1))]
 
     def _prompt(self, row: TraceRow, rng: random.Random, copy: int = 0) -> list[int]:
         """The row's prompt; `copy` numbers the copies `rate_scale` makes. Each copy is a
