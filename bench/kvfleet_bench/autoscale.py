@@ -67,6 +67,10 @@ SPIKE_AT_S = 600.0
 """Ten minutes of steady load first: every policy reaches its steady size (its scale-down
 window has passed) before the spike, so no one profits from a scale-up the warm-up left."""
 MAX_REPLICAS = 12
+"""The fleet's maximum, unless a trace's peak asks for more (`max_replicas`)."""
+PEAK_COVER = 2.0
+"""A cell's maximum covers this many times its peak 15 s rate at the measured capacity: a
+user sets maxReplicas above the peak, so the policy, not the cap, decides the fleet."""
 GPU_HOURLY_PRICE = 2.50
 """Assumed on-demand price of one H100-hour for the cost column (a report assumption)."""
 LONG_PROMPT = "long-prompt"
@@ -223,14 +227,28 @@ class Cell:
     """The oracle's and the static fleet's: capacity planned per unit of rate."""
 
 
-def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool]:
+def peak_rate(rate_at: Callable[[float], float], duration: float) -> float:
+    """The trace's highest rate, over points 5 s apart."""
+    return max(rate_at(float(t)) for t in range(0, int(duration) + 1, 5))
+
+
+def max_replicas(cell: Cell, rate_at: Callable[[float], float], duration: float) -> int:
+    """The cell's maxReplicas: `MAX_REPLICAS`, or `PEAK_COVER` times the replicas the
+    trace's peak needs at the measured capacity when that is more (a trace file scaled past
+    twelve replicas' worth would otherwise measure the cap, every policy pinned at it)."""
+    need = PEAK_COVER * peak_rate(rate_at, duration) / cell.capacity
+    return max(MAX_REPLICAS, math.ceil(need - 1e-9))
+
+
+def _scaler(cell: Cell, rate_at: Callable[[float], float],
+            maximum: int = MAX_REPLICAS) -> tuple[Scaler, bool]:  # fmt: skip
     """The scaler of a cell, and whether new replicas start warm."""
     name, _, floor = cell.policy.partition("+")
     minimum = 1 + int(floor or 0)
     if name == "kvfleet":
         config = ScalingConfig(
             min_replicas=1,
-            max_replicas=MAX_REPLICAS,
+            max_replicas=maximum,
             warm_replicas=1,
             warm_auto=True,
             cold_start_s=COLD_START_S,  # the spec's coldStartSeconds a user would set
@@ -238,24 +256,25 @@ def _scaler(cell: Cell, rate_at: Callable[[float], float]) -> tuple[Scaler, bool
         )
         return KvfleetScaler(config), True
     if name == "hpa":
-        return hpa_util(minimum, MAX_REPLICAS), False
+        return hpa_util(minimum, maximum), False
     if name.startswith("hpa@"):
-        return hpa_util(minimum, MAX_REPLICAS, float(name[4:])), False
+        return hpa_util(minimum, maximum, float(name[4:])), False
     if name.startswith("keda@"):
-        return keda_load(minimum, MAX_REPLICAS, float(name[5:])), False
+        return keda_load(minimum, maximum, float(name[5:])), False
     if name == "static":
-        return StaticScaler(static_size(cell, rate_at)), False
+        return StaticScaler(static_size(cell, rate_at, maximum)), False
     if name == "oracle":
         lead = COLD_START_S
-        oracle = OracleScaler(rate_at, cell.capacity, lead, 1, MAX_REPLICAS, 15.0, cell.headroom)
+        oracle = OracleScaler(rate_at, cell.capacity, lead, 1, maximum, 15.0, cell.headroom)
         return oracle, False
     raise ValueError(f"unknown policy {cell.policy!r}")
 
 
-def static_size(cell: Cell, rate_at: Callable[[float], float]) -> int:
+def static_size(cell: Cell, rate_at: Callable[[float], float],
+                maximum: int = MAX_REPLICAS) -> int:  # fmt: skip
     """A fixed fleet for the trace's peak rate (over 5 s points) at the measured capacity."""
-    peak = max(rate_at(float(t)) for t in range(0, int(STEADY_S) + 1, 5))
-    return max(1, min(MAX_REPLICAS, math.ceil(peak * cell.headroom / cell.capacity - 1e-9)))
+    peak = peak_rate(rate_at, STEADY_S)
+    return max(1, min(maximum, math.ceil(peak * cell.headroom / cell.capacity - 1e-9)))
 
 
 def initial_size(cell: Cell, rate_at: Callable[[float], float]) -> int:
@@ -300,8 +319,10 @@ def _bisect(xs: list[float], x: float) -> int:
 
 def run_cell(cell: Cell) -> dict[str, Any]:
     workload, rate_at, duration = _workload(cell)
-    scaler, warm_start = _scaler(cell, rate_at)
+    maximum = max_replicas(cell, rate_at, duration)
+    scaler, warm_start = _scaler(cell, rate_at, maximum)
     initial = scaler.size if isinstance(scaler, StaticScaler) else initial_size(cell, rate_at)
+    initial = min(initial, maximum)
     config = FleetConfig(
         deployment(cell.trace).engine(),
         replicas=initial,
@@ -311,7 +332,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         warm_start=warm_start,
     )
     result: FleetResult = FleetSimulator(config, fleet_policy("kvfleet"), scaler).run(workload)
-    return _summarize(cell, result, rate_at, duration, scaler)
+    return {**_summarize(cell, result, rate_at, duration, scaler), "max_replicas": maximum}
 
 
 def _summarize(cell: Cell, result: FleetResult, rate_at: Callable[[float], float],
