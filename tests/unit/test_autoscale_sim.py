@@ -295,3 +295,31 @@ def test_a_swept_baseline_meeting_the_slo_for_less_fails_the_goal_and_hpa_is_swe
     scaler, _ = _scaler(Cell("step", "hpa@0.6+1", 1, 10.0), lambda t: 1.0)
     assert isinstance(scaler, HpaScaler)
     assert scaler.target_value == 0.6 and scaler.min_replicas == 2
+
+
+def test_rate_scale_spreads_a_rows_copies_over_the_gap_to_the_next_row() -> None:
+    """Eight copies sent at one instant make every arrival a batch of eight, a burstier load
+    than the same rate from independent clients: the first copy keeps the row's time, the
+    others fall between it and the next row's, in order. At rate scale 1 nothing moves."""
+    rows = [TraceRow(0.0, 16, 4), TraceRow(2.0, 16, 4), TraceRow(2.5, 16, 4)]
+    times = [a.time for a in TraceFileWorkload(rows, 1000, rate_scale=8.0)]
+    assert len(times) == 24 and times == sorted(times)
+    first, second, last = times[:8], times[8:16], times[16:]
+    assert first[0] == 0.0 and all(0.0 < t < 2.0 for t in first[1:])
+    assert len(set(first)) == 8  # no two copies at one instant
+    assert second[0] == 2.0 and all(2.0 <= t < 2.5 for t in second)
+    assert last == [2.5] * 8  # the last row has no gap to spread over
+    assert [a.time for a in TraceFileWorkload(rows, 1000)] == [0.0, 2.0, 2.5]
+    assert list(TraceFileWorkload(rows, 1000, rate_scale=0.01, seed=1)) == []  # none drawn
+
+
+def test_a_cells_maximum_covers_twice_its_peak() -> None:
+    """maxReplicas is the bench's 12 unless the trace's peak needs more: then twice the
+    peak's replicas, so the policy, not the cap, decides the fleet (a trace file scaled past
+    twelve replicas' worth pinned every policy at the cap)."""
+    from kvfleet_bench.autoscale import MAX_REPLICAS, Cell, max_replicas
+
+    cell = Cell("x", "kvfleet", 1, 2.0)
+    assert max_replicas(cell, lambda t: 10.0, 600.0) == MAX_REPLICAS  # 5 replicas' worth
+    peaked = max_replicas(cell, lambda t: 30.0 if 300 <= t < 310 else 10.0, 600.0)
+    assert peaked == 30  # 15 replicas at the peak, twice that
