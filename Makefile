@@ -93,6 +93,7 @@ bench: setup $(LITELLM)  ## all benchmarks; writes bench/results/*.md and *.png
 	$(BIN)/kvfleet bench autoscale --seeds 11,12,13 \
 		--trace-file bench/kvfleet_bench/data/azure-llm-2023-code-15min.csv \
 		--trace-file bench/kvfleet_bench/data/azure-llm-2023-conv-15min.csv \
+		--trace-file bench/kvfleet_bench/data/azure-llm-2023-conv-15min-at30m.csv \
 		--trace-file bench/kvfleet_bench/data/mooncake-fast25-conversation-10min.jsonl --rate-scale 8
 
 crds: setup  ## regenerate crds/ from the spec model, and the Helm chart's copies
