@@ -291,23 +291,3 @@ def test_the_forecast_acts_only_when_backed_as_the_readme_says() -> None:
     assert f"once {MIN_MIX_SAMPLES} requests have finished there" in readme
     assert FORECAST_BACKING == 0.5
     assert "already uses half of the active replicas' capacity" in readme
-
-
-def test_a_trend_is_carried_no_further_than_the_history_it_was_fitted_on() -> None:
-    """A minute of a steep rise (a trace's first minute, a restart mid-ramp) is carried one
-    minute ahead, not a whole cold start: nothing has been scored yet to say how far to
-    believe it. Once the history is as long as the horizon, the horizon is the reach."""
-    young = Forecast()
-    for i in range(5):  # 60 s of +10 req/s per tick
-        young = observe(young, 10.0 + 10.0 * i, 15.0 * i, horizon_s=195.0)
-    assert young.reach(195.0) == pytest.approx(60.0)
-    gain = young.trend_weight() * young.trend_gain() * young.trend
-    assert young.ahead(195.0) == pytest.approx(young.level + gain * 60.0)
-    assert young.ahead(195.0) < young.level + gain * 195.0 - 1.0
-    # The forecast it made is scored at what it extrapolated, not the whole horizon.
-    assert young.pending[-1][2] == pytest.approx(young.trend_gain() * young.trend * 60.0)
-    old = young
-    for i in range(5, 30):
-        old = observe(old, 50.0, 15.0 * i, horizon_s=195.0)
-    assert old.reach(195.0) == 195.0
-    assert Forecast(level=5.0, trend=1.0, at=10.0).reach(195.0) == 195.0  # history unknown

@@ -58,9 +58,6 @@ class Forecast:
     """Change of the level per second."""
     at: float | None = None
     """When the last observation was folded in."""
-    first: float | None = None
-    """When the first observation was folded in (None: unknown, the history taken as long
-    enough for any horizon)."""
     step: float | None = None
     """Seconds between the last two observations (what one rate was counted over)."""
     pending: tuple[tuple[float, float, float], ...] = ()
@@ -98,20 +95,11 @@ class Forecast:
             return 1.0
         return max(0.0, square - noise) / square
 
-    def reach(self, horizon_s: float) -> float:
-        """How far the trend is carried: the horizon, or the history seen when that is
-        shorter. A trend fitted on a minute says nothing of the three after it (a trace's
-        first minute, a restart mid-ramp), and no forecast has been scored yet to say how
-        far to believe it."""
-        if self.first is None or self.at is None:
-            return horizon_s
-        return min(horizon_s, max(0.0, self.at - self.first))
-
     def ahead(self, horizon_s: float) -> float | None:
         """The rate expected `horizon_s` from the last observation (None: nothing seen)."""
         if self.level is None:
             return None
-        extrapolated = self.trend_weight() * self.trend_gain() * self.trend * self.reach(horizon_s)
+        extrapolated = self.trend_weight() * self.trend_gain() * self.trend * horizon_s
         return max(0.0, self.level + extrapolated)
 
     def risk(self) -> float:
@@ -147,7 +135,6 @@ def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:
     weight = f.trend_weight()
     errors = (*f.errors, *(rate - level - weight * trend for level, trend in due))[-ERRORS_KEPT:]
     fit = (*f.trend_fit, *((rate - level, trend) for level, trend in due))[-ERRORS_KEPT:]
-    first = f.first if f.first is not None else now
     if f.level is None or f.at is None or now <= f.at:
         level, trend, step = rate, 0.0, f.step
     else:
@@ -155,9 +142,8 @@ def observe(f: Forecast, rate: float, now: float, horizon_s: float) -> Forecast:
         predicted = f.level + f.trend * step
         level = ALPHA * rate + (1 - ALPHA) * predicted
         trend = BETA * (level - f.level) / step + (1 - BETA) * f.trend
-    new = replace(f, level=level, trend=trend, at=now, first=first, step=step, errors=errors,
-                  trend_fit=fit)  # fmt: skip
-    made = (now + horizon_s, level, new.trend_gain() * trend * new.reach(horizon_s))
+    new = replace(f, level=level, trend=trend, at=now, step=step, errors=errors, trend_fit=fit)
+    made = (now + horizon_s, level, new.trend_gain() * trend * horizon_s)
     return replace(new, pending=(*(p for p in f.pending if p[0] > now), made))
 
 
