@@ -383,7 +383,7 @@ def _diagnosis(decisions: Sequence[tuple[float, Decision]], rate_at: Callable[[f
     plans = [d.capacity_per_replica for _, d in decisions if d.capacity_per_replica]
     rooflines = [d.replica_throughput for _, d in decisions if d.replica_throughput]
     forecasts = [d.forecast_rate for _, d in decisions if d.forecast_rate is not None]
-    peak = max(rate_at(t) for t in range(0, int(duration) + 1, 5))
+    peak = peak_rate(rate_at, duration)
     out = {"warm_mean": statistics.fmean(d.desired_warm for _, d in decisions)}
     if plans:
         out["capacity_plan"] = statistics.median(plans)
